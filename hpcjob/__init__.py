@@ -1,0 +1,1 @@
+"""hpcjob: run PyTorch DistributedDataParallel training on Microsoft HPC Pack clusters."""

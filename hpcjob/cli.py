@@ -1,0 +1,225 @@
+"""The `hpcjob` command line: parse, call, print. Thin on purpose.
+
+Imports only click and the standard library at start-up, so `hpcjob --help` stays fast; the core and
+the backends are imported by the commands that use them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    from hpcjob.backends.base import JobSummary
+    from hpcjob.spec import JobSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def job_options(command: F) -> F:
+    """The options that describe a job, shared by every command that builds one."""
+    options = [
+        click.option("-n", "--nodes", type=int, help="Number of nodes [default: the number of --node names]."),
+        click.option("--nproc-per-node", type=int,
+                     help="Processes per node, one per GPU [default: --gpus-per-node, else 1]."),
+        click.option("--gpus-per-node", type=int, help="GPUs per node, to check --nproc-per-node against."),
+        click.option("--node", "node_names", multiple=True, metavar="NAME",
+                     help="An HPC Pack node to run on, repeatable, in order; the first hosts the rendezvous."),
+        click.option("--node-group", metavar="GROUP", help="HPC Pack node group the nodes belong to (GPU nodes)."),
+        click.option("--name", help="Job name [default: the script's name]."),
+        click.option("--share", metavar="UNC",
+                     help="Share folder mounted on the nodes, e.g. //HEADNODE/CcpSpoolDir/app."),
+        click.option("--mount-point", metavar="PATH",
+                     help="Where the share is mounted on the nodes [default: /app]; with --local, the "
+                          "local folder that stands in for the share."),
+        click.option("--mount-options", metavar="OPTS",
+                     help="mount.cifs options; credentials come from a file on the nodes, never a password."),
+        click.option("--job-folder", metavar="PATH",
+                     help="The job's folder under the mount point [default: hpcjob/NAME]."),
+        click.option("--rdzv-port", type=int, help="Rendezvous port on the first node [default: 29400]."),
+        click.option("--rdzv-timeout", type=int, metavar="SECONDS",
+                     help="How long torchrun waits for all nodes to join [default: torchrun's, 900]."),
+        click.option("--env", "env_items", multiple=True, metavar="K=V", help="Job environment variable, repeatable."),
+        click.option("--max-restarts", type=int, default=0, show_default=True,
+                     help="torchrun restarts of the worker group after a failure."),
+        click.option("--python", default="python3", show_default=True, help="Python on the nodes."),
+        click.option("--command-limit", type=int, metavar="CHARS",
+                     help="The scheduler's CommandLine length limit [default: 480]."),
+        click.option("--run-id", help="Unique id of this run (rendezvous id, log folder) [default: generated]."),
+        click.argument("script", type=click.Path(dir_okay=False)),
+        click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
+    """The JobSpec from the job options; checks that the script exists."""
+    from hpcjob.spec import DEFAULT_COMMAND_LIMIT, DEFAULT_MOUNT_OPTIONS, JobSpec, SpecError, parse_env, parse_share
+
+    script = Path(params["script"])
+    if not script.is_file():
+        raise SpecError(f"script {params['script']} does not exist")
+    fields: dict[str, Any] = {
+        "script": str(script),
+        "script_args": tuple(params["script_args"]),
+        "name": params["name"] or "",
+        "nodes": params["nodes"],
+        "node_names": tuple(params["node_names"]),
+        "node_group": params["node_group"],
+        "nproc_per_node": params["nproc_per_node"],
+        "gpus_per_node": params["gpus_per_node"],
+        "share": parse_share(params["share"]) if params["share"] else None,
+        "mount_options": params["mount_options"] or DEFAULT_MOUNT_OPTIONS,
+        "job_folder": params["job_folder"] or "",
+        "rdzv_join_timeout": params["rdzv_timeout"],
+        "max_restarts": params["max_restarts"],
+        "env": parse_env(params["env_items"]),
+        "python": params["python"],
+        "command_limit": params["command_limit"] or DEFAULT_COMMAND_LIMIT,
+    }
+    if params["mount_point"]:
+        fields["mount_point"] = params["mount_point"]
+    if params["rdzv_port"] is not None:
+        fields["rdzv_port"] = params["rdzv_port"]
+    fields.update(overrides)
+    return JobSpec(**fields)
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hpcjob")
+def cli() -> None:
+    """Run PyTorch DistributedDataParallel training on Microsoft HPC Pack clusters.
+
+    A job is one single-node torchrun task per node, pinned to its node, all with the same command
+    and c10d rendezvous on the first node, over code on the head node's share.
+    Options go before SCRIPT; everything after SCRIPT goes to the script.
+    """
+
+
+@cli.command(context_settings=PASS_THROUGH)
+@click.option("--format", "fmt", type=click.Choice(["xml", "clusrun", "json"]), default="xml", show_default=True,
+              help="xml: the job file for `job submit /jobfile:`; clusrun: the share mount step; json: the plan.")
+@job_options
+def render(fmt: str, **params: Any) -> None:
+    """Print the HPC Pack job for SCRIPT without contacting anything.
+
+    Name the nodes with --node (render asks no cluster which nodes are online).
+    """
+    from hpcjob.plan import make_plan
+    from hpcjob.render import clusrun_text, job_xml, plan_json
+    from hpcjob.spec import SpecError
+
+    spec = build_spec(params)
+    if not spec.node_names:
+        raise SpecError("render needs the nodes: name each with --node (render contacts no cluster)")
+    plan = make_plan(spec, spec.node_names, params["run_id"] or new_run_id(spec.name))
+    text = {"xml": job_xml, "clusrun": clusrun_text, "json": plan_json}[fmt](plan)
+    click.echo(text, nl=False)
+
+
+@cli.command(context_settings=PASS_THROUGH)
+@click.option("--local", "local", is_flag=True, help="Run the job on this machine: N local nodes, real torchrun.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary on stdout; progress goes to stderr.")
+@click.option("--quiet", is_flag=True, help="Show node states and the summary, not the nodes' output.")
+@click.option("--grace-period", type=float, default=10.0, show_default=True, metavar="SECONDS",
+              help="How long stopped nodes get after SIGINT before SIGKILL.")
+@job_options
+def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: Any) -> None:
+    """Run SCRIPT as a distributed job and wait for it; exit with the job's exit code.
+
+    With --local, each node is a real `python3 -m torch.distributed.run` started the way HPC Pack
+    starts a task, with the rendezvous on loopback and a local folder as the share. The exit code is
+    0 when the job finished, the first failing rank's exit code when it failed, 130 when canceled.
+    """
+    from hpcjob.backends.local import LOOPBACK, LocalBackend, default_share_root, free_port, local_node_names
+    from hpcjob.plan import make_plan
+    from hpcjob.spec import SpecError
+    from hpcjob.staging import sync_folder
+
+    if not local:
+        raise SpecError("run needs --local: this version runs jobs on this machine only")
+    share_root = Path(params["mount_point"] or default_share_root()).expanduser().resolve()
+    port = params["rdzv_port"] or free_port()
+    spec = build_spec(params, mount_point=str(share_root), rdzv_port=port)
+    plan = make_plan(spec, local_node_names(spec), params["run_id"] or new_run_id(spec.name),
+                     rdzv_host=LOOPBACK)
+
+    def progress(line: str) -> None:
+        click.echo(line, err=as_json)
+
+    progress(f"job {plan.name}: {len(plan.nodes)} node(s) x {plan.nproc_per_node} process(es), "
+             f"rendezvous {plan.rdzv_endpoint}, folder {plan.job_dir}")
+    sync_folder(Path(spec.script).resolve().parent, Path(plan.job_dir))
+    _cancel_on_sigterm()
+    summary = LocalBackend(grace_period_s=grace_period).run(plan, progress=progress, echo_output=not quiet)
+    if as_json:
+        click.echo(summary.to_json())
+    else:
+        click.echo(format_summary(summary))
+    sys.exit(summary.exit_code)
+
+
+def _cancel_on_sigterm() -> None:
+    """A SIGTERM to hpcjob cancels the job like Ctrl-C, so the nodes are stopped, not orphaned."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def format_summary(summary: JobSummary) -> str:
+    lines = [f"job {summary.name} {summary.state} in {summary.wall_time_s:.1f} s, exit code {summary.exit_code} "
+             f"(run {summary.run_id})"]
+    for node in summary.nodes:
+        lines.append(f"  {node.node:<16} {node.state:<9} exit code {node.exit_code}")
+    if summary.root_cause:
+        cause = summary.root_cause
+        lines.append(f"  first failure: rank {cause.rank} on {cause.node}, exit code {cause.exit_code}")
+    if summary.metrics:
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in summary.metrics.items())
+        lines.append(f"  metrics: {shown}")
+    lines.append(f"  logs: {summary.log_dir}")
+    return "\n".join(lines)
+
+
+def _short(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def main() -> None:
+    """Entry point: errors are one line on stderr; bad input exits 2."""
+    from hpcjob.spec import SpecError
+
+    try:
+        cli.main(prog_name="hpcjob", standalone_mode=False)
+    except SpecError as exc:
+        click.echo(f"hpcjob: error: {exc}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("hpcjob: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"hpcjob: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

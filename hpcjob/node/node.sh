@@ -1,0 +1,48 @@
+# hpcjob node helper, sourced by every hpcjob task before torchrun:  . .hpcjob/node.sh STORE_NODE RUN_ID
+#
+# The task command line is identical on every node; what differs per node is decided here, on the
+# node itself:
+#   HPCJOB_IS_HOST  1 on the node that hosts the c10d rendezvous store, else 0. torchrun's own guess
+#                   compares host names, and HPC Pack node names (upper case, short) often differ from
+#                   Linux host names, so we compare the HPC Pack name of this node (from CCP_NODES,
+#                   "1 NODE cores") with STORE_NODE, ignoring case and domain.
+#   HPCJOB_ADDR     the address torchrun advertises (--local_addr), and GLOO/NCCL_SOCKET_IFNAME: the
+#                   node's routable interface, not what its host name resolves to (127.0.1.1 on a stock
+#                   Debian/Ubuntu /etc/hosts). Set HPCJOB_IFNAME (and HPCJOB_ADDR) to choose.
+#   HPCJOB_EXIT_DIR where the worker shim records a failing rank's exit code; on exit the task takes
+#                   the code of this node's first failing rank instead of torchrun's generic 1.
+
+hpcjob_store=${1%%.*}
+HPCJOB_NODE=${CCP_NODES#* }
+HPCJOB_NODE=${HPCJOB_NODE%% *}
+if [ -z "$CCP_NODES" ] || [ -z "$HPCJOB_NODE" ]; then
+    HPCJOB_NODE=$(hostname)
+fi
+HPCJOB_NODE=${HPCJOB_NODE%%.*}
+if [ "${HPCJOB_NODE^^}" = "${hpcjob_store^^}" ]; then HPCJOB_IS_HOST=1; else HPCJOB_IS_HOST=0; fi
+
+if [ -z "$HPCJOB_IFNAME" ]; then
+    # The interface of the default route, else the first one with a global IPv4 address.
+    HPCJOB_IFNAME=$(ip -o -4 route show default 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit }}')
+    [ -n "$HPCJOB_IFNAME" ] || HPCJOB_IFNAME=$(ip -o -4 addr show scope global 2>/dev/null | awk '{print $2; exit}')
+fi
+if [ -z "$HPCJOB_ADDR" ]; then
+    HPCJOB_ADDR=$(ip -o -4 addr show dev "$HPCJOB_IFNAME" 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')
+fi
+if [ -z "$HPCJOB_IFNAME" ] || [ -z "$HPCJOB_ADDR" ]; then
+    echo "hpcjob: no IPv4 address found on ${HPCJOB_IFNAME:-any interface}; set HPCJOB_IFNAME" >&2
+    exit 1
+fi
+: "${GLOO_SOCKET_IFNAME:=$HPCJOB_IFNAME}" "${NCCL_SOCKET_IFNAME:=$HPCJOB_IFNAME}"
+HPCJOB_EXIT_DIR="$PWD/logs/$2/.hpcjob-exits"
+export HPCJOB_NODE HPCJOB_IS_HOST HPCJOB_IFNAME HPCJOB_ADDR HPCJOB_EXIT_DIR GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME
+unset hpcjob_store
+
+hpcjob_exit() {
+    local rc=$? first
+    [ "$rc" -ne 0 ] || return 0
+    first=$(cat "$HPCJOB_EXIT_DIR"/rank-* 2>/dev/null | awk -v node="$HPCJOB_NODE" '$4 == node' | sort -n | head -n 1)
+    [ -z "$first" ] || exit "$(echo "$first" | awk '{print $3}')"
+}
+trap hpcjob_exit EXIT
+echo "hpcjob: node $HPCJOB_NODE, store host $HPCJOB_IS_HOST, address $HPCJOB_ADDR on $HPCJOB_IFNAME" >&2

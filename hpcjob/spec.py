@@ -1,0 +1,220 @@
+"""What the user asks for: a distributed training job, validated. Pure: no I/O.
+
+A `JobSpec` is built from what the CLI (or a cluster profile) collected. Every check that can be
+made without touching the network or the disk happens here, so that bad input fails before anything
+is started, with one line that names the problem (`SpecError`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import PurePosixPath, PureWindowsPath
+
+# HPC Pack 2008 SDK: "CommandLine is limited to 480 Unicode characters"; unverified for 2016/2019,
+# hence configurable (facts/hpcpack-jobs.md section 1).
+DEFAULT_COMMAND_LIMIT = 480
+# The total length of one task's environment variables (facts/hpcpack-jobs.md section 1).
+TASK_ENV_LIMIT = 2048
+DEFAULT_MOUNT_POINT = "/app"
+DEFAULT_RDZV_PORT = 29400
+# Credentials come from a root-only file on each node, never from the mount command line.
+DEFAULT_MOUNT_OPTIONS = "vers=3.0,credentials=/etc/hpcjob/smb-credentials,dir_mode=0777,file_mode=0777"
+
+# A host-name label: HPC Pack node names are short computer names, never FQDNs.
+_NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PATH_PART = re.compile(r"[A-Za-z0-9._-]+")
+_SHARE_PART = re.compile(r"[A-Za-z0-9._$-]+")
+_MOUNT_OPTIONS = re.compile(r"[A-Za-z0-9_]+(=[A-Za-z0-9._/:-]*)?(,[A-Za-z0-9_]+(=[A-Za-z0-9._/:-]*)?)*")
+_SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL", re.I)
+
+
+class SpecError(ValueError):
+    """Bad input. The message is one line that names the problem."""
+
+
+@dataclass(frozen=True)
+class Share:
+    """An SMB share folder on the head node, such as //HEADNODE/CcpSpoolDir/app."""
+
+    host: str
+    name: str
+    folder: tuple[str, ...] = ()
+
+    @property
+    def unc(self) -> str:
+        """The form mount.cifs takes: forward slashes."""
+        return "//" + "/".join((self.host, self.name, *self.folder))
+
+    @property
+    def windows_unc(self) -> str:
+        return "\\\\" + "\\".join((self.host, self.name, *self.folder))
+
+
+def parse_share(text: str) -> Share:
+    """Parse `//HOST/SHARE[/folder...]` or `\\\\HOST\\SHARE[\\folder...]`."""
+    if not (text.startswith("//") or text.startswith("\\\\")):
+        raise SpecError(f"share {text!r} must look like //HEADNODE/CcpSpoolDir[/folder]")
+    parts = [p for p in re.split(r"[/\\]", text[2:]) if p]
+    if len(parts) < 2:
+        raise SpecError(f"share {text!r} must name a host and a share: //HEADNODE/CcpSpoolDir[/folder]")
+    for part in parts:
+        if not _SHARE_PART.fullmatch(part) or part in (".", ".."):
+            raise SpecError(f"share {text!r}: {part!r} may use only letters, digits and . _ $ -")
+    return Share(host=parts[0], name=parts[1], folder=tuple(parts[2:]))
+
+
+def parse_env(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """Parse repeated `K=V` options, keeping their order; a later K replaces an earlier one."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SpecError(f"--env {item!r} must be NAME=VALUE")
+        env[name] = value
+    return tuple(env.items())
+
+
+def parse_node_names(names: Iterable[str]) -> tuple[str, ...]:
+    """Validate HPC Pack node names: short names, no domain, no duplicates (names ignore case)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        if "." in name:
+            raise SpecError(f"node {name!r}: give the HPC Pack node name without a domain")
+        if not _NODE_NAME.fullmatch(name):
+            raise SpecError(f"node {name!r} is not a valid node name (letters, digits and -, at most 63)")
+        key = name.upper()
+        if key in seen:
+            raise SpecError(f"node {name!r} is named twice (as {seen[key]!r}); node names ignore case")
+        seen[key] = name
+    return tuple(names)
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.fullmatch(run_id):
+        raise SpecError(f"run id {run_id!r} may use only letters, digits and . _ - (at most 100)")
+    return run_id
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A distributed training job as the user asked for it.
+
+    `script` is the training script's path on the client; its folder is what goes to the share, and
+    the nodes run it from the job folder `<mount_point>/<job_folder>/`.
+    """
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    name: str = ""
+    nodes: int | None = None
+    node_names: tuple[str, ...] = ()
+    node_group: str | None = None
+    nproc_per_node: int | None = None
+    gpus_per_node: int | None = None
+    share: Share | None = None
+    mount_point: str = DEFAULT_MOUNT_POINT
+    mount_options: str = DEFAULT_MOUNT_OPTIONS
+    job_folder: str = ""
+    rdzv_port: int = DEFAULT_RDZV_PORT
+    rdzv_join_timeout: int | None = None
+    max_restarts: int = 0
+    env: tuple[tuple[str, str], ...] = ()
+    python: str = "python3"
+    command_limit: int = DEFAULT_COMMAND_LIMIT
+
+    def __post_init__(self) -> None:
+        name = self.name or PurePosixPath(self.script_name).stem
+        object.__setattr__(self, "name", name)
+        if not self.job_folder:
+            object.__setattr__(self, "job_folder", f"hpcjob/{name}")
+        if self.nproc_per_node is None:
+            object.__setattr__(self, "nproc_per_node", self.gpus_per_node or 1)
+        if self.nodes is None and self.node_names:
+            object.__setattr__(self, "nodes", len(self.node_names))
+        self._validate()
+
+    @property
+    def script_name(self) -> str:
+        """The script's file name: where it lies in the job folder on the share."""
+        return PureWindowsPath(self.script).name if "\\" in self.script else PurePosixPath(self.script).name
+
+    @property
+    def node_count(self) -> int:
+        return self.nodes or 1
+
+    @property
+    def procs_per_node(self) -> int:
+        assert self.nproc_per_node is not None  # set in __post_init__
+        return self.nproc_per_node
+
+    def _validate(self) -> None:
+        if not self.script_name or not self.script_name.endswith(".py"):
+            raise SpecError(f"script {self.script!r} must be a Python file (*.py)")
+        if not _PATH_PART.fullmatch(self.script_name):
+            raise SpecError(f"script name {self.script_name!r} may use only letters, digits and . _ -")
+        if not _JOB_NAME.fullmatch(self.name):
+            raise SpecError(f"job name {self.name!r} may use only letters, digits and . _ - (at most 64)")
+        _positive("--nodes", self.nodes)
+        _positive("--nproc-per-node", self.nproc_per_node)
+        _positive("--gpus-per-node", self.gpus_per_node)
+        if self.gpus_per_node is not None and self.procs_per_node > self.gpus_per_node:
+            raise SpecError(
+                f"--nproc-per-node {self.nproc_per_node} is more than the {self.gpus_per_node} GPUs "
+                "per node: run one process per GPU"
+            )
+        parse_node_names(self.node_names)
+        if self.node_names and self.nodes is not None and len(self.node_names) != self.nodes:
+            fewer = "fewer" if len(self.node_names) < self.nodes else "more"
+            raise SpecError(
+                f"{len(self.node_names)} node(s) named with --node, {fewer} than the {self.nodes} asked "
+                "for with --nodes"
+            )
+        if self.node_group is not None and not _GROUP_NAME.fullmatch(self.node_group):
+            raise SpecError(f"node group {self.node_group!r} is not a valid group name")
+        if not self.mount_point.startswith("/") or any(c in self.mount_point for c in "\n\r\0"):
+            raise SpecError(f"--mount-point {self.mount_point!r} must be an absolute path on the nodes")
+        if not _MOUNT_OPTIONS.fullmatch(self.mount_options):
+            raise SpecError(f"--mount-options {self.mount_options!r} must be a comma-separated option list")
+        if re.search(r"(^|,)(password|pass)=", self.mount_options):
+            raise SpecError("--mount-options must not hold a password: use credentials=FILE on the nodes")
+        parts = self.job_folder.split("/")
+        if any(not _PATH_PART.fullmatch(p) or p in (".", "..") for p in parts):
+            raise SpecError(f"job folder {self.job_folder!r} must be a relative path of plain names")
+        if not 1 <= self.rdzv_port <= 65535:
+            raise SpecError(f"--rdzv-port {self.rdzv_port} must be between 1 and 65535")
+        _positive("--rdzv-timeout", self.rdzv_join_timeout)
+        if self.max_restarts < 0:
+            raise SpecError(f"--max-restarts {self.max_restarts} must not be negative")
+        if not re.fullmatch(r"[A-Za-z0-9._/+-]+", self.python):
+            raise SpecError(f"--python {self.python!r} must be a program name or path without spaces")
+        _positive("command length limit", self.command_limit)
+        self._validate_env()
+
+    def _validate_env(self) -> None:
+        total = 0
+        for name, value in self.env:
+            if not _ENV_NAME.fullmatch(name):
+                raise SpecError(f"--env {name!r}: a variable name is letters, digits and _, not first a digit")
+            if _SECRET_NAME.search(name):
+                raise SpecError(
+                    f"--env {name}: looks like a secret, and job environment variables are stored in "
+                    "clear in the job; read it from a file on the nodes instead"
+                )
+            if "\0" in value:
+                raise SpecError(f"--env {name}: the value holds a NUL character")
+            total += len(name) + len(value) + 2
+        if total > TASK_ENV_LIMIT:
+            raise SpecError(
+                f"--env: {total} characters of environment variables, more than HPC Pack's {TASK_ENV_LIMIT}"
+            )
+
+
+def _positive(option: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise SpecError(f"{option} {value} must be at least 1")

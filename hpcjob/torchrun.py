@@ -1,0 +1,73 @@
+"""The torchrun task command line, as bash text. Pure: no I/O.
+
+HPC Pack's Linux agent writes a task's CommandLine into `cmd.sh` and runs it with `/bin/bash` in the
+task's WorkDirectory (facts/hpcpack-jobs.md section 5), so the command is bash script text: the
+script's arguments are quoted for bash, and `$HPCJOB_*` variables set by the node helper expand on
+the node. The line is the same on every node; what differs per node is decided by the helper.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Files hpcjob puts into the job folder next to the user's code (see hpcjob/node/).
+NODE_DIR = ".hpcjob"
+NODE_HELPER = f"{NODE_DIR}/node.sh"
+WORKER_SHIM = f"{NODE_DIR}/worker.py"
+
+
+@dataclass(frozen=True)
+class TorchrunCommand:
+    """Everything the torchrun line depends on."""
+
+    python: str
+    nnodes: int
+    nproc_per_node: int
+    rdzv_endpoint: str
+    rdzv_id: str
+    store_node: str
+    script: str
+    script_args: tuple[str, ...] = ()
+    max_restarts: int = 0
+    rdzv_join_timeout: int | None = None
+
+
+def bash_quote(word: str) -> str:
+    """Quote one word so that bash gives it back unchanged (any text, newlines included)."""
+    return shlex.quote(word)
+
+
+def bash_join(words: Sequence[str]) -> str:
+    return " ".join(bash_quote(w) for w in words)
+
+
+def command_line(cmd: TorchrunCommand) -> str:
+    """The task CommandLine: source the node helper, then run torchrun.
+
+    The helper decides on the node whether it hosts the c10d store (`$HPCJOB_IS_HOST`), which
+    address the agent advertises (`$HPCJOB_ADDR`) and which interface gloo/NCCL use, so a host
+    name that differs in case or domain from the HPC Pack node name, or that resolves to 127.0.1.1,
+    cannot hang the rendezvous. torchrun starts the worker shim, which runs the script and records
+    a failing rank's exit code so that the task exits with it rather than torchrun's generic 1.
+    """
+    rdzv_conf = "is_host=$HPCJOB_IS_HOST"
+    if cmd.rdzv_join_timeout is not None:
+        rdzv_conf += f",join_timeout={cmd.rdzv_join_timeout}"
+    helper = bash_join([".", NODE_HELPER, cmd.store_node, cmd.rdzv_id])
+    torchrun = [
+        bash_quote(cmd.python),
+        "-m torch.distributed.run",
+        f"--nnodes={cmd.nnodes}",
+        f"--nproc_per_node={cmd.nproc_per_node}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={bash_quote(cmd.rdzv_endpoint)}",
+        f"--rdzv_id={bash_quote(cmd.rdzv_id)}",
+        f"--rdzv_conf={rdzv_conf}",
+        "--local_addr=$HPCJOB_ADDR",
+        f"--max_restarts={cmd.max_restarts}",
+        WORKER_SHIM,
+        bash_join([cmd.script, *cmd.script_args]),
+    ]
+    return f"{helper} && {' '.join(torchrun)}"
