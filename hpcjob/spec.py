@@ -31,6 +31,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PATH_PART = re.compile(r"[A-Za-z0-9._-]+")
 _SHARE_PART = re.compile(r"[A-Za-z0-9._$-]+")
 _MOUNT_OPTIONS = re.compile(r"[A-Za-z0-9_]+(=[A-Za-z0-9._/:-]*)?(,[A-Za-z0-9_]+(=[A-Za-z0-9._/:-]*)?)*")
+# Characters an XML 1.0 job file cannot carry, even escaped.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL", re.I)
 
 
@@ -158,6 +160,9 @@ class JobSpec:
             raise SpecError(f"script {self.script!r} must be a Python file (*.py)")
         if not _PATH_PART.fullmatch(self.script_name):
             raise SpecError(f"script name {self.script_name!r} may use only letters, digits and . _ -")
+        for arg in self.script_args:
+            if _NOT_XML.search(arg):
+                raise SpecError(f"script argument {arg!r} holds a control character a job file cannot carry")
         if not _JOB_NAME.fullmatch(self.name):
             raise SpecError(f"job name {self.name!r} may use only letters, digits and . _ - (at most 64)")
         _positive("--nodes", self.nodes)
@@ -206,8 +211,8 @@ class JobSpec:
                     f"--env {name}: looks like a secret, and job environment variables are stored in "
                     "clear in the job; read it from a file on the nodes instead"
                 )
-            if "\0" in value:
-                raise SpecError(f"--env {name}: the value holds a NUL character")
+            if _NOT_XML.search(value):
+                raise SpecError(f"--env {name}: the value holds a control character a job file cannot carry")
             total += len(name) + len(value) + 2
         if total > TASK_ENV_LIMIT:
             raise SpecError(

@@ -1,0 +1,48 @@
+"""Shared fixtures: the repository layout, golden files, a job spec like the README's."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hpcjob.spec import JobSpec, parse_share
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+REFERENCE = REPO.parent / "shared" / "reference"
+RUN_ID = "run_ddp-20261122-000000-abcd"
+
+
+@pytest.fixture
+def golden() -> Callable[[str, str], None]:
+    """Compare text with tests/golden/NAME whole; HPCJOB_UPDATE_GOLDEN=1 rewrites the file."""
+
+    def check(name: str, text: str) -> None:
+        path = GOLDEN / name
+        if os.environ.get("HPCJOB_UPDATE_GOLDEN") == "1" or not path.exists():
+            path.write_text(text, encoding="utf-8")
+            if os.environ.get("HPCJOB_UPDATE_GOLDEN") != "1":
+                pytest.fail(f"golden file {name} did not exist and was written: review it and rerun")
+        assert text == path.read_text(encoding="utf-8"), (
+            f"{name} differs from the golden file; if the change is intended, rerun with HPCJOB_UPDATE_GOLDEN=1"
+        )
+
+    return check
+
+
+def cluster_spec(nodes: int, **overrides: object) -> JobSpec:
+    """A GPU job as a user would ask for it on a cluster of GPUNODE001...GPUNODEnnn."""
+    fields: dict[str, object] = {
+        "script": "training/run_ddp.py",
+        "script_args": ("--epochs", "5", "--data", "fashion-mnist", "--data-root", "/app/data"),
+        "node_names": tuple(f"GPUNODE{i:03d}" for i in range(1, nodes + 1)),
+        "node_group": "GPUNodes",
+        "gpus_per_node": 4,
+        "share": parse_share("//HEADNODE/CcpSpoolDir/app"),
+        "env": (("NCCL_DEBUG", "WARN"),),
+    }
+    fields.update(overrides)
+    return JobSpec(**fields)  # type: ignore[arg-type]

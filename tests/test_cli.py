@@ -1,0 +1,122 @@
+"""The command line: render prints without contacting anything; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from hpcjob.render import JOB_NAMESPACE
+
+from .conftest import REPO
+
+
+def hpcjob(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hpcjob.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=60)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "code" / "train.py"
+    path.parent.mkdir()
+    path.write_text("print('hi')\n")
+    return path
+
+
+def test_render_xml_is_the_default_and_carries_the_options(script: Path) -> None:
+    result = hpcjob("render", "-n", "2", "--node", "gpu2", "--node", "GPU1", "--node-group", "GPUNodes",
+                    "--name", "exp1", "--nproc-per-node", "2", "--rdzv-port", "29555", "--env", "A=1",
+                    "--env", "B=x y", "--max-restarts", "1", "--mount-point", "/mnt/app", "--run-id", "exp1-1",
+                    str(script), "--lr", "0.1", "--name", "not-an-option-of-hpcjob")
+    assert result.returncode == 0, result.stderr
+    root = ET.fromstring(result.stdout.encode())
+    ns = {"j": JOB_NAMESPACE}
+    assert (root.get("Name"), root.get("RequestedNodes"), root.get("NodeGroups")) == ("exp1", "gpu2,GPU1", "GPUNodes")
+    tasks = root.findall("j:Tasks/j:Task", ns)
+    line = tasks[0].get("CommandLine") or ""
+    assert "--rdzv_endpoint=gpu2:29555" in line and "--max_restarts=1" in line and "--nproc_per_node=2" in line
+    assert line.endswith("train.py --lr 0.1 --name not-an-option-of-hpcjob")
+    assert tasks[1].get("WorkDirectory") == "/mnt/app/hpcjob/exp1"
+    assert [v.findtext("j:Value", namespaces=ns) for v in root.iter(f"{{{JOB_NAMESPACE}}}Variable")] == ["1", "x y"]
+
+
+def test_render_clusrun_and_json(script: Path) -> None:
+    common = ["--node", "A", "--share", r"\\HEAD\CcpSpoolDir\app", "--run-id", "r1", str(script)]
+    clusrun = hpcjob("render", "--format", "clusrun", *common)
+    assert clusrun.returncode == 0, clusrun.stderr
+    assert clusrun.stdout.startswith('clusrun /user:system /nodes:A "mkdir -p /app && { mountpoint -q /app ||')
+    assert "//HEAD/CcpSpoolDir/app" in clusrun.stdout
+    plan = hpcjob("render", "--format", "json", *common)
+    assert '"run_id": "r1"' in plan.stdout and '"world_size": 1' in plan.stdout
+
+
+def test_run_ids_are_unique_per_job(script: Path) -> None:
+    first = hpcjob("render", "--format", "json", "--node", "A", str(script)).stdout
+    second = hpcjob("render", "--format", "json", "--node", "A", str(script)).stdout
+    assert first != second
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--node", "A", "--gpus-per-node", "2", "--nproc-per-node", "4"], "more than the 2 GPUs per node"),
+        (["-n", "3", "--node", "A", "--node", "B"], "fewer than the 3 asked for"),
+        (["--node", "A", "--node", "a"], "is named twice"),
+        (["--node", "bad_name"], "not a valid node name"),
+        (["--node", "A", "--env", "NOVALUE"], "--env 'NOVALUE' must be NAME=VALUE"),
+        (["--node", "A", "--command-limit", "100"], "more than the scheduler's limit of 100"),
+        (["-n", "2"], "render needs the nodes"),
+        (["--node", "A", "--nodes", "x"], "'x' is not a valid integer"),
+        (["--node", "A", "--format", "yaml"], "'yaml' is not one of"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(script: Path, args: list[str], message: str) -> None:
+    if "--format" in args:
+        result = hpcjob("render", *args, str(script))
+    else:
+        result = hpcjob("render", *args, str(script))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("hpcjob: error: ") and message in result.stderr
+
+
+def test_missing_script_is_refused_and_nothing_is_started(tmp_path: Path) -> None:
+    share = tmp_path / "share"
+    result = hpcjob("run", "--local", "-n", "2", "--mount-point", str(share), str(tmp_path / "nope.py"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"hpcjob: error: script {tmp_path / 'nope.py'} does not exist"
+    assert not share.exists()
+
+
+def test_run_local_bad_input_starts_nothing(script: Path, tmp_path: Path) -> None:
+    share = tmp_path / "share"
+    result = hpcjob("run", "--local", "-n", "2", "--gpus-per-node", "1", "--nproc-per-node", "2",
+                    "--mount-point", str(share), str(script))
+    assert result.returncode == 2 and "GPUs per node" in result.stderr
+    assert not share.exists()
+
+
+def test_run_without_a_backend_says_what_exists(script: Path) -> None:
+    result = hpcjob("run", "-n", "1", str(script))
+    assert result.returncode == 2 and "run needs --local" in result.stderr
+
+
+def test_help_lists_the_commands() -> None:
+    result = hpcjob("--help")
+    assert result.returncode == 0
+    assert "render" in result.stdout and "run" in result.stdout
+    assert "Options go before SCRIPT" in result.stdout
+
+
+def test_help_imports_neither_torch_nor_requests_nor_winrm() -> None:
+    code = ("import sys; from hpcjob.cli import cli\n"
+            "try:\n    cli.main(['--help'], standalone_mode=False)\nexcept SystemExit: pass\n"
+            "heavy = {'torch', 'requests', 'winrm', 'jinja2'} & set(sys.modules)\n"
+            "print(sorted(heavy))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,120 @@
+"""`hpcjob run --local` end to end: real torchrun processes, real rendezvous on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+TRAIN = REPO / "training" / "run_ddp.py"
+SMALL = ["--train-samples", "512", "--test-samples", "256", "--batch-size", "32"]
+
+
+def hpcjob_run(share: Path, run_id: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "hpcjob.cli", "run", "--local", "--json", "--mount-point", str(share),
+            "--run-id", run_id, *args]
+
+
+def leftover_processes(run_id: str) -> list[int]:
+    """Processes whose command line or environment carries the run id: any task, torchrun or worker."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                zombie = f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except OSError:
+            continue
+        if not zombie and (run_id.encode() in cmdline or run_id.encode() in environ):
+            found.append(int(entry))
+    return found
+
+
+def test_two_nodes_train_and_report(tmp_path: Path) -> None:
+    run_id = "e2e-ok-1"
+    result = subprocess.run(hpcjob_run(tmp_path, run_id, "-n", "2", str(TRAIN), "--epochs", "2", *SMALL),
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert summary["state"] == "Finished" and summary["exit_code"] == 0
+    assert [(n["node"], n["state"], n["exit_code"]) for n in summary["nodes"]] == [
+        ("LOCAL1", "Finished", 0), ("LOCAL2", "Finished", 0)]
+    metrics = summary["metrics"]
+    assert metrics["world_size"] == 2 and metrics["epochs_completed"] == 2
+    assert metrics["accuracy"] > 0.2  # ten classes: better than chance
+    job_dir = tmp_path / "hpcjob" / "run_ddp"
+    assert summary["job_dir"] == str(job_dir)
+    assert (job_dir / "checkpoints" / "checkpoint.pt").is_file()
+    assert (job_dir / "logs" / run_id / "LOCAL1.out").read_text().count("HPCJOB_METRICS") == 1
+    assert "[LOCAL1] epoch 2/2" in result.stderr  # live progress, prefixed by node
+    assert leftover_processes(run_id) == []
+
+
+FAILING = """
+import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+if dist.get_rank() == 1:
+    sys.exit(3)
+dist.all_reduce(t)  # rank 0 waits here for a peer that is gone
+time.sleep(600)
+"""
+
+
+def test_a_failing_rank_fails_the_job_with_its_exit_code(tmp_path: Path) -> None:
+    script = tmp_path / "code" / "fail.py"
+    script.parent.mkdir()
+    script.write_text(FAILING)
+    run_id = "e2e-fail-1"
+    start = time.monotonic()
+    result = subprocess.run(hpcjob_run(tmp_path / "share", run_id, "-n", "2", "--grace-period", "5", str(script)),
+                            capture_output=True, text=True, timeout=240)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 3, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert summary["state"] == "Failed" and summary["exit_code"] == 3
+    assert summary["root_cause"]["rank"] == 1 and summary["root_cause"]["exit_code"] == 3
+    assert {n["state"] for n in summary["nodes"]} <= {"Failed", "Canceled"}
+    assert elapsed < 60  # the surviving node was stopped, not left waiting for its peer
+    assert leftover_processes(run_id) == []
+
+
+def test_ctrl_c_cancels_and_a_new_run_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+    run_id = "e2e-cancel-1"
+    args = ["-n", "2", str(TRAIN), *SMALL, "--step-sleep", "0.05"]
+    process = subprocess.Popen(hpcjob_run(tmp_path, run_id, *args, "--epochs", "50"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoint = tmp_path / "hpcjob" / "run_ddp" / "checkpoints" / "checkpoint.pt"
+    deadline = time.monotonic() + 180
+    while not checkpoint.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    assert checkpoint.exists(), process.communicate(timeout=30)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err[-3000:]
+    summary = json.loads(out)
+    assert summary["state"] == "Canceled"
+    assert {n["state"] for n in summary["nodes"]} == {"Canceled"}
+    assert leftover_processes(run_id) == []
+
+    resumed = subprocess.run(hpcjob_run(tmp_path, "e2e-resume-1", *args, "--epochs", "3"),
+                             capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    assert json.loads(resumed.stdout)["metrics"]["epochs_completed"] == 3

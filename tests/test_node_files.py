@@ -1,0 +1,123 @@
+"""The node helper and the worker shim, run for real with bash and python."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcjob.staging import node_files
+
+
+@pytest.fixture
+def job_dir(tmp_path: Path) -> Path:
+    for relative, content in node_files():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_bytes(content)
+    return tmp_path
+
+
+def source_helper(job_dir: Path, store: str, then: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}
+    script = f". .hpcjob/node.sh {store} run-1 && {then}"
+    return subprocess.run(["/bin/bash", "-c", script], cwd=job_dir, env={**base, **env},
+                          capture_output=True, text=True)
+
+
+SHOW = 'echo "$HPCJOB_NODE $HPCJOB_IS_HOST $HPCJOB_ADDR $HPCJOB_IFNAME $GLOO_SOCKET_IFNAME $NCCL_SOCKET_IFNAME"'
+
+
+@pytest.mark.parametrize(
+    ("ccp_nodes", "store", "is_host"),
+    [
+        ("1 GPUNODE001 8", "GPUNODE001", "1"),
+        ("1 gpunode001 8", "GPUNODE001", "1"),  # node name case differs from the endpoint's
+        ("1 GPUNODE001 8", "gpunode001.contoso.com", "1"),  # a domain on either side is ignored
+        ("1 GPUNODE002 8", "GPUNODE001", "0"),
+        ("1 GPUNODE0011 8", "GPUNODE001", "0"),
+    ],
+)
+def test_store_host_is_decided_from_the_hpc_pack_node_name(
+    job_dir: Path, ccp_nodes: str, store: str, is_host: str
+) -> None:
+    result = source_helper(job_dir, store, SHOW, CCP_NODES=ccp_nodes, HPCJOB_IFNAME="lo")
+    assert result.returncode == 0, result.stderr
+    node, host, addr, ifname, gloo, nccl = result.stdout.split()
+    assert node == ccp_nodes.split()[1]
+    assert host == is_host
+    assert (addr, ifname, gloo, nccl) == ("127.0.0.1", "lo", "lo", "lo")
+
+
+def test_without_ccp_nodes_the_host_name_decides(job_dir: Path) -> None:
+    hostname = subprocess.run(["hostname"], capture_output=True, text=True, check=True).stdout.strip()
+    result = source_helper(job_dir, hostname.split(".")[0].upper(), SHOW, HPCJOB_IFNAME="lo")
+    assert result.stdout.split()[:2] == [hostname.split(".")[0], "1"]
+
+
+def test_address_is_the_routable_interface_not_what_the_host_name_resolves_to(job_dir: Path) -> None:
+    routes = subprocess.run(["ip", "-o", "-4", "addr", "show", "scope", "global"], capture_output=True, text=True)
+    if not routes.stdout.strip():
+        pytest.skip("this machine has no global IPv4 address")
+    result = source_helper(job_dir, "X", SHOW, CCP_NODES="1 Y 2")
+    _, _, addr, ifname, gloo, _ = result.stdout.split()
+    assert ifname != "lo" and gloo == ifname
+    assert f" {addr}/" in subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", ifname],
+                                         capture_output=True, text=True).stdout
+
+
+def test_user_choices_of_interface_win(job_dir: Path) -> None:
+    result = source_helper(job_dir, "X", SHOW, CCP_NODES="1 Y 2", HPCJOB_IFNAME="lo", GLOO_SOCKET_IFNAME="ib0")
+    assert result.stdout.split()[4:] == ["ib0", "lo"]
+
+
+def test_an_interface_without_address_fails_fast(job_dir: Path) -> None:
+    result = source_helper(job_dir, "X", "echo started", CCP_NODES="1 Y 2", HPCJOB_IFNAME="nosuch0")
+    assert result.returncode == 1
+    assert "started" not in result.stdout
+    assert "no IPv4 address found on nosuch0; set HPCJOB_IFNAME" in result.stderr
+
+
+def write_record(job_dir: Path, rank: int, code: int, node: str, when: float) -> None:
+    folder = job_dir / "logs" / "run-1" / ".hpcjob-exits"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"rank-{rank}").write_text(f"{when:.6f} {rank} {code} {node}\n")
+
+
+def test_task_exits_with_its_first_failing_rank_code(job_dir: Path) -> None:
+    write_record(job_dir, 2, 9, "N1", 20.0)
+    write_record(job_dir, 3, 7, "N1", 10.0)
+    write_record(job_dir, 0, 5, "N0", 1.0)  # another node's rank: not this task's
+    env = {"CCP_NODES": "1 N1 2", "HPCJOB_IFNAME": "lo"}
+    assert source_helper(job_dir, "N0", "exit 1", **env).returncode == 7
+    assert source_helper(job_dir, "N0", "true", **env).returncode == 0
+    assert source_helper(job_dir, "N0", "exit 1", CCP_NODES="1 N2 2", HPCJOB_IFNAME="lo").returncode == 1
+
+
+def run_worker(job_dir: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
+    (job_dir / "train.py").write_text(body)
+    env = {**os.environ, "HPCJOB_EXIT_DIR": str(job_dir / "exits"), "RANK": "3", "HPCJOB_NODE": "N1"}
+    return subprocess.run([sys.executable, ".hpcjob/worker.py", "train.py", *args], cwd=job_dir, env=env,
+                          capture_output=True, text=True)
+
+
+def test_worker_runs_the_script_as_main_with_its_argv(job_dir: Path) -> None:
+    body = "import sys, os\nprint(__name__, sys.argv, os.path.basename(sys.path[0]))\n"
+    result = run_worker(job_dir, body, "a b", "--x")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"__main__ ['train.py', 'a b', '--x'] {job_dir.name}"
+    assert not (job_dir / "exits").exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [("import sys\nsys.exit(3)\n", 3), ("raise RuntimeError('boom')\n", 1), ("import sys\nsys.exit('bye')\n", 1)],
+)
+def test_worker_records_a_failing_exit_code(job_dir: Path, body: str, code: int) -> None:
+    result = run_worker(job_dir, body)
+    assert result.returncode == code
+    when, rank, recorded, node = (job_dir / "exits" / "rank-3").read_text().split()
+    assert (rank, int(recorded), node) == ("3", code, "N1")
+    assert float(when) > 0

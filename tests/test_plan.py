@@ -1,0 +1,94 @@
+"""The job's shape (DESIGN.md, "The job it builds") and the torchrun line."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcjob.plan import make_plan
+from hpcjob.spec import SpecError
+
+from .conftest import RUN_ID, cluster_spec
+
+
+def test_one_pinned_task_per_node_with_one_identical_command() -> None:
+    plan = make_plan(cluster_spec(3), ("GPUNODE003", "GPUNODE001", "GPUNODE002"), RUN_ID)
+    assert [t.node for t in plan.tasks] == ["GPUNODE003", "GPUNODE001", "GPUNODE002"]
+    assert len({t.command_line for t in plan.tasks}) == 1
+    assert plan.rdzv_endpoint == "GPUNODE003:29400"
+    assert plan.world_size == 12
+    for task in plan.tasks:
+        assert task.work_directory == "/app/hpcjob/run_ddp"
+        assert task.stdout_path == f"/app/hpcjob/run_ddp/logs/{RUN_ID}/{task.node}.out"
+        assert task.stderr_path == f"/app/hpcjob/run_ddp/logs/{RUN_ID}/{task.node}.err"
+
+
+def test_torchrun_line_rendezvous_and_store_host_decided_on_the_node() -> None:
+    line = make_plan(cluster_spec(2), ("GPUNODE001", "GPUNODE002"), RUN_ID).command_line
+    assert line.startswith(f". .hpcjob/node.sh GPUNODE001 {RUN_ID} && python3 -m torch.distributed.run ")
+    for part in [
+        "--nnodes=2",
+        "--nproc_per_node=4",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=GPUNODE001:29400",
+        f"--rdzv_id={RUN_ID}",
+        "--rdzv_conf=is_host=$HPCJOB_IS_HOST",
+        "--local_addr=$HPCJOB_ADDR",
+        "--max_restarts=0",
+    ]:
+        assert f" {part} " in line
+    assert line.endswith(
+        " .hpcjob/worker.py run_ddp.py --epochs 5 --data fashion-mnist --data-root /app/data"
+    )
+
+
+def test_rendezvous_options_reach_the_line() -> None:
+    spec = cluster_spec(1, rdzv_port=29555, rdzv_join_timeout=60, max_restarts=2, python="/opt/py/bin/python")
+    line = make_plan(spec, ("GPUNODE001",), RUN_ID).command_line
+    assert "--rdzv_endpoint=GPUNODE001:29555" in line
+    assert "--rdzv_conf=is_host=$HPCJOB_IS_HOST,join_timeout=60" in line
+    assert "--max_restarts=2" in line
+    assert "&& /opt/py/bin/python -m torch.distributed.run" in line
+
+
+def test_mount_step_is_idempotent_root_work_without_a_password() -> None:
+    plan = make_plan(cluster_spec(2), ("GPUNODE001", "GPUNODE002"), RUN_ID)
+    assert plan.mount is not None
+    assert plan.mount.nodes == ("GPUNODE001", "GPUNODE002")
+    assert plan.mount.command == (
+        "mkdir -p /app && { mountpoint -q /app || mount -t cifs //HEADNODE/CcpSpoolDir/app /app "
+        "-o vers=3.0,credentials=/etc/hpcjob/smb-credentials,dir_mode=0777,file_mode=0777; } "
+        f"&& mkdir -p /app/hpcjob/run_ddp/logs/{RUN_ID}"
+    )
+    assert "pass" not in plan.mount.command.replace("mountpoint", "")
+
+
+def test_no_share_means_no_mount_step() -> None:
+    assert make_plan(cluster_spec(1, share=None), ("GPUNODE001",), RUN_ID).mount is None
+
+
+def test_command_longer_than_the_limit_is_refused() -> None:
+    spec = cluster_spec(2, script_args=("--note", "x" * 100))
+    plan = make_plan(spec, spec.node_names, RUN_ID)
+    assert len(plan.command_line) <= 480
+    long = cluster_spec(2, script_args=("--note", "x" * 200))
+    with pytest.raises(SpecError, match=r"is 5\d\d characters, more than the scheduler's limit of 480"):
+        make_plan(long, long.node_names, RUN_ID)
+    raised = cluster_spec(2, script_args=("--note", "x" * 200), command_limit=2000)
+    assert make_plan(raised, raised.node_names, RUN_ID).command_limit == 2000
+
+
+def test_chosen_nodes_must_fit_the_spec() -> None:
+    with pytest.raises(SpecError, match="1 node"):
+        make_plan(cluster_spec(2), ("GPUNODE001",), RUN_ID)
+    with pytest.raises(SpecError, match="named twice"):
+        make_plan(cluster_spec(2), ("GPUNODE001", "gpunode001"), RUN_ID)
+    with pytest.raises(SpecError, match="run id"):
+        make_plan(cluster_spec(1), ("GPUNODE001",), "bad id")
+
+
+def test_backend_may_move_the_rendezvous_and_the_share() -> None:
+    plan = make_plan(cluster_spec(2, share=None), ("LOCAL1", "LOCAL2"), RUN_ID, rdzv_host="127.0.0.1",
+                     mount_point="/tmp/share/")
+    assert plan.rdzv_endpoint == "127.0.0.1:29400"
+    assert " .hpcjob/node.sh LOCAL1 " in plan.command_line
+    assert plan.job_dir == "/tmp/share/hpcjob/run_ddp"

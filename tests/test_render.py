@@ -1,0 +1,81 @@
+"""Generated artefacts, compared whole with golden files, and the job XML against the import map."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+
+import pytest
+
+from hpcjob.plan import make_plan
+from hpcjob.render import JOB_NAMESPACE, clusrun_text, job_xml, plan_json
+from hpcjob.spec import SpecError
+
+from .conftest import REFERENCE, RUN_ID, cluster_spec
+
+NS = {"j": JOB_NAMESPACE}
+
+
+def xml_for(nodes: int) -> str:
+    spec = cluster_spec(nodes)
+    return job_xml(make_plan(spec, spec.node_names, RUN_ID))
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 16])
+def test_job_xml_golden(nodes: int, golden: Callable[[str, str], None]) -> None:
+    golden(f"job-{nodes}node.xml", xml_for(nodes))
+
+
+def test_clusrun_golden(golden: Callable[[str, str], None]) -> None:
+    spec = cluster_spec(2)
+    golden("clusrun-2node.txt", clusrun_text(make_plan(spec, spec.node_names, RUN_ID)))
+
+
+def test_clusrun_needs_a_share() -> None:
+    spec = cluster_spec(2, share=None)
+    with pytest.raises(SpecError, match="--share"):
+        clusrun_text(make_plan(spec, spec.node_names, RUN_ID))
+
+
+def test_every_xml_name_is_in_the_schedulers_import_map() -> None:
+    import_map = json.loads((REFERENCE / "job-xml-import-map.json").read_text())
+    job_attributes = set(import_map["job_attributes"]) | {"xmlns"}
+    task_attributes = set(import_map["task_attributes"])
+    elements = set(import_map["elements"])
+    root = ET.fromstring(xml_for(16).encode())
+    for element in root.iter():
+        tag = element.tag.removeprefix("{" + JOB_NAMESPACE + "}")
+        assert tag in elements
+        allowed = task_attributes if tag == "Task" else job_attributes if tag == "Job" else set()
+        assert set(element.attrib) <= allowed, (tag, set(element.attrib) - allowed)
+
+
+def test_job_xml_root_namespace_version_and_shape() -> None:
+    text = xml_for(2)
+    assert text.startswith('<?xml version="1.0" encoding="utf-8"?>\n<Job Version="3.000" ')
+    root = ET.fromstring(text.encode())
+    assert root.tag == "{%s}Job" % JOB_NAMESPACE
+    assert root.get("UnitType") == "Node"
+    assert (root.get("MinNodes"), root.get("MaxNodes")) == ("2", "2")
+    assert (root.get("AutoCalculateMin"), root.get("AutoCalculateMax")) == ("false", "false")
+    assert (root.get("IsExclusive"), root.get("FailOnTaskFailure")) == ("true", "true")
+    assert root.get("RequestedNodes") == "GPUNODE001,GPUNODE002"
+    tasks = root.findall("j:Tasks/j:Task", NS)
+    assert [t.get("RequiredNodes") for t in tasks] == ["GPUNODE001", "GPUNODE002"]
+    assert len({t.get("CommandLine") for t in tasks}) == 1
+    variables = root.findall("j:EnvironmentVariables/j:Variable", NS)
+    assert [(v.findtext("j:Name", namespaces=NS), v.findtext("j:Value", namespaces=NS)) for v in variables] == [
+        ("NCCL_DEBUG", "WARN")
+    ]
+
+
+def test_plan_json_is_the_whole_plan() -> None:
+    spec = cluster_spec(2)
+    plan = make_plan(spec, spec.node_names, RUN_ID)
+    data = json.loads(plan_json(plan))
+    assert data["run_id"] == RUN_ID
+    assert data["world_size"] == 8
+    assert data["env"] == {"NCCL_DEBUG": "WARN"}
+    assert [t["node"] for t in data["tasks"]] == ["GPUNODE001", "GPUNODE002"]
+    assert data["mount"]["command"] == plan.mount.command if plan.mount else False

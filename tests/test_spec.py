@@ -1,0 +1,77 @@
+"""Validation of what the user asks for: each bad input is one line that names the problem."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcjob.spec import JobSpec, SpecError, parse_env, parse_node_names, parse_share
+
+
+def spec(**fields: object) -> JobSpec:
+    return JobSpec(script="train.py", **fields)  # type: ignore[arg-type]
+
+
+def test_defaults_follow_the_gpus_and_the_named_nodes() -> None:
+    s = spec(node_names=("A", "B", "C"), gpus_per_node=8)
+    assert (s.nodes, s.nproc_per_node, s.name, s.job_folder) == (3, 8, "train", "hpcjob/train")
+    assert spec().node_count == 1 and spec().nproc_per_node == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"nproc_per_node": 8, "gpus_per_node": 4}, "more than the 4 GPUs per node"),
+        ({"nodes": 3, "node_names": ("A", "B")}, "2 node(s) named with --node, fewer than the 3"),
+        ({"nodes": 1, "node_names": ("A", "B")}, "more than the 1"),
+        ({"node_names": ("node1", "NODE1")}, "named twice"),
+        ({"node_names": ("node_1",)}, "not a valid node name"),
+        ({"node_names": ("-x",)}, "not a valid node name"),
+        ({"node_names": ("node1.contoso.com",)}, "without a domain"),
+        ({"nodes": 0}, "--nodes 0 must be at least 1"),
+        ({"rdzv_port": 70000}, "--rdzv-port 70000"),
+        ({"max_restarts": -1}, "--max-restarts -1"),
+        ({"env": (("1X", "v"),)}, "a variable name"),
+        ({"env": (("HF_TOKEN", "abc"),)}, "looks like a secret"),
+        ({"env": (("DB_PASSWORD", "abc"),)}, "looks like a secret"),
+        ({"env": (("A", "x" * 3000),)}, "more than HPC Pack's 2048"),
+        ({"env": (("A", "bell\x07"),)}, "control character"),
+        ({"script_args": ("ok", "nul\x00")}, "control character"),
+        ({"mount_point": "app"}, "absolute path"),
+        ({"mount_options": "vers=3.0,password=hunter2"}, "must not hold a password"),
+        ({"mount_options": "vers=3.0 ; rm -rf /"}, "comma-separated option list"),
+        ({"job_folder": "../etc"}, "relative path of plain names"),
+        ({"name": "my job"}, "job name"),
+        ({"python": "python3 -X dev"}, "--python"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_problem(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        spec(**fields)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_script_must_be_python() -> None:
+    with pytest.raises(SpecError, match="must be a Python file"):
+        JobSpec(script="train.sh")
+
+
+def test_parse_env_keeps_order_and_equals_in_values() -> None:
+    assert parse_env(["A=1", "B=x=y", "A=2", "E="]) == (("A", "2"), ("B", "x=y"), ("E", ""))
+    for bad in ["NOEQUALS", "=v"]:
+        with pytest.raises(SpecError, match="must be NAME=VALUE"):
+            parse_env([bad])
+
+
+def test_parse_share_accepts_both_slash_styles() -> None:
+    for text in ["//HEAD/CcpSpoolDir/app/x", r"\\HEAD\CcpSpoolDir\app\x"]:
+        share = parse_share(text)
+        assert share.unc == "//HEAD/CcpSpoolDir/app/x"
+        assert share.windows_unc == r"\\HEAD\CcpSpoolDir\app\x"
+    for bad in ["HEAD/CcpSpoolDir", "//HEAD", "//HEAD/Ccp Spool", "//HEAD/x/../y", "//HEAD/x/'y"]:
+        with pytest.raises(SpecError, match="share"):
+            parse_share(bad)
+
+
+def test_node_names_keep_their_order_and_case() -> None:
+    assert parse_node_names(["gpu2", "GPU1"]) == ("gpu2", "GPU1")
