@@ -27,33 +27,74 @@ F = TypeVar("F", bound=Callable[..., Any])
 def job_options(command: F) -> F:
     """The options that describe a job, shared by every command that builds one."""
     options = [
-        click.option("-n", "--nodes", type=int, help="Number of nodes [default: the number of --node names]."),
-        click.option("--nproc-per-node", type=int,
-                     help="Processes per node, one per GPU [default: --gpus-per-node, else 1]."),
+        click.option(
+            "-n", "--nodes", type=int, help="Number of nodes [default: the number of --node names]."
+        ),
+        click.option(
+            "--nproc-per-node",
+            type=int,
+            help="Processes per node, one per GPU [default: --gpus-per-node, else 1].",
+        ),
         click.option("--gpus-per-node", type=int, help="GPUs per node, to check --nproc-per-node against."),
-        click.option("--node", "node_names", multiple=True, metavar="NAME",
-                     help="An HPC Pack node to run on, repeatable, in order; the first hosts the rendezvous."),
-        click.option("--node-group", metavar="GROUP", help="HPC Pack node group the nodes belong to (GPU nodes)."),
+        click.option(
+            "--node",
+            "node_names",
+            multiple=True,
+            metavar="NAME",
+            help="An HPC Pack node to run on, repeatable, in order; the first hosts the rendezvous.",
+        ),
+        click.option(
+            "--node-group", metavar="GROUP", help="HPC Pack node group the nodes belong to (GPU nodes)."
+        ),
         click.option("--name", help="Job name [default: the script's name]."),
-        click.option("--share", metavar="UNC",
-                     help="Share folder mounted on the nodes, e.g. //HEADNODE/CcpSpoolDir/app."),
-        click.option("--mount-point", metavar="PATH",
-                     help="Where the share is mounted on the nodes [default: /app]; with --local, the "
-                          "local folder that stands in for the share."),
-        click.option("--mount-options", metavar="OPTS",
-                     help="mount.cifs options; credentials come from a file on the nodes, never a password."),
-        click.option("--job-folder", metavar="PATH",
-                     help="The job's folder under the mount point [default: hpcjob/NAME]."),
+        click.option(
+            "--share",
+            metavar="UNC",
+            help="Share folder mounted on the nodes, e.g. //HEADNODE/CcpSpoolDir/app.",
+        ),
+        click.option(
+            "--mount-point",
+            metavar="PATH",
+            help="Where the share is mounted on the nodes [default: /app]; with --local, the "
+            "local folder that stands in for the share.",
+        ),
+        click.option(
+            "--mount-options",
+            metavar="OPTS",
+            help="mount.cifs options; credentials come from a file on the nodes, never a password.",
+        ),
+        click.option(
+            "--job-folder",
+            metavar="PATH",
+            help="The job's folder under the mount point [default: hpcjob/NAME].",
+        ),
         click.option("--rdzv-port", type=int, help="Rendezvous port on the first node [default: 29400]."),
-        click.option("--rdzv-timeout", type=int, metavar="SECONDS",
-                     help="How long torchrun waits for all nodes to join [default: torchrun's, 900]."),
-        click.option("--env", "env_items", multiple=True, metavar="K=V", help="Job environment variable, repeatable."),
-        click.option("--max-restarts", type=int, default=0, show_default=True,
-                     help="torchrun restarts of the worker group after a failure."),
+        click.option(
+            "--rdzv-timeout",
+            type=int,
+            metavar="SECONDS",
+            help="How long torchrun waits for all nodes to join [default: torchrun's, 900].",
+        ),
+        click.option(
+            "--env", "env_items", multiple=True, metavar="K=V", help="Job environment variable, repeatable."
+        ),
+        click.option(
+            "--max-restarts",
+            type=int,
+            default=0,
+            show_default=True,
+            help="torchrun restarts of the worker group after a failure.",
+        ),
         click.option("--python", default="python3", show_default=True, help="Python on the nodes."),
-        click.option("--command-limit", type=int, metavar="CHARS",
-                     help="The scheduler's CommandLine length limit [default: 480]."),
-        click.option("--run-id", help="Unique id of this run (rendezvous id, log folder) [default: generated]."),
+        click.option(
+            "--command-limit",
+            type=int,
+            metavar="CHARS",
+            help="The scheduler's CommandLine length limit [default: 480].",
+        ),
+        click.option(
+            "--run-id", help="Unique id of this run (rendezvous id, log folder) [default: generated]."
+        ),
         click.argument("script", type=click.Path(dir_okay=False)),
         click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -64,7 +105,14 @@ def job_options(command: F) -> F:
 
 def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
     """The JobSpec from the job options; checks that the script exists."""
-    from hpcjob.spec import DEFAULT_COMMAND_LIMIT, DEFAULT_MOUNT_OPTIONS, JobSpec, SpecError, parse_env, parse_share
+    from hpcjob.spec import (
+        DEFAULT_COMMAND_LIMIT,
+        DEFAULT_MOUNT_OPTIONS,
+        JobSpec,
+        SpecError,
+        parse_env,
+        parse_share,
+    )
 
     script = Path(params["script"])
     if not script.is_file():
@@ -114,10 +162,23 @@ def cli() -> None:
 
 
 @cli.command(context_settings=PASS_THROUGH)
-@click.option("--format", "fmt", type=click.Choice(["xml", "clusrun", "json"]), default="xml", show_default=True,
-              help="xml: the job file for `job submit /jobfile:`; clusrun: the share mount step; json: the plan.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["xml", "clusrun", "json"]),
+    default="xml",
+    show_default=True,
+    help="xml: the job file for `job submit /jobfile:`; clusrun: the share mount step; json: the plan.",
+)
+@click.option(
+    "--copy-to",
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Also copy the code and hpcjob's node files into DIR/<job folder>: DIR is the share as "
+    "mounted here (a drive or a CIFS mount).",
+)
 @job_options
-def render(fmt: str, **params: Any) -> None:
+def render(fmt: str, copy_to: str | None, **params: Any) -> None:
     """Print the HPC Pack job for SCRIPT without contacting anything.
 
     Name the nodes with --node (render asks no cluster which nodes are online).
@@ -125,21 +186,36 @@ def render(fmt: str, **params: Any) -> None:
     from hpcjob.plan import make_plan
     from hpcjob.render import clusrun_text, job_xml, plan_json
     from hpcjob.spec import SpecError
+    from hpcjob.staging import sync_folder
 
     spec = build_spec(params)
     if not spec.node_names:
         raise SpecError("render needs the nodes: name each with --node (render contacts no cluster)")
     plan = make_plan(spec, spec.node_names, params["run_id"] or new_run_id(spec.name))
     text = {"xml": job_xml, "clusrun": clusrun_text, "json": plan_json}[fmt](plan)
+    if copy_to is not None:
+        target = Path(copy_to) / spec.job_folder
+        report = sync_folder(Path(spec.script).resolve().parent, target)
+        click.echo(f"copied {report.files_sent} file(s), {report.bytes_sent} bytes, to {target}", err=True)
     click.echo(text, nl=False)
 
 
 @cli.command(context_settings=PASS_THROUGH)
-@click.option("--local", "local", is_flag=True, help="Run the job on this machine: N local nodes, real torchrun.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary on stdout; progress goes to stderr.")
+@click.option(
+    "--local", "local", is_flag=True, help="Run the job on this machine: N local nodes, real torchrun."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON summary on stdout; progress goes to stderr."
+)
 @click.option("--quiet", is_flag=True, help="Show node states and the summary, not the nodes' output.")
-@click.option("--grace-period", type=float, default=10.0, show_default=True, metavar="SECONDS",
-              help="How long stopped nodes get after SIGINT before SIGKILL.")
+@click.option(
+    "--grace-period",
+    type=float,
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long stopped nodes get after SIGINT before SIGKILL.",
+)
 @job_options
 def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: Any) -> None:
     """Run SCRIPT as a distributed job and wait for it; exit with the job's exit code.
@@ -158,14 +234,17 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     share_root = Path(params["mount_point"] or default_share_root()).expanduser().resolve()
     port = params["rdzv_port"] or free_port()
     spec = build_spec(params, mount_point=str(share_root), rdzv_port=port)
-    plan = make_plan(spec, local_node_names(spec), params["run_id"] or new_run_id(spec.name),
-                     rdzv_host=LOOPBACK)
+    plan = make_plan(
+        spec, local_node_names(spec), params["run_id"] or new_run_id(spec.name), rdzv_host=LOOPBACK
+    )
 
     def progress(line: str) -> None:
         click.echo(line, err=as_json)
 
-    progress(f"job {plan.name}: {len(plan.nodes)} node(s) x {plan.nproc_per_node} process(es), "
-             f"rendezvous {plan.rdzv_endpoint}, folder {plan.job_dir}")
+    progress(
+        f"job {plan.name}: {len(plan.nodes)} node(s) x {plan.nproc_per_node} process(es), "
+        f"rendezvous {plan.rdzv_endpoint}, folder {plan.job_dir}"
+    )
     sync_folder(Path(spec.script).resolve().parent, Path(plan.job_dir))
     _cancel_on_sigterm()
     summary = LocalBackend(grace_period_s=grace_period).run(plan, progress=progress, echo_output=not quiet)
@@ -186,8 +265,10 @@ def _cancel_on_sigterm() -> None:
 
 
 def format_summary(summary: JobSummary) -> str:
-    lines = [f"job {summary.name} {summary.state} in {summary.wall_time_s:.1f} s, exit code {summary.exit_code} "
-             f"(run {summary.run_id})"]
+    lines = [
+        f"job {summary.name} {summary.state} in {summary.wall_time_s:.1f} s, exit code {summary.exit_code} "
+        f"(run {summary.run_id})"
+    ]
     for node in summary.nodes:
         lines.append(f"  {node.node:<16} {node.state:<9} exit code {node.exit_code}")
     if summary.root_cause:

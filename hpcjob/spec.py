@@ -205,7 +205,9 @@ class JobSpec:
         total = 0
         for name, value in self.env:
             if not _ENV_NAME.fullmatch(name):
-                raise SpecError(f"--env {name!r}: a variable name is letters, digits and _, not first a digit")
+                raise SpecError(
+                    f"--env {name!r}: a variable name is letters, digits and _, not first a digit"
+                )
             if _SECRET_NAME.search(name):
                 raise SpecError(
                     f"--env {name}: looks like a secret, and job environment variables are stored in "

@@ -15,8 +15,9 @@ from .conftest import REPO
 
 
 def hpcjob(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpcjob.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
 
 
 @pytest.fixture
@@ -28,27 +29,66 @@ def script(tmp_path: Path) -> Path:
 
 
 def test_render_xml_is_the_default_and_carries_the_options(script: Path) -> None:
-    result = hpcjob("render", "-n", "2", "--node", "gpu2", "--node", "GPU1", "--node-group", "GPUNodes",
-                    "--name", "exp1", "--nproc-per-node", "2", "--rdzv-port", "29555", "--env", "A=1",
-                    "--env", "B=x y", "--max-restarts", "1", "--mount-point", "/mnt/app", "--run-id", "exp1-1",
-                    str(script), "--lr", "0.1", "--name", "not-an-option-of-hpcjob")
+    result = hpcjob(
+        "render",
+        "-n",
+        "2",
+        "--node",
+        "gpu2",
+        "--node",
+        "GPU1",
+        "--node-group",
+        "GPUNodes",
+        "--name",
+        "exp1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-port",
+        "29555",
+        "--env",
+        "A=1",
+        "--env",
+        "B=x y",
+        "--max-restarts",
+        "1",
+        "--mount-point",
+        "/mnt/app",
+        "--run-id",
+        "exp1-1",
+        str(script),
+        "--lr",
+        "0.1",
+        "--name",
+        "not-an-option-of-hpcjob",
+    )
     assert result.returncode == 0, result.stderr
     root = ET.fromstring(result.stdout.encode())
     ns = {"j": JOB_NAMESPACE}
-    assert (root.get("Name"), root.get("RequestedNodes"), root.get("NodeGroups")) == ("exp1", "gpu2,GPU1", "GPUNodes")
+    assert (root.get("Name"), root.get("RequestedNodes"), root.get("NodeGroups")) == (
+        "exp1",
+        "gpu2,GPU1",
+        "GPUNodes",
+    )
     tasks = root.findall("j:Tasks/j:Task", ns)
     line = tasks[0].get("CommandLine") or ""
-    assert "--rdzv_endpoint=gpu2:29555" in line and "--max_restarts=1" in line and "--nproc_per_node=2" in line
+    assert (
+        "--rdzv_endpoint=gpu2:29555" in line and "--max_restarts=1" in line and "--nproc_per_node=2" in line
+    )
     assert line.endswith("train.py --lr 0.1 --name not-an-option-of-hpcjob")
     assert tasks[1].get("WorkDirectory") == "/mnt/app/hpcjob/exp1"
-    assert [v.findtext("j:Value", namespaces=ns) for v in root.iter(f"{{{JOB_NAMESPACE}}}Variable")] == ["1", "x y"]
+    assert [v.findtext("j:Value", namespaces=ns) for v in root.iter(f"{{{JOB_NAMESPACE}}}Variable")] == [
+        "1",
+        "x y",
+    ]
 
 
 def test_render_clusrun_and_json(script: Path) -> None:
     common = ["--node", "A", "--share", r"\\HEAD\CcpSpoolDir\app", "--run-id", "r1", str(script)]
     clusrun = hpcjob("render", "--format", "clusrun", *common)
     assert clusrun.returncode == 0, clusrun.stderr
-    assert clusrun.stdout.startswith('clusrun /user:system /nodes:A "mkdir -p /app && { mountpoint -q /app ||')
+    assert clusrun.stdout.startswith(
+        'clusrun /user:system /nodes:A "mkdir -p /app && { mountpoint -q /app ||'
+    )
     assert "//HEAD/CcpSpoolDir/app" in clusrun.stdout
     plan = hpcjob("render", "--format", "json", *common)
     assert '"run_id": "r1"' in plan.stdout and '"world_size": 1' in plan.stdout
@@ -95,8 +135,19 @@ def test_missing_script_is_refused_and_nothing_is_started(tmp_path: Path) -> Non
 
 def test_run_local_bad_input_starts_nothing(script: Path, tmp_path: Path) -> None:
     share = tmp_path / "share"
-    result = hpcjob("run", "--local", "-n", "2", "--gpus-per-node", "1", "--nproc-per-node", "2",
-                    "--mount-point", str(share), str(script))
+    result = hpcjob(
+        "run",
+        "--local",
+        "-n",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--mount-point",
+        str(share),
+        str(script),
+    )
     assert result.returncode == 2 and "GPUs per node" in result.stderr
     assert not share.exists()
 
@@ -114,9 +165,21 @@ def test_help_lists_the_commands() -> None:
 
 
 def test_help_imports_neither_torch_nor_requests_nor_winrm() -> None:
-    code = ("import sys; from hpcjob.cli import cli\n"
-            "try:\n    cli.main(['--help'], standalone_mode=False)\nexcept SystemExit: pass\n"
-            "heavy = {'torch', 'requests', 'winrm', 'jinja2'} & set(sys.modules)\n"
-            "print(sorted(heavy))")
+    code = (
+        "import sys; from hpcjob.cli import cli\n"
+        "try:\n    cli.main(['--help'], standalone_mode=False)\nexcept SystemExit: pass\n"
+        "heavy = {'torch', 'requests', 'winrm', 'jinja2'} & set(sys.modules)\n"
+        "print(sorted(heavy))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_render_copy_to_puts_code_and_node_files_in_the_job_folder(script: Path, tmp_path: Path) -> None:
+    mounted = tmp_path / "mounted-share"
+    result = hpcjob("render", "--node", "A", "--copy-to", str(mounted), str(script))
+    assert result.returncode == 0, result.stderr
+    job_dir = mounted / "hpcjob" / "train"
+    assert sorted(p.relative_to(job_dir).as_posix() for p in job_dir.rglob("*") if p.is_file()) == [
+        ".hpcjob/node.sh", ".hpcjob/worker.py", "train.py"]
+    assert "copied 3 file(s)" in result.stderr

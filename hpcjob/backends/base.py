@@ -69,8 +69,9 @@ def parse_exit_records(lines: Iterable[str]) -> RootCause | None:
     for line in lines:
         parts = line.split()
         try:
-            causes.append(RootCause(time=float(parts[0]), rank=int(parts[1]), exit_code=int(parts[2]),
-                                    node=parts[3]))
+            causes.append(
+                RootCause(time=float(parts[0]), rank=int(parts[1]), exit_code=int(parts[2]), node=parts[3])
+            )
         except (IndexError, ValueError):
             continue  # a record cut short by a dying node says nothing reliable
     return min(causes, key=lambda c: c.time, default=None)
@@ -82,7 +83,7 @@ def find_metrics(lines: Iterable[str]) -> dict[str, object] | None:
     for line in lines:
         if line.startswith(METRICS_PREFIX):
             try:
-                value = json.loads(line[len(METRICS_PREFIX):])
+                value = json.loads(line[len(METRICS_PREFIX) :])
             except json.JSONDecodeError:
                 continue
             if isinstance(value, dict):

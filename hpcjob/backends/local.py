@@ -10,6 +10,7 @@ none outlives the job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -108,7 +109,11 @@ class LocalBackend:
                 if echo_output:
                     _echo(nodes, progress)
                 for node in nodes:
-                    if node.result.state is State.RUNNING and node.process and node.process.poll() is not None:
+                    if (
+                        node.result.state is State.RUNNING
+                        and node.process
+                        and node.process.poll() is not None
+                    ):
                         code = _exit_code(node.process.returncode)
                         node.result.exit_code = code
                         node.result.state = State.FINISHED if code == 0 else State.FAILED
@@ -140,8 +145,10 @@ class LocalBackend:
     @staticmethod
     def _node(task: TaskPlan) -> _Node:
         result = NodeResult(task.node, stdout_path=task.stdout_path, stderr_path=task.stderr_path)
-        tails = [_Tail(Path(task.stdout_path), f"[{task.node}] "),
-                 _Tail(Path(task.stderr_path), f"[{task.node} err] ")]
+        tails = [
+            _Tail(Path(task.stdout_path), f"[{task.node}] "),
+            _Tail(Path(task.stderr_path), f"[{task.node} err] "),
+        ]
         return _Node(task=task, result=result, tails=tails)
 
     def _start(self, plan: JobPlan, index: int, node: _Node) -> None:
@@ -150,15 +157,17 @@ class LocalBackend:
         env.update(plan.env)
         # This Python's folder first, so the command's `python3` is the one hpcjob runs with.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        env.update({
-            "CCP_JOBID": str(os.getpid()),
-            "CCP_TASKID": str(index + 1),
-            "CCP_JOBNAME": plan.name,
-            "CCP_NODES": f"1 {task.node} {os.cpu_count() or 1}",
-            "CCP_WORKDIR": task.work_directory,
-            "HPCJOB_IFNAME": "lo" if sys.platform.startswith("linux") else "lo0",
-            "HPCJOB_ADDR": LOOPBACK,
-        })
+        env.update(
+            {
+                "CCP_JOBID": str(os.getpid()),
+                "CCP_TASKID": str(index + 1),
+                "CCP_JOBNAME": plan.name,
+                "CCP_NODES": f"1 {task.node} {os.cpu_count() or 1}",
+                "CCP_WORKDIR": task.work_directory,
+                "HPCJOB_IFNAME": "lo" if sys.platform.startswith("linux") else "lo0",
+                "HPCJOB_ADDR": LOOPBACK,
+            }
+        )
         stdout = open(task.stdout_path, "wb")  # noqa: SIM115 - closed when the job ends
         stderr = open(task.stderr_path, "wb")  # noqa: SIM115
         node.files = [stdout, stderr]
@@ -210,8 +219,9 @@ class LocalBackend:
                 node.process.wait()
 
     @staticmethod
-    def _summary(plan: JobPlan, nodes: Sequence[_Node], state: State, failed_first: _Node | None,
-                 wall_time: float) -> JobSummary:
+    def _summary(
+        plan: JobPlan, nodes: Sequence[_Node], state: State, failed_first: _Node | None, wall_time: float
+    ) -> JobSummary:
         records: list[str] = []
         exit_dir = Path(plan.exit_dir)
         if exit_dir.is_dir():
@@ -265,7 +275,7 @@ def _process_table() -> dict[int, tuple[int, int]]:
         except OSError:
             continue
         # The command name may hold spaces and parentheses: the fields start after the last ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         table[int(entry)] = (int(fields[1]), int(fields[19]))
     return table
 
@@ -295,24 +305,20 @@ def _zombie(pid: int) -> bool:
             stat = f.read()
     except OSError:
         return True
-    return stat[stat.rfind(b")") + 2:][:1] == b"Z"
+    return stat[stat.rfind(b")") + 2 :][:1] == b"Z"
 
 
 def _signal_node(node: _Node, sig: signal.Signals) -> None:
     """Signal every process of the task; without /proc (macOS), at least the task's session."""
     _signal_all(node.seen, sig)
     if node.process is not None and node.process.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(node.process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _signal_all(seen: set[tuple[int, int]], sig: signal.Signals) -> None:
     table = _process_table()
     for pid, start in seen:
         if table.get(pid, (0, -1))[1] == start:  # still the same process, not a reused pid
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Sets up .venv for hpcjob: the package with its training (torch, torchvision) and development extras.
+# Safe to run again: it does nothing when pyproject.toml has not changed since the last install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "bootstrap: hpcjob needs Python 3.11 or newer (set PYTHON=/path/to/python3.11)" >&2
+    exit 1
+fi
+stamp=.venv/.hpcjob-installed
+wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
+    exit 0
+fi
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+echo "bootstrap: installing hpcjob with torch and the test tools into .venv (a few minutes the first time)" >&2
+# torch/torchvision are pinned in pyproject.toml: an unpinned torch would pull a multi-GB CUDA build.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[train,dev]" 2>&1 \
+    | grep -v "^WARNING: Location .* is ignored" >&2 || true
+.venv/bin/python -c 'import hpcjob, torch, torchvision, pytest' \
+    || { echo "bootstrap: the install failed, see above" >&2; exit 1; }
+echo "$wanted" > "$stamp"
