@@ -19,7 +19,9 @@ import click
 
 if TYPE_CHECKING:
     from hpcjob.backends.base import JobSummary
-    from hpcjob.spec import JobSpec
+    from hpcjob.logs import RunLogs
+    from hpcjob.share import SmbFolder
+    from hpcjob.spec import JobSpec, Share
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,6 +105,26 @@ def job_options(command: F) -> F:
     return command
 
 
+def smb_options(command: F) -> F:
+    """How to reach the share over SMB; the password comes from HPCJOB_SMB_PASSWORD or a prompt."""
+    options = [
+        click.option("--smb-user", metavar="USER", help="SMB user [default: $HPCJOB_SMB_USER]."),
+        click.option("--smb-server", metavar="HOST", help="Connect here instead of the share's host name."),
+        click.option("--smb-port", type=int, default=445, show_default=True, help="SMB port."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def open_smb(share: Share, params: dict[str, Any]) -> SmbFolder:
+    from hpcjob.credentials import smb_password, smb_user
+    from hpcjob.share import SmbFolder
+
+    user = smb_user(params["smb_user"])
+    return SmbFolder(share, user, smb_password(user), server=params["smb_server"], port=params["smb_port"])
+
+
 def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
     """The JobSpec from the job options; checks that the script exists."""
     from hpcjob.spec import (
@@ -171,32 +193,71 @@ def cli() -> None:
     help="xml: the job file for `job submit /jobfile:`; clusrun: the share mount step; json: the plan.",
 )
 @click.option(
+    "--upload",
+    "upload_code",
+    is_flag=True,
+    help="Also upload the code and node files to the job folder on --share over SMB.",
+)
+@click.option(
     "--copy-to",
     type=click.Path(file_okay=False),
     metavar="DIR",
     help="Also copy the code and hpcjob's node files into DIR/<job folder>: DIR is the share as "
     "mounted here (a drive or a CIFS mount).",
 )
+@smb_options
 @job_options
-def render(fmt: str, copy_to: str | None, **params: Any) -> None:
+def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> None:
     """Print the HPC Pack job for SCRIPT without contacting anything.
 
     Name the nodes with --node (render asks no cluster which nodes are online).
     """
     from hpcjob.plan import make_plan
     from hpcjob.render import clusrun_text, job_xml, plan_json
+    from hpcjob.runs import RunRecord, save_run
+    from hpcjob.share import LocalFolder, ShareFolder
     from hpcjob.spec import SpecError
-    from hpcjob.staging import sync_folder
+    from hpcjob.staging import upload
 
     spec = build_spec(params)
     if not spec.node_names:
         raise SpecError("render needs the nodes: name each with --node (render contacts no cluster)")
+    if upload_code and spec.share is None:
+        raise SpecError("--upload needs --share //HEADNODE/CcpSpoolDir[/folder]")
     plan = make_plan(spec, spec.node_names, params["run_id"] or new_run_id(spec.name))
     text = {"xml": job_xml, "clusrun": clusrun_text, "json": plan_json}[fmt](plan)
-    if copy_to is not None:
-        target = Path(copy_to) / spec.job_folder
-        report = sync_folder(Path(spec.script).resolve().parent, target)
-        click.echo(f"copied {report.files_sent} file(s), {report.bytes_sent} bytes, to {target}", err=True)
+    if upload_code or copy_to is not None:
+        folder: ShareFolder
+        if copy_to is not None:
+            folder = LocalFolder(Path(copy_to))
+        else:
+            assert spec.share is not None  # checked above
+            folder = open_smb(spec.share, params)
+        try:
+            report = upload(Path(spec.script).resolve().parent, folder, spec.job_folder)
+            # The tasks' stdout/stderr go here, and the agent checks it can write them before it starts.
+            folder.makedirs(f"{spec.job_folder}/logs/{plan.run_id}")
+        finally:
+            folder.close()
+        click.echo(
+            f"sent {report.files_sent} file(s), {report.bytes_sent} bytes, to {folder.describe()}/"
+            f"{spec.job_folder} ({report.files_unchanged} unchanged)",
+            err=True,
+        )
+        save_run(
+            RunRecord(
+                run_id=plan.run_id,
+                name=plan.name,
+                backend="manual",
+                job_folder=spec.job_folder,
+                nodes=plan.nodes,
+                local_root=str(Path(copy_to).resolve()) if copy_to else None,
+                share=spec.share.unc if spec.share else None,
+                smb_server=params["smb_server"],
+                smb_port=params["smb_port"],
+                smb_user=params["smb_user"],
+            )
+        )
     click.echo(text, nl=False)
 
 
@@ -226,8 +287,10 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     """
     from hpcjob.backends.local import LOOPBACK, LocalBackend, default_share_root, free_port, local_node_names
     from hpcjob.plan import make_plan
+    from hpcjob.runs import RunRecord, save_run
+    from hpcjob.share import LocalFolder
     from hpcjob.spec import SpecError
-    from hpcjob.staging import sync_folder
+    from hpcjob.staging import upload
 
     if not local:
         raise SpecError("run needs --local: this version runs jobs on this machine only")
@@ -245,7 +308,17 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
         f"job {plan.name}: {len(plan.nodes)} node(s) x {plan.nproc_per_node} process(es), "
         f"rendezvous {plan.rdzv_endpoint}, folder {plan.job_dir}"
     )
-    sync_folder(Path(spec.script).resolve().parent, Path(plan.job_dir))
+    upload(Path(spec.script).resolve().parent, LocalFolder(share_root), spec.job_folder)
+    save_run(
+        RunRecord(
+            run_id=plan.run_id,
+            name=plan.name,
+            backend="local",
+            job_folder=spec.job_folder,
+            nodes=plan.nodes,
+            local_root=str(share_root),
+        )
+    )
     _cancel_on_sigterm()
     summary = LocalBackend(grace_period_s=grace_period).run(plan, progress=progress, echo_output=not quiet)
     if as_json:
@@ -253,6 +326,110 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     else:
         click.echo(format_summary(summary))
     sys.exit(summary.exit_code)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--node", "only_node", metavar="NAME", help="Only this node's output.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
+@click.option("--share", metavar="UNC", help="The share, if this machine did not start the run.")
+@click.option("--mount-point", metavar="DIR", help="Where the share is mounted here (instead of SMB).")
+@click.option("--job-folder", metavar="PATH", help="The job folder on the share [default: as recorded].")
+@click.option(
+    "--poll", type=float, default=1.0, show_default=True, metavar="SECONDS", help="How often to look."
+)
+@click.option(
+    "--idle-timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --follow, stop after a task failed and no output came for this long (killed "
+    "tasks write no end mark).",
+)
+@smb_options
+def logs(
+    run_id: str,
+    only_node: str | None,
+    follow: bool,
+    share: str | None,
+    mount_point: str | None,
+    job_folder: str | None,
+    poll: float,
+    idle_timeout: float,
+    **params: Any,
+) -> None:
+    """Print a run's per-node stdout and stderr, prefixed by node, from the share.
+
+    RUN is the run id that render and run print. Without --follow, each node's output is printed
+    whole, in node order; with it, new lines are printed as they come, and hpcjob exits with the
+    job's exit code when it has ended.
+    """
+    from hpcjob.logs import RunLogs
+    from hpcjob.runs import RunRecord, find_run
+    from hpcjob.share import LocalFolder, ShareFolder
+    from hpcjob.spec import SpecError, check_run_id, parse_share
+
+    check_run_id(run_id)
+    if share or mount_point:
+        if not job_folder:
+            raise SpecError("give --job-folder with --share or --mount-point")
+        record = RunRecord(
+            run_id=run_id,
+            name="",
+            backend="manual",
+            job_folder=job_folder,
+            nodes=(),
+            local_root=mount_point,
+            share=share,
+        )
+    else:
+        record = find_run(run_id)
+    folder: ShareFolder
+    if record.local_root:
+        folder = LocalFolder(Path(record.local_root))
+    elif record.share:
+        params = {
+            **params,
+            "smb_server": params["smb_server"] or record.smb_server,
+            "smb_user": params["smb_user"] or record.smb_user,
+        }
+        folder = open_smb(parse_share(record.share), params)
+    else:
+        raise SpecError(f"run {run_id} has no share recorded")
+    nodes = record.nodes
+    if only_node:
+        match = [n for n in nodes if n.upper() == only_node.upper()] if nodes else [only_node]
+        if not match:
+            raise SpecError(f"run {run_id} has no node {only_node!r}; its nodes: {', '.join(nodes)}")
+        nodes = tuple(match)
+    run_logs = RunLogs(folder, f"{job_folder or record.job_folder}/logs/{run_id}", nodes)
+    try:
+        exit_code = _print_logs(run_logs, follow, poll, idle_timeout)
+    finally:
+        folder.close()
+    sys.exit(exit_code)
+
+
+def _print_logs(run_logs: RunLogs, follow: bool, poll: float, idle_timeout: float) -> int:
+    if not follow:
+        for line in run_logs.read(final=True):
+            click.echo(line)
+        return 0
+    quiet_since = time.monotonic()
+    while True:
+        ended = run_logs.ended()
+        lines = run_logs.read(final=ended is not None)
+        for line in lines:
+            click.echo(line)
+        if ended is not None:
+            return ended
+        if lines:
+            quiet_since = time.monotonic()
+        failed = [code for code in run_logs.exit_codes().values() if code != 0]
+        if failed and time.monotonic() - quiet_since > idle_timeout:
+            return failed[0]
+        time.sleep(poll)
 
 
 def _cancel_on_sigterm() -> None:

@@ -1,20 +1,22 @@
 """What goes to the share: the script's folder, less what `.hpcjobignore` keeps out, plus the node files.
 
-`code_files` chooses the files (shared by every way of reaching the share); `sync_folder` copies them
-into a folder (the local backend's share, or a share mounted on the client), sending only files that
-changed since the last copy.
+`code_files` chooses the files; `upload` sends them to the job folder on the share (over SMB, or a
+local path where the share is mounted, or the local backend's stand-in), only files that changed
+since the last upload.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path, PurePosixPath
 
+from hpcjob.share import ShareFolder
 from hpcjob.torchrun import NODE_DIR
 
 IGNORE_FILE = ".hpcjobignore"
@@ -35,6 +37,7 @@ DEFAULT_IGNORE = (
     "*.ckpt",
 )
 NODE_FILES = ("node.sh", "worker.py")
+MANIFEST = f"{NODE_DIR}/manifest.json"
 
 
 @dataclass(frozen=True)
@@ -98,25 +101,35 @@ def node_files() -> Iterator[tuple[PurePosixPath, bytes]]:
         yield PurePosixPath(NODE_DIR) / name, (package / name).read_bytes()
 
 
-def sync_folder(code_dir: Path, job_dir: Path) -> SyncReport:
-    """Copy the code and the node files into `job_dir`, skipping files whose size and time match."""
+def upload(code_dir: Path, folder: ShareFolder, job_folder: str) -> SyncReport:
+    """Send the code and the node files to `<job_folder>/` on the share, only what changed.
+
+    What was sent is remembered in a manifest in the job folder (size and modification time of each
+    file); it is written last, so an interrupted upload is completed by the next one.
+    """
+    manifest_path = f"{job_folder}/{MANIFEST}"
+    try:
+        previous = json.loads(folder.read_bytes(manifest_path)).get("files", {})
+    except (FileNotFoundError, ValueError):
+        previous = {}
+    current: dict[str, list[int]] = {}
     sent = unchanged = sent_bytes = 0
     for item in code_files(code_dir):
-        target = job_dir / item.relative
-        if target.is_file():
-            stat = target.stat()
-            if stat.st_size == item.size and stat.st_mtime_ns == item.mtime_ns:
-                unchanged += 1
-                continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(item.path, target)
+        key = str(item.relative)
+        current[key] = [item.size, item.mtime_ns]
+        if previous.get(key) == current[key]:
+            unchanged += 1
+            continue
+        folder.copy_file(f"{job_folder}/{key}", item.path)
         sent += 1
         sent_bytes += item.size
     for relative, content in node_files():
-        target = job_dir / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.is_file() or target.read_bytes() != content:
-            target.write_bytes(content)
+        key = str(relative)
+        digest = hashlib.sha256(content).hexdigest()
+        current[key] = [len(content), int(digest[:12], 16)]
+        if previous.get(key) != current[key]:
+            folder.write_bytes(f"{job_folder}/{key}", content)
             sent += 1
             sent_bytes += len(content)
+    folder.write_bytes(manifest_path, json.dumps({"files": current}, indent=0).encode())
     return SyncReport(files_sent=sent, bytes_sent=sent_bytes, files_unchanged=unchanged)

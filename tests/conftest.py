@@ -16,6 +16,14 @@ REFERENCE = REPO.parent / "shared" / "reference"
 RUN_ID = "run_ddp-20261122-000000-abcd"
 
 
+@pytest.fixture(autouse=True)
+def private_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs recorded and local shares made by tests stay out of the user's home."""
+    home = tmp_path_factory.mktemp("xdg")
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+
+
 @pytest.fixture
 def golden() -> Callable[[str, str], None]:
     """Compare text with tests/golden/NAME whole; HPCJOB_UPDATE_GOLDEN=1 rewrites the file."""
@@ -27,7 +35,7 @@ def golden() -> Callable[[str, str], None]:
             if os.environ.get("HPCJOB_UPDATE_GOLDEN") != "1":
                 pytest.fail(f"golden file {name} did not exist and was written: review it and rerun")
         assert text == path.read_text(encoding="utf-8"), (
-            f"{name} differs from the golden file; if the change is intended, rerun with HPCJOB_UPDATE_GOLDEN=1"
+            f"{name} differs from the golden file; if intended, rerun with HPCJOB_UPDATE_GOLDEN=1"
         )
 
     return check

@@ -181,5 +181,9 @@ def test_render_copy_to_puts_code_and_node_files_in_the_job_folder(script: Path,
     assert result.returncode == 0, result.stderr
     job_dir = mounted / "hpcjob" / "train"
     assert sorted(p.relative_to(job_dir).as_posix() for p in job_dir.rglob("*") if p.is_file()) == [
-        ".hpcjob/node.sh", ".hpcjob/worker.py", "train.py"]
-    assert "copied 3 file(s)" in result.stderr
+        ".hpcjob/manifest.json",
+        ".hpcjob/node.sh",
+        ".hpcjob/worker.py",
+        "train.py",
+    ]
+    assert "sent 3 file(s)" in result.stderr

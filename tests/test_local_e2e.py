@@ -20,8 +20,19 @@ SMALL = ["--train-samples", "512", "--test-samples", "256", "--batch-size", "32"
 
 
 def hpcjob_run(share: Path, run_id: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "hpcjob.cli", "run", "--local", "--json", "--mount-point", str(share),
-            "--run-id", run_id, *args]
+    return [
+        sys.executable,
+        "-m",
+        "hpcjob.cli",
+        "run",
+        "--local",
+        "--json",
+        "--mount-point",
+        str(share),
+        "--run-id",
+        run_id,
+        *args,
+    ]
 
 
 def leftover_processes(run_id: str) -> list[int]:
@@ -46,13 +57,19 @@ def leftover_processes(run_id: str) -> list[int]:
 
 def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     run_id = "e2e-ok-1"
-    result = subprocess.run(hpcjob_run(tmp_path, run_id, "-n", "2", str(TRAIN), "--epochs", "2", *SMALL),
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        hpcjob_run(tmp_path, run_id, "-n", "2", str(TRAIN), "--epochs", "2", *SMALL),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
     assert summary["state"] == "Finished" and summary["exit_code"] == 0
     assert [(n["node"], n["state"], n["exit_code"]) for n in summary["nodes"]] == [
-        ("LOCAL1", "Finished", 0), ("LOCAL2", "Finished", 0)]
+        ("LOCAL1", "Finished", 0),
+        ("LOCAL2", "Finished", 0),
+    ]
     metrics = summary["metrics"]
     assert metrics["world_size"] == 2 and metrics["epochs_completed"] == 2
     assert metrics["accuracy"] > 0.2  # ten classes: better than chance
@@ -62,6 +79,14 @@ def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     assert (job_dir / "logs" / run_id / "LOCAL1.out").read_text().count("HPCJOB_METRICS") == 1
     assert "[LOCAL1] epoch 2/2" in result.stderr  # live progress, prefixed by node
     assert leftover_processes(run_id) == []
+    logs = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "logs", run_id, "--follow"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert logs.returncode == 0  # the run has ended: --follow returns at once with its exit code
+    assert "[LOCAL1] epoch 2/2" in logs.stdout and "[LOCAL2 err]" in logs.stdout
 
 
 FAILING = """
@@ -83,8 +108,12 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(tmp_path: Path) -> None
     script.write_text(FAILING)
     run_id = "e2e-fail-1"
     start = time.monotonic()
-    result = subprocess.run(hpcjob_run(tmp_path / "share", run_id, "-n", "2", "--grace-period", "5", str(script)),
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        hpcjob_run(tmp_path / "share", run_id, "-n", "2", "--grace-period", "5", str(script)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     elapsed = time.monotonic() - start
     assert result.returncode == 3, result.stderr[-3000:]
     summary = json.loads(result.stdout)
@@ -98,8 +127,12 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(tmp_path: Path) -> None
 def test_ctrl_c_cancels_and_a_new_run_resumes_from_the_checkpoint(tmp_path: Path) -> None:
     run_id = "e2e-cancel-1"
     args = ["-n", "2", str(TRAIN), *SMALL, "--step-sleep", "0.05"]
-    process = subprocess.Popen(hpcjob_run(tmp_path, run_id, *args, "--epochs", "50"),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        hpcjob_run(tmp_path, run_id, *args, "--epochs", "50"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     checkpoint = tmp_path / "hpcjob" / "run_ddp" / "checkpoints" / "checkpoint.pt"
     deadline = time.monotonic() + 180
     while not checkpoint.exists() and time.monotonic() < deadline and process.poll() is None:
@@ -113,8 +146,12 @@ def test_ctrl_c_cancels_and_a_new_run_resumes_from_the_checkpoint(tmp_path: Path
     assert {n["state"] for n in summary["nodes"]} == {"Canceled"}
     assert leftover_processes(run_id) == []
 
-    resumed = subprocess.run(hpcjob_run(tmp_path, "e2e-resume-1", *args, "--epochs", "3"),
-                             capture_output=True, text=True, timeout=240)
+    resumed = subprocess.run(
+        hpcjob_run(tmp_path, "e2e-resume-1", *args, "--epochs", "3"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
     assert json.loads(resumed.stdout)["metrics"]["epochs_completed"] == 3

@@ -23,11 +23,14 @@ def job_dir(tmp_path: Path) -> Path:
 def source_helper(job_dir: Path, store: str, then: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8"}
     script = f". .hpcjob/node.sh {store} run-1 && {then}"
-    return subprocess.run(["/bin/bash", "-c", script], cwd=job_dir, env={**base, **env},
-                          capture_output=True, text=True)
+    return subprocess.run(
+        ["/bin/bash", "-c", script], cwd=job_dir, env={**base, **env}, capture_output=True, text=True
+    )
 
 
-SHOW = 'echo "$HPCJOB_NODE $HPCJOB_IS_HOST $HPCJOB_ADDR $HPCJOB_IFNAME $GLOO_SOCKET_IFNAME $NCCL_SOCKET_IFNAME"'
+SHOW = (
+    'echo "$HPCJOB_NODE $HPCJOB_IS_HOST $HPCJOB_ADDR $HPCJOB_IFNAME $GLOO_SOCKET_IFNAME $NCCL_SOCKET_IFNAME"'
+)
 
 
 @pytest.mark.parametrize(
@@ -58,18 +61,26 @@ def test_without_ccp_nodes_the_host_name_decides(job_dir: Path) -> None:
 
 
 def test_address_is_the_routable_interface_not_what_the_host_name_resolves_to(job_dir: Path) -> None:
-    routes = subprocess.run(["ip", "-o", "-4", "addr", "show", "scope", "global"], capture_output=True, text=True)
+    routes = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "scope", "global"], capture_output=True, text=True
+    )
     if not routes.stdout.strip():
         pytest.skip("this machine has no global IPv4 address")
     result = source_helper(job_dir, "X", SHOW, CCP_NODES="1 Y 2")
     _, _, addr, ifname, gloo, _ = result.stdout.split()
     assert ifname != "lo" and gloo == ifname
-    assert f" {addr}/" in subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", ifname],
-                                         capture_output=True, text=True).stdout
+    assert (
+        f" {addr}/"
+        in subprocess.run(
+            ["ip", "-o", "-4", "addr", "show", "dev", ifname], capture_output=True, text=True
+        ).stdout
+    )
 
 
 def test_user_choices_of_interface_win(job_dir: Path) -> None:
-    result = source_helper(job_dir, "X", SHOW, CCP_NODES="1 Y 2", HPCJOB_IFNAME="lo", GLOO_SOCKET_IFNAME="ib0")
+    result = source_helper(
+        job_dir, "X", SHOW, CCP_NODES="1 Y 2", HPCJOB_IFNAME="lo", GLOO_SOCKET_IFNAME="ib0"
+    )
     assert result.stdout.split()[4:] == ["ib0", "lo"]
 
 
@@ -92,15 +103,22 @@ def test_task_exits_with_its_first_failing_rank_code(job_dir: Path) -> None:
     write_record(job_dir, 0, 5, "N0", 1.0)  # another node's rank: not this task's
     env = {"CCP_NODES": "1 N1 2", "HPCJOB_IFNAME": "lo"}
     assert source_helper(job_dir, "N0", "exit 1", **env).returncode == 7
+    assert (job_dir / "logs" / "run-1" / "N1.exit").read_text() == "7\n"  # the task's end, for `logs`
     assert source_helper(job_dir, "N0", "true", **env).returncode == 0
+    assert (job_dir / "logs" / "run-1" / "N1.exit").read_text() == "0\n"
     assert source_helper(job_dir, "N0", "exit 1", CCP_NODES="1 N2 2", HPCJOB_IFNAME="lo").returncode == 1
 
 
 def run_worker(job_dir: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
     (job_dir / "train.py").write_text(body)
     env = {**os.environ, "HPCJOB_EXIT_DIR": str(job_dir / "exits"), "RANK": "3", "HPCJOB_NODE": "N1"}
-    return subprocess.run([sys.executable, ".hpcjob/worker.py", "train.py", *args], cwd=job_dir, env=env,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, ".hpcjob/worker.py", "train.py", *args],
+        cwd=job_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_worker_runs_the_script_as_main_with_its_argv(job_dir: Path) -> None:
@@ -113,7 +131,11 @@ def test_worker_runs_the_script_as_main_with_its_argv(job_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     ("body", "code"),
-    [("import sys\nsys.exit(3)\n", 3), ("raise RuntimeError('boom')\n", 1), ("import sys\nsys.exit('bye')\n", 1)],
+    [
+        ("import sys\nsys.exit(3)\n", 3),
+        ("raise RuntimeError('boom')\n", 1),
+        ("import sys\nsys.exit('bye')\n", 1),
+    ],
 )
 def test_worker_records_a_failing_exit_code(job_dir: Path, body: str, code: int) -> None:
     result = run_worker(job_dir, body)

@@ -87,8 +87,13 @@ def test_chosen_nodes_must_fit_the_spec() -> None:
 
 
 def test_backend_may_move_the_rendezvous_and_the_share() -> None:
-    plan = make_plan(cluster_spec(2, share=None), ("LOCAL1", "LOCAL2"), RUN_ID, rdzv_host="127.0.0.1",
-                     mount_point="/tmp/share/")
+    plan = make_plan(
+        cluster_spec(2, share=None),
+        ("LOCAL1", "LOCAL2"),
+        RUN_ID,
+        rdzv_host="127.0.0.1",
+        mount_point="/tmp/share/",
+    )
     assert plan.rdzv_endpoint == "127.0.0.1:29400"
     assert " .hpcjob/node.sh LOCAL1 " in plan.command_line
     assert plan.job_dir == "/tmp/share/hpcjob/run_ddp"

@@ -20,7 +20,9 @@ from hpcjob.staging import node_files
 FAKE_PYTHON = '#!/bin/bash\nprintf \'%s\\0\' "$@" > "$ARGV_FILE"\n'
 XML_TEXT = st.characters(
     exclude_categories=("Cs",),
-    exclude_characters="".join(map(chr, [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0xFFFE, 0xFFFF])),
+    exclude_characters="".join(
+        map(chr, [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0xFFFE, 0xFFFF])
+    ),
 )
 
 
@@ -39,8 +41,12 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_task(node: Path, args: list[str]) -> list[str]:
-    spec = JobSpec(script="run_ddp.py", script_args=tuple(args), node_names=("GPUNODE001", "GPUNODE002"),
-                   command_limit=100_000)
+    spec = JobSpec(
+        script="run_ddp.py",
+        script_args=tuple(args),
+        node_names=("GPUNODE001", "GPUNODE002"),
+        command_limit=100_000,
+    )
     xml = job_xml(make_plan(spec, spec.node_names, "quoting-1"))
     task = ET.fromstring(xml.encode()).find(f"{{{JOB_NAMESPACE}}}Tasks/{{{JOB_NAMESPACE}}}Task")
     assert task is not None
@@ -63,7 +69,7 @@ def run_task(node: Path, args: list[str]) -> list[str]:
     assert "--local_addr=127.0.0.1" in argv
     worker = argv.index(".hpcjob/worker.py")
     assert argv[worker + 1] == "run_ddp.py"
-    return argv[worker + 2:]
+    return argv[worker + 2 :]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -55,7 +55,7 @@ def test_job_xml_root_namespace_version_and_shape() -> None:
     text = xml_for(2)
     assert text.startswith('<?xml version="1.0" encoding="utf-8"?>\n<Job Version="3.000" ')
     root = ET.fromstring(text.encode())
-    assert root.tag == "{%s}Job" % JOB_NAMESPACE
+    assert root.tag == f"{{{JOB_NAMESPACE}}}Job"
     assert root.get("UnitType") == "Node"
     assert (root.get("MinNodes"), root.get("MaxNodes")) == ("2", "2")
     assert (root.get("AutoCalculateMin"), root.get("AutoCalculateMax")) == ("false", "false")
@@ -65,9 +65,9 @@ def test_job_xml_root_namespace_version_and_shape() -> None:
     assert [t.get("RequiredNodes") for t in tasks] == ["GPUNODE001", "GPUNODE002"]
     assert len({t.get("CommandLine") for t in tasks}) == 1
     variables = root.findall("j:EnvironmentVariables/j:Variable", NS)
-    assert [(v.findtext("j:Name", namespaces=NS), v.findtext("j:Value", namespaces=NS)) for v in variables] == [
-        ("NCCL_DEBUG", "WARN")
-    ]
+    assert [
+        (v.findtext("j:Name", namespaces=NS), v.findtext("j:Value", namespaces=NS)) for v in variables
+    ] == [("NCCL_DEBUG", "WARN")]
 
 
 def test_plan_json_is_the_whole_plan() -> None:

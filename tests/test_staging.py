@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from hpcjob.staging import IGNORE_FILE, code_files, is_ignored, parse_ignore, sync_folder
+from hpcjob.share import LocalFolder
+from hpcjob.staging import IGNORE_FILE, code_files, is_ignored, parse_ignore, upload
 
 
 def make_tree(root: Path, files: dict[str, str]) -> None:
@@ -16,19 +17,40 @@ def make_tree(root: Path, files: dict[str, str]) -> None:
 
 
 def test_default_ignore_keeps_data_checkpoints_and_caches_home(tmp_path: Path) -> None:
-    make_tree(tmp_path, {
-        "train.py": "x", "lib/model.py": "x", "data/big.bin": "x", "checkpoints/c.pt": "x", "w.pt": "x",
-        "__pycache__/a.pyc": "x", "lib/__pycache__/b.pyc": "x", ".git/HEAD": "x", "logs/a.out": "x",
-    })
+    make_tree(
+        tmp_path,
+        {
+            "train.py": "x",
+            "lib/model.py": "x",
+            "data/big.bin": "x",
+            "checkpoints/c.pt": "x",
+            "w.pt": "x",
+            "__pycache__/a.pyc": "x",
+            "lib/__pycache__/b.pyc": "x",
+            ".git/HEAD": "x",
+            "logs/a.out": "x",
+        },
+    )
     assert sorted(str(f.relative) for f in code_files(tmp_path)) == ["lib/model.py", "train.py"]
 
 
 def test_hpcjobignore_replaces_the_defaults(tmp_path: Path) -> None:
-    make_tree(tmp_path, {
-        IGNORE_FILE: "# keep data, drop the notebooks\n*.ipynb\nsub/only/\n", "data/small.csv": "x",
-        "n.ipynb": "x", "sub/only/x.py": "x", "only/y.py": "x", "train.py": "x",
-    })
-    assert sorted(str(f.relative) for f in code_files(tmp_path)) == ["data/small.csv", "only/y.py", "train.py"]
+    make_tree(
+        tmp_path,
+        {
+            IGNORE_FILE: "# keep data, drop the notebooks\n*.ipynb\nsub/only/\n",
+            "data/small.csv": "x",
+            "n.ipynb": "x",
+            "sub/only/x.py": "x",
+            "only/y.py": "x",
+            "train.py": "x",
+        },
+    )
+    assert sorted(str(f.relative) for f in code_files(tmp_path)) == [
+        "data/small.csv",
+        "only/y.py",
+        "train.py",
+    ]
 
 
 def test_patterns() -> None:
@@ -41,15 +63,16 @@ def test_patterns() -> None:
 
 
 def test_sync_sends_only_what_changed(tmp_path: Path) -> None:
-    code, share = tmp_path / "code", tmp_path / "share"
+    code, share = tmp_path / "code", tmp_path / "share" / "hpcjob" / "job"
     make_tree(code, {"train.py": "print(1)\n", "lib/util.py": "x = 1\n"})
-    first = sync_folder(code, share)
+    folder = LocalFolder(tmp_path / "share")
+    first = upload(code, folder, "hpcjob/job")
     assert first.files_sent == 4 and first.files_unchanged == 0  # two code files and two node files
     assert (share / ".hpcjob" / "node.sh").is_file() and (share / ".hpcjob" / "worker.py").is_file()
-    again = sync_folder(code, share)
+    again = upload(code, folder, "hpcjob/job")
     assert (again.files_sent, again.bytes_sent, again.files_unchanged) == (0, 0, 2)
     (code / "train.py").write_text("print(22)\n")
     os.utime(code / "train.py", ns=(1, 1))
-    changed = sync_folder(code, share)
+    changed = upload(code, folder, "hpcjob/job")
     assert (changed.files_sent, changed.bytes_sent) == (1, len("print(22)\n"))
     assert (share / "train.py").read_text() == "print(22)\n"

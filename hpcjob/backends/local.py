@@ -30,7 +30,9 @@ from hpcjob.backends.base import (
     job_exit_code,
     parse_exit_records,
 )
+from hpcjob.logs import SUMMARY_FILE, Tail, node_tails
 from hpcjob.plan import JobPlan, TaskPlan
+from hpcjob.share import LocalFolder
 from hpcjob.spec import JobSpec
 
 LOOPBACK = "127.0.0.1"
@@ -55,33 +57,10 @@ def default_share_root() -> Path:
 
 
 @dataclass
-class _Tail:
-    """Reads the lines a task appended to one of its output files since the last look."""
-
-    path: Path
-    prefix: str
-    offset: int = 0
-    partial: bytes = b""
-
-    def read(self, final: bool = False) -> list[str]:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = b"" if final else lines.pop()
-        return [line.decode("utf-8", "replace") for line in lines if line or not final]
-
-
-@dataclass
 class _Node:
     task: TaskPlan
     result: NodeResult
-    tails: list[_Tail]
+    tails: list[Tail]
     process: subprocess.Popen[bytes] | None = None
     # Every process seen in the task's tree, by pid and start time (pids get reused).
     seen: set[tuple[int, int]] = field(default_factory=set)
@@ -140,15 +119,16 @@ class LocalBackend:
                     f.close()
         if echo_output:
             _echo(nodes, progress, final=True)
-        return self._summary(plan, nodes, state, failed_first, time.monotonic() - start)
+        summary = self._summary(plan, nodes, state, failed_first, time.monotonic() - start)
+        # Tells `hpcjob logs --follow` in another terminal that the job has ended.
+        (Path(plan.log_dir) / SUMMARY_FILE).write_text(summary.to_json(), encoding="utf-8")
+        return summary
 
     @staticmethod
     def _node(task: TaskPlan) -> _Node:
         result = NodeResult(task.node, stdout_path=task.stdout_path, stderr_path=task.stderr_path)
-        tails = [
-            _Tail(Path(task.stdout_path), f"[{task.node}] "),
-            _Tail(Path(task.stderr_path), f"[{task.node} err] "),
-        ]
+        # The plan puts each task's stdout/stderr in the run's log folder as NODE.out/NODE.err.
+        tails = node_tails(LocalFolder(Path(task.stdout_path).parent), "", task.node)
         return _Node(task=task, result=result, tails=tails)
 
     def _start(self, plan: JobPlan, index: int, node: _Node) -> None:
@@ -251,7 +231,7 @@ def _echo(nodes: Sequence[_Node], progress: Printer, final: bool = False) -> Non
     for node in nodes:
         for tail in node.tails:
             for line in tail.read(final):
-                progress(tail.prefix + line)
+                progress(line)
 
 
 def _exit_code(returncode: int) -> int:

@@ -10,7 +10,8 @@
 #                   node's routable interface, not what its host name resolves to (127.0.1.1 on a stock
 #                   Debian/Ubuntu /etc/hosts). Set HPCJOB_IFNAME (and HPCJOB_ADDR) to choose.
 #   HPCJOB_EXIT_DIR where the worker shim records a failing rank's exit code; on exit the task takes
-#                   the code of this node's first failing rank instead of torchrun's generic 1.
+#                   the code of this node's first failing rank instead of torchrun's generic 1, and
+#                   writes it to logs/RUN_ID/NODE.exit, which tells `hpcjob logs --follow` it ended.
 
 hpcjob_store=${1%%.*}
 HPCJOB_NODE=${CCP_NODES#* }
@@ -34,15 +35,19 @@ if [ -z "$HPCJOB_IFNAME" ] || [ -z "$HPCJOB_ADDR" ]; then
     exit 1
 fi
 : "${GLOO_SOCKET_IFNAME:=$HPCJOB_IFNAME}" "${NCCL_SOCKET_IFNAME:=$HPCJOB_IFNAME}"
-HPCJOB_EXIT_DIR="$PWD/logs/$2/.hpcjob-exits"
+HPCJOB_LOG_DIR="$PWD/logs/$2"
+HPCJOB_EXIT_DIR="$HPCJOB_LOG_DIR/.hpcjob-exits"
 export HPCJOB_NODE HPCJOB_IS_HOST HPCJOB_IFNAME HPCJOB_ADDR HPCJOB_EXIT_DIR GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME
 unset hpcjob_store
 
 hpcjob_exit() {
     local rc=$? first
-    [ "$rc" -ne 0 ] || return 0
-    first=$(cat "$HPCJOB_EXIT_DIR"/rank-* 2>/dev/null | awk -v node="$HPCJOB_NODE" '$4 == node' | sort -n | head -n 1)
-    [ -z "$first" ] || exit "$(echo "$first" | awk '{print $3}')"
+    if [ "$rc" -ne 0 ]; then
+        first=$(cat "$HPCJOB_EXIT_DIR"/rank-* 2>/dev/null | awk -v node="$HPCJOB_NODE" '$4 == node' | sort -n | head -n 1)
+        [ -z "$first" ] || rc=$(echo "$first" | awk '{print $3}')
+    fi
+    echo "$rc" > "$HPCJOB_LOG_DIR/$HPCJOB_NODE.exit" 2>/dev/null
+    exit "$rc"
 }
 trap hpcjob_exit EXIT
 echo "hpcjob: node $HPCJOB_NODE, store host $HPCJOB_IS_HOST, address $HPCJOB_ADDR on $HPCJOB_IFNAME" >&2

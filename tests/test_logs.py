@@ -1,0 +1,119 @@
+"""`hpcjob logs`: per-node output from the share, prefixed by node, following until the job ends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcjob.logs import RunLogs, Tail
+from hpcjob.runs import RunRecord, find_run, save_run
+from hpcjob.share import LocalFolder
+from hpcjob.spec import SpecError
+
+LOG = "hpcjob/train/logs/r-1"
+
+
+def hpcjob(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.fixture
+def share(tmp_path: Path) -> Path:
+    log = tmp_path / LOG
+    log.mkdir(parents=True)
+    (log / "NODE1.out").write_text("one\ntwo\n")
+    (log / "NODE1.err").write_text("warn\n")
+    (log / "NODE2.out").write_text("three\npartial")
+    save_run(
+        RunRecord(
+            run_id="r-1",
+            name="train",
+            backend="manual",
+            job_folder="hpcjob/train",
+            nodes=("NODE1", "NODE2"),
+            local_root=str(tmp_path),
+        )
+    )
+    return tmp_path
+
+
+def test_tail_shows_complete_lines_and_the_rest_at_the_end(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"a\nb")
+    tail = Tail(LocalFolder(tmp_path), "f", "> ")
+    assert tail.read() == ["> a"]
+    with (tmp_path / "f").open("ab") as f:
+        f.write("c\nd\u00e9\n".encode())
+    assert tail.read() == ["> bc", "> d\u00e9"]
+    assert tail.read(final=True) == []
+    assert Tail(LocalFolder(tmp_path), "missing", "").read() == []
+
+
+def test_logs_prints_each_node_in_order(share: Path) -> None:
+    result = hpcjob("logs", "r-1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "[NODE1] one",
+        "[NODE1] two",
+        "[NODE1 err] warn",
+        "[NODE2] three",
+        "[NODE2] partial",
+    ]
+    only = hpcjob("logs", "r-1", "--node", "node2")
+    assert only.stdout.splitlines() == ["[NODE2] three", "[NODE2] partial"]
+
+
+def test_logs_without_a_record_needs_the_folder(share: Path) -> None:
+    result = hpcjob("logs", "r-2")
+    assert result.returncode == 2 and "no run 'r-2' recorded" in result.stderr
+    direct = hpcjob("logs", "r-1", "--mount-point", str(share), "--job-folder", "hpcjob/train")
+    assert direct.stdout.splitlines()[0] == "[NODE1] one"  # nodes found from the files
+    bad = hpcjob("logs", "r-1", "--node", "NODE9")
+    assert bad.returncode == 2 and "has no node 'NODE9'; its nodes: NODE1, NODE2" in bad.stderr
+
+
+def test_follow_ends_when_every_task_has_ended_with_the_jobs_code(share: Path) -> None:
+    log = share / LOG
+
+    def finish() -> None:
+        time.sleep(1.0)
+        with (log / "NODE2.out").open("a") as f:
+            f.write(" line\nlast\n")
+        (log / "NODE2.exit").write_text("0\n")
+        time.sleep(0.5)
+        (log / "node1.exit").write_text("3\n")  # HPC Pack may spell a node in another case
+
+    writer = threading.Thread(target=finish)
+    writer.start()
+    start = time.monotonic()
+    result = hpcjob("logs", "r-1", "--follow", "--poll", "0.1")
+    writer.join()
+    assert result.returncode == 3
+    assert 1.4 < time.monotonic() - start < 30
+    assert result.stdout.splitlines()[-2:] == ["[NODE2] partial line", "[NODE2] last"]
+
+
+def test_follow_gives_up_after_a_failure_and_silence(share: Path) -> None:
+    (share / LOG / "NODE1.exit").write_text("4\n")  # NODE2 was killed: it writes no end mark
+    result = hpcjob("logs", "r-1", "-f", "--poll", "0.1", "--idle-timeout", "0.5")
+    assert result.returncode == 4
+
+
+def test_run_logs_ended_reads_the_local_summary(share: Path) -> None:
+    logs = RunLogs(LocalFolder(share), LOG, ("NODE1", "NODE2"))
+    assert logs.ended() is None
+    (share / LOG / "summary.json").write_text('{"exit_code": 130}')
+    assert logs.ended() == 130
+
+
+def test_find_run_takes_the_latest_record(share: Path) -> None:
+    save_run(RunRecord(run_id="r-1", name="again", backend="manual", job_folder="x", nodes=("A",)))
+    assert find_run("r-1").name == "again"
+    with pytest.raises(SpecError):
+        find_run("nope")
