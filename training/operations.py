@@ -1,0 +1,561 @@
+"""Data sets, the training and evaluation loops, metrics and checkpoints for ``run_ddp.py``.
+
+Everything here works in a single process without ``torch.distributed``: the functions return
+per-process numbers and ``run_ddp.py`` reduces them across ranks. That keeps them unit-testable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sized
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+
+from neural_network import IMAGE_SIZE
+
+DATA_KINDS = ("synthetic", "fashion-mnist", "image-folder")
+SYNTHETIC_CLASSES = 10
+# Per-pixel noise well above the spread of the class means: an MLP gets to ~95% within an epoch
+# on the default sizes, so progress is visible, yet a broken training loop stays near 10%.
+SYNTHETIC_NOISE = 2.0
+
+CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_FORMAT = 1
+METRICS_PREFIX = "HPCJOB_METRICS "
+
+
+class DataError(Exception):
+    """The requested data set is missing or unreadable (reported as one line, exit code 1)."""
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be read, written or applied (reported as one line, exit code 1)."""
+
+
+def one_line(text: object) -> str:
+    """Collapse a (possibly multi-line) message into one line for the job log."""
+    return " ".join(str(text).split())
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DataBundle:
+    """Train and evaluation sets plus what the model and the logs need to know about them."""
+
+    train: Dataset[Any]
+    test: Dataset[Any]
+    num_classes: int
+    description: str
+    train_size: int = field(init=False)
+    test_size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Dataset itself is not Sized in the type stubs, but all the sets used here are.
+        self.train_size = len(cast(Sized, self.train))
+        self.test_size = len(cast(Sized, self.test))
+
+
+def _synthetic_split(means: Tensor, count: int, seed: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, means.shape[0], (count,), generator=generator)
+    noise = torch.randn((count, *means.shape[1:]), generator=generator) * SYNTHETIC_NOISE
+    return TensorDataset(means[labels] + noise, labels)
+
+
+def make_synthetic(train_samples: int, test_samples: int, seed: int) -> DataBundle:
+    """Gaussian blobs around one fixed random 1x28x28 pattern per class.
+
+    Each piece uses its own generator derived from ``seed`` so the test set does not depend on
+    the size of the train set, and the global torch RNG is left alone.
+    """
+    means = torch.rand(
+        (SYNTHETIC_CLASSES, 1, IMAGE_SIZE, IMAGE_SIZE), generator=torch.Generator().manual_seed(3 * seed)
+    )
+    train = _synthetic_split(means, train_samples, 3 * seed + 1)
+    test = _synthetic_split(means, test_samples, 3 * seed + 2)
+    return DataBundle(train, test, SYNTHETIC_CLASSES, f"synthetic(seed={seed})")
+
+
+FASHION_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+def fashion_mnist_raw_folder(root: Path) -> Path:
+    """Where torchvision looks for the uncompressed idx-ubyte files."""
+    return root / "FashionMNIST" / "raw"
+
+
+def download_fashion_mnist(root: Path) -> None:
+    """Fetch FashionMNIST into ``root`` (a no-op when the files are already there)."""
+    from torchvision import datasets  # type: ignore[import-untyped]  # lazy: torchvision is slow to import
+
+    try:
+        datasets.FashionMNIST(str(root), train=True, download=True)
+        datasets.FashionMNIST(str(root), train=False, download=True)
+    except Exception as exc:  # network errors come in many types; all of them end the run
+        raise DataError(f"downloading FashionMNIST into {root} failed: {one_line(exc)}") from exc
+
+
+def load_fashion_mnist(root: Path) -> DataBundle:
+    """FashionMNIST from ``<root>/FashionMNIST/raw`` as 1x28x28 float tensors in [0, 1]."""
+    from torchvision import datasets, transforms
+
+    raw = fashion_mnist_raw_folder(root)
+    try:
+        train = datasets.FashionMNIST(str(root), train=True, download=False, transform=transforms.ToTensor())
+        test = datasets.FashionMNIST(str(root), train=False, download=False, transform=transforms.ToTensor())
+    except (RuntimeError, OSError, ValueError, TypeError, AssertionError) as exc:
+        # torchvision reports missing and corrupt files alike as RuntimeError; tell them apart.
+        missing = [name for name in FASHION_MNIST_FILES if not (raw / name).is_file()]
+        if missing:
+            raise DataError(
+                f"FashionMNIST not found in {raw} (missing {', '.join(missing)}; "
+                "copy the files there or use --download on a node with internet)"
+            ) from exc
+        raise DataError(f"FashionMNIST files in {raw} are unreadable: {one_line(exc)}") from exc
+    return DataBundle(train, test, len(train.classes), f"fashion-mnist({root})")
+
+
+def pick_eval_folder(root: Path) -> tuple[Path, str]:
+    """The evaluation split of an image folder: ``val``, else ``test``, else ``train`` itself."""
+    for name in ("val", "test"):
+        if (root / name).is_dir():
+            return root / name, name
+    return root / "train", "train"
+
+
+def load_image_folder(root: Path) -> DataBundle:
+    """``ImageFolder`` data from ``<root>/train`` and ``<root>/val`` (or ``test``) as 1x28x28 tensors."""
+    from torchvision import datasets, transforms
+
+    train_dir = root / "train"
+    if not train_dir.is_dir():
+        raise DataError(
+            f"image folder {train_dir} does not exist (expected <data-root>/train/<class>/<image>)"
+        )
+    to_tensor = transforms.Compose(
+        [
+            transforms.Grayscale(num_output_channels=1),
+            transforms.Resize((IMAGE_SIZE, IMAGE_SIZE)),
+            transforms.ToTensor(),
+        ]
+    )
+    eval_dir, eval_name = pick_eval_folder(root)
+    try:
+        train = datasets.ImageFolder(str(train_dir), transform=to_tensor)
+        test = (
+            train
+            if eval_dir == train_dir
+            else datasets.ImageFolder(str(eval_dir), transform=to_tensor, allow_empty=True)
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise DataError(f"image folder {root} is unusable: {one_line(exc)}") from exc
+    if test is not train:
+        _align_classes(test, train.class_to_idx, eval_dir)
+    if len(train.classes) < 2:
+        raise DataError(
+            f"image folder {train_dir} needs at least 2 class folders, found {len(train.classes)}"
+        )
+    return DataBundle(train, test, len(train.classes), f"image-folder({root}, eval={eval_name})")
+
+
+def _align_classes(dataset: Any, class_to_idx: dict[str, int], folder: Path) -> None:
+    """Relabel an evaluation ImageFolder with the train folder's class indices.
+
+    ImageFolder numbers the classes it finds, so a val folder missing one class would otherwise
+    shift every later label by one.
+    """
+    unknown = sorted(set(dataset.classes) - set(class_to_idx))
+    if unknown:
+        raise DataError(f"classes {', '.join(unknown)} in {folder} are not in the train folder")
+    own = {index: name for name, index in dataset.class_to_idx.items()}
+    dataset.samples = [(path, class_to_idx[own[index]]) for path, index in dataset.samples]
+    dataset.imgs = dataset.samples
+    dataset.targets = [index for _, index in dataset.samples]
+    dataset.classes = sorted(class_to_idx, key=class_to_idx.__getitem__)
+    dataset.class_to_idx = dict(class_to_idx)
+
+
+def load_data(kind: str, root: Path | None, train_samples: int, test_samples: int, seed: int) -> DataBundle:
+    """Build the data set chosen with ``--data``; torchvision is only imported for real data."""
+    if kind == "synthetic":
+        return make_synthetic(train_samples, test_samples, seed)
+    if root is None:
+        raise DataError(f"--data {kind} needs --data-root")
+    if kind == "fashion-mnist":
+        return load_fashion_mnist(root)
+    if kind == "image-folder":
+        return load_image_folder(root)
+    raise DataError(f"unknown data kind {kind!r} (choose from {', '.join(DATA_KINDS)})")
+
+
+class EvalShardSampler(DistributedSampler[int]):
+    """A non-shuffling DistributedSampler that gives every sample to exactly one rank.
+
+    The stock sampler pads the index list so all ranks get equally many samples; for
+    evaluation that would count the padded samples twice. Evaluation has no collectives inside
+    the loop, so uneven shards are fine.
+    """
+
+    def __init__(self, dataset: Dataset[Any], num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, len(cast(Sized, self.dataset)), self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, len(cast(Sized, self.dataset)), self.num_replicas))
+
+
+@dataclass
+class Loaders:
+    train: DataLoader[Any]
+    train_sampler: DistributedSampler[Any]
+    test: DataLoader[Any]
+
+
+def make_loaders(
+    data: DataBundle,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    num_workers: int,
+    seed: int,
+    pin_memory: bool,
+) -> Loaders:
+    """Per-rank loaders: a shuffled, epoch-seeded shard of train and a disjoint shard of test."""
+    train_sampler: DistributedSampler[Any] = DistributedSampler(
+        data.train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
+    )
+    test_sampler = EvalShardSampler(data.test, num_replicas=world_size, rank=rank)
+    common: dict[str, Any] = {
+        "batch_size": batch_size,
+        "num_workers": num_workers,
+        "pin_memory": pin_memory,
+        # Keeping workers alive saves their start-up cost every epoch.
+        "persistent_workers": num_workers > 0,
+    }
+    return Loaders(
+        train=DataLoader(data.train, sampler=train_sampler, **common),
+        train_sampler=train_sampler,
+        test=DataLoader(data.test, sampler=test_sampler, **common),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Training and evaluation
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainStats:
+    """One rank's numbers for one training epoch."""
+
+    loss_sum: float  # sum over samples of the per-sample loss
+    samples: int
+    steps: int
+    data_wait_s: float  # time blocked in next(iterator)
+    loop_s: float  # wall time of the whole loop, data wait included
+
+
+@dataclass
+class EvalStats:
+    """One rank's numbers for one evaluation pass over its shard."""
+
+    loss_sum: float
+    correct: int
+    samples: int
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loader: DataLoader[Any],
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    *,
+    max_steps: int | None = None,
+    step_sleep: float = 0.0,
+) -> TrainStats:
+    """Run one epoch (or ``max_steps`` steps) and time how long the loop waits for data."""
+    model.train()
+    loss_fn = nn.CrossEntropyLoss()
+    non_blocking = device.type == "cuda"
+    # Accumulate on the device so there is no host sync per step; one .item() at the end.
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    samples = steps = 0
+    data_wait = 0.0
+    start = time.perf_counter()
+    batches = iter(loader)
+    while max_steps is None or steps < max_steps:
+        wait_start = time.perf_counter()
+        try:
+            images, labels = next(batches)
+        except StopIteration:
+            break
+        data_wait += time.perf_counter() - wait_start
+        images = images.to(device, non_blocking=non_blocking)
+        labels = labels.to(device, non_blocking=non_blocking)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        count = int(labels.shape[0])
+        loss_sum += loss.detach().double() * count
+        samples += count
+        steps += 1
+        if step_sleep > 0:
+            time.sleep(step_sleep)
+    total_loss = float(loss_sum.item())  # waits for queued GPU work, so the loop time is honest
+    return TrainStats(total_loss, samples, steps, data_wait, time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def evaluate(model: nn.Module, loader: DataLoader[Any], device: torch.device) -> EvalStats:
+    """Summed loss and correct predictions over this rank's evaluation shard.
+
+    Pass the unwrapped model: evaluating through DDP could trigger collectives that ranks with
+    different shard sizes would not match.
+    """
+    model.eval()
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    samples = 0
+    for images, labels in loader:
+        images = images.to(device)
+        labels = labels.to(device)
+        logits = model(images)
+        loss_sum += loss_fn(logits, labels).double()
+        correct += (logits.argmax(dim=1) == labels).sum()
+        samples += int(labels.shape[0])
+    return EvalStats(float(loss_sum.item()), int(correct.item()), samples)
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else 0.0
+
+
+@dataclass
+class Totals:
+    """Throughput counters summed over all epochs so far (kept in the checkpoint across resumes)."""
+
+    samples: float = 0.0  # training samples processed by all ranks
+    train_time_s: float = 0.0  # sum over epochs of the slowest rank's loop time
+    data_wait_s: float = 0.0  # summed over ranks
+    loop_s: float = 0.0  # summed over ranks
+
+    @property
+    def samples_per_sec(self) -> float:
+        return _ratio(self.samples, self.train_time_s)
+
+    @property
+    def data_wait_fraction(self) -> float:
+        return _ratio(self.data_wait_s, self.loop_s)
+
+    def add(self, other: Totals) -> Totals:
+        return Totals(
+            self.samples + other.samples,
+            self.train_time_s + other.train_time_s,
+            self.data_wait_s + other.data_wait_s,
+            self.loop_s + other.loop_s,
+        )
+
+
+@dataclass
+class EpochMetrics:
+    """Global (all ranks) results of one epoch."""
+
+    epoch: int
+    train_loss: float
+    test_loss: float
+    accuracy: float  # fraction in [0, 1]
+    samples_per_sec: float
+    data_wait_fraction: float
+
+
+# The order in which run_ddp.py packs the per-rank sums into one all-reduce.
+SUM_FIELDS = (
+    "train_loss_sum",
+    "train_samples",
+    "data_wait_s",
+    "loop_s",
+    "test_loss_sum",
+    "correct",
+    "test_samples",
+)
+
+
+def local_sums(train: TrainStats, evaluation: EvalStats) -> list[float]:
+    """This rank's contribution to the summed metrics, in ``SUM_FIELDS`` order."""
+    return [
+        train.loss_sum,
+        float(train.samples),
+        train.data_wait_s,
+        train.loop_s,
+        evaluation.loss_sum,
+        float(evaluation.correct),
+        float(evaluation.samples),
+    ]
+
+
+def epoch_metrics(epoch: int, sums: list[float], slowest_loop_s: float) -> tuple[EpochMetrics, Totals]:
+    """Turn all-reduced sums (``SUM_FIELDS`` order) into the epoch's metrics and counters.
+
+    Throughput uses the slowest rank's loop time: the epoch is not over until every rank is done.
+    """
+    named = dict(zip(SUM_FIELDS, sums, strict=True))
+    totals = Totals(named["train_samples"], slowest_loop_s, named["data_wait_s"], named["loop_s"])
+    metrics = EpochMetrics(
+        epoch=epoch,
+        train_loss=_ratio(named["train_loss_sum"], named["train_samples"]),
+        test_loss=_ratio(named["test_loss_sum"], named["test_samples"]),
+        accuracy=_ratio(named["correct"], named["test_samples"]),
+        samples_per_sec=totals.samples_per_sec,
+        data_wait_fraction=totals.data_wait_fraction,
+    )
+    return metrics, totals
+
+
+def format_epoch_line(metrics: EpochMetrics, epochs: int) -> str:
+    return (
+        f"epoch {metrics.epoch}/{epochs} train_loss={metrics.train_loss:.4f} "
+        f"test_loss={metrics.test_loss:.4f} "
+        f"accuracy={metrics.accuracy * 100:.2f}% samples/s={metrics.samples_per_sec:.1f} "
+        f"data_wait={metrics.data_wait_fraction * 100:.1f}%"
+    )
+
+
+def _json_safe(value: object) -> object:
+    # NaN/inf (a diverged run) are not valid JSON; report them as null instead.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def format_metrics_line(metrics: Mapping[str, object]) -> str:
+    """The single ``HPCJOB_METRICS {...}`` line the hpcjob launcher parses from the log."""
+    payload = {key: _json_safe(value) for key, value in metrics.items()}
+    return METRICS_PREFIX + json.dumps(payload, sort_keys=True, allow_nan=False, separators=(", ", ": "))
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Checkpoint:
+    """What ``checkpoint.pt`` holds; ``to_dict``/``from_dict`` define the on-disk layout."""
+
+    epoch: int  # number of finished epochs
+    model: dict[str, Tensor]  # unwrapped state_dict: no "module." prefix
+    optimizer: dict[str, Any]
+    metrics: EpochMetrics
+    totals: Totals
+    num_classes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "epoch": self.epoch,
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "metrics": asdict(self.metrics),
+            "totals": asdict(self.totals),
+            "num_classes": self.num_classes,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: object, path: Path) -> Checkpoint:
+        try:
+            if not isinstance(raw, dict) or raw.get("format") != CHECKPOINT_FORMAT:
+                raise TypeError("not a checkpoint written by run_ddp.py")
+            return cls(
+                epoch=int(raw["epoch"]),
+                model=dict(raw["model"]),
+                optimizer=dict(raw["optimizer"]),
+                metrics=EpochMetrics(**raw["metrics"]),
+                totals=Totals(**raw["totals"]),
+                num_classes=int(raw["num_classes"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {path} is invalid: {one_line(exc)}") from exc
+
+
+def save_checkpoint(checkpoint: Checkpoint, path: Path) -> None:
+    """Write ``path`` atomically: readers see the old file or the complete new one, never a part.
+
+    The temporary file lives in the same folder because ``os.replace`` is only atomic within one
+    file system; fsync makes sure the data is on disk before the rename publishes it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Not mkstemp: its 0600 mode would make the checkpoint unreadable to others on a shared drive.
+    temp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(temp, "xb") as handle:
+            torch.save(checkpoint.to_dict(), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        # Leave no half-written temp files behind, whatever went wrong.
+        temp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(folder: Path) -> None:
+    # Persist the rename itself. Windows cannot open directories, and some network file
+    # systems refuse; the file data is already safe, so that is not an error.
+    if os.name == "nt":
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: Path) -> Checkpoint | None:
+    """The checkpoint at ``path`` on the CPU, or None when there is none."""
+    if not path.is_file():
+        return None
+    try:
+        # weights_only: a checkpoint on a shared drive must not be able to run code.
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for corrupt or foreign files
+        raise CheckpointError(f"cannot read checkpoint {path}: {one_line(exc)}") from exc
+    return Checkpoint.from_dict(raw, path)
+
+
+def epochs_to_run(completed: int, epochs: int) -> range:
+    """The 1-based epochs still to train after ``completed`` finished ones (empty when done)."""
+    return range(completed + 1, epochs + 1)

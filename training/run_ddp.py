@@ -1,0 +1,479 @@
+"""Train the FashionMNIST-style MLP with DistributedDataParallel under torchrun.
+
+Run on every node with ``python3 -m torch.distributed.run ... run_ddp.py [flags]``; torchrun sets
+RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Started without torchrun (no RANK in
+the environment) it trains as a single process, which is handy for debugging.
+
+Metrics contract with the hpcjob launcher
+-----------------------------------------
+At the very end of a successful run, rank 0 prints exactly one line::
+
+    HPCJOB_METRICS {"accuracy": 0.8812, "data_wait_fraction": 0.032, ...}
+
+The prefix is ``HPCJOB_METRICS`` followed by one space, then a single-line JSON object with at
+least these keys:
+
+* ``epochs_completed`` (int): epochs finished, including those from a resumed checkpoint
+* ``train_loss``, ``test_loss`` (float): mean losses of the last finished epoch
+* ``accuracy`` (float): fraction of correct test predictions in [0, 1], last finished epoch
+* ``samples_per_sec`` (float): training samples of all ranks per second of training-loop time
+* ``data_wait_fraction`` (float): share of training-loop time spent waiting for the DataLoader
+* ``world_size`` (int): number of processes of this run
+* ``wall_time_s`` (float): wall time of this invocation, from argument parsing to this line
+
+Non-finite numbers (a diverged run) are written as ``null``. The launcher takes the last such
+line of the log. Nothing else starts with this prefix.
+
+Exit codes: 0 success, 1 data/checkpoint/runtime error, 2 bad arguments or environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from neural_network import NeuralNetwork
+from operations import (
+    CHECKPOINT_NAME,
+    DATA_KINDS,
+    Checkpoint,
+    CheckpointError,
+    DataBundle,
+    DataError,
+    EpochMetrics,
+    Totals,
+    download_fashion_mnist,
+    epoch_metrics,
+    epochs_to_run,
+    evaluate,
+    format_epoch_line,
+    format_metrics_line,
+    load_checkpoint,
+    load_data,
+    local_sums,
+    make_loaders,
+    one_line,
+    save_checkpoint,
+    train_one_epoch,
+)
+
+MOMENTUM = 0.9
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments and environment
+# --------------------------------------------------------------------------------------------
+
+
+def _number(kind: Callable[[str], T], check: Callable[[T], bool], wanted: str) -> Callable[[str], T]:
+    def convert(text: str) -> T:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}")
+        return value
+
+    return convert
+
+
+positive_int = _number(int, lambda v: v > 0, "a positive integer")
+non_negative_int = _number(int, lambda v: v >= 0, "a non-negative integer")
+positive_float = _number(float, lambda v: v > 0 and v != float("inf"), "a positive number")
+non_negative_float = _number(float, lambda v: 0 <= v < float("inf"), "a non-negative number")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run_ddp.py",
+        description="DDP training of a small MLP on 28x28 images; run it under torchrun.",
+    )
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", choices=DATA_KINDS, default="synthetic", help="data set (default: synthetic)")
+    data.add_argument(
+        "--data-root", type=Path, help="data folder; required for fashion-mnist and image-folder"
+    )
+    data.add_argument(
+        "--download",
+        action="store_true",
+        help="download FashionMNIST if missing (off: nodes rarely have internet)",
+    )
+    data.add_argument(
+        "--train-samples", type=positive_int, default=4096, help="synthetic train set size (default: 4096)"
+    )
+    data.add_argument(
+        "--test-samples", type=positive_int, default=1024, help="synthetic test set size (default: 1024)"
+    )
+    data.add_argument(
+        "--batch-size", type=positive_int, default=64, help="batch size per process (default: 64)"
+    )
+    data.add_argument(
+        "--num-workers", type=non_negative_int, default=0, help="DataLoader workers per process (default: 0)"
+    )
+
+    train = parser.add_argument_group("training")
+    train.add_argument(
+        "--epochs", type=positive_int, default=3, help="total epochs, resumed ones included (default: 3)"
+    )
+    train.add_argument("--lr", type=positive_float, default=0.01, help="SGD learning rate (default: 0.01)")
+    train.add_argument("--scale-lr", action="store_true", help="multiply the learning rate by the world size")
+    train.add_argument(
+        "--seed", type=non_negative_int, default=0, help="seed for weights, shuffling, synthetic data"
+    )
+    train.add_argument("--max-steps-per-epoch", type=positive_int, help="cap on training steps per epoch")
+    train.add_argument(
+        "--step-sleep", type=non_negative_float, default=0.0, help="seconds to sleep in every step (tests)"
+    )
+
+    runtime = parser.add_argument_group("runtime")
+    runtime.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl with CUDA, gloo without")
+    runtime.add_argument(
+        "--device", choices=("auto", "cuda", "cpu"), default="auto", help="default: cuda if available"
+    )
+    runtime.add_argument(
+        "--pg-timeout",
+        type=positive_float,
+        default=300.0,
+        help="seconds before a collective with a lost peer fails",
+    )
+    runtime.add_argument(
+        "--checkpoint-dir", type=Path, default=Path("checkpoints"), help="default: ./checkpoints"
+    )
+    runtime.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and cross-check the flags; any problem exits with status 2 and a one-line error."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.data != "synthetic" and args.data_root is None:
+        parser.error(f"--data {args.data} needs --data-root")
+    if args.download and args.data != "fashion-mnist":
+        parser.error("--download only applies to --data fashion-mnist")
+    return args
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    under_torchrun: bool
+
+
+def read_dist_env(environ: Mapping[str, str]) -> DistEnv:
+    """Rank, world size and local rank as set by torchrun; a single process without it."""
+    if "RANK" not in environ:
+        return DistEnv(0, 1, 0, under_torchrun=False)
+    try:
+        rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+        local_rank = int(environ.get("LOCAL_RANK", "0"))
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"bad torchrun environment (RANK/WORLD_SIZE/LOCAL_RANK): {one_line(exc)}") from exc
+    if not (0 <= rank < world_size and local_rank >= 0):
+        raise ValueError(
+            f"bad torchrun environment: RANK={rank} WORLD_SIZE={world_size} LOCAL_RANK={local_rank}"
+        )
+    return DistEnv(rank, world_size, local_rank, under_torchrun=True)
+
+
+def choose_device(requested: str, backend: str | None, local_rank: int) -> tuple[torch.device, str]:
+    """The device and backend for this process; raises ValueError for impossible combinations."""
+    cuda = torch.cuda.is_available()
+    if requested == "cuda" and not cuda:
+        raise ValueError("--device cuda, but CUDA is not available on this node")
+    use_cuda = requested == "cuda" or (requested == "auto" and cuda)
+    chosen = backend or ("nccl" if use_cuda else "gloo")
+    if chosen == "nccl" and not use_cuda:
+        raise ValueError("--backend nccl needs a CUDA device")
+    if not use_cuda:
+        return torch.device("cpu"), chosen
+    if local_rank >= torch.cuda.device_count():
+        raise ValueError(
+            f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s): "
+            "start fewer processes per node"
+        )
+    return torch.device("cuda", local_rank), chosen
+
+
+# --------------------------------------------------------------------------------------------
+# Collective helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _nothing() -> None:
+    pass
+
+
+class RunAborted(Exception):
+    """All ranks agreed to stop; the failing rank(s) already printed why."""
+
+
+@dataclass
+class Context:
+    env: DistEnv
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    def log(self, message: str) -> None:
+        # Only rank 0 logs so that every line appears once in the job output.
+        if self.is_main:
+            print(message, flush=True)
+
+    def main_only(self, step: Callable[[], None]) -> Callable[[], None]:
+        """``step`` on rank 0, a no-op elsewhere (for use with ``on_all_ranks``)."""
+        return step if self.is_main else _nothing
+
+    def all_reduce(
+        self, values: Sequence[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> list[float]:
+        # float64 on the process's device: NCCL only reduces CUDA tensors.
+        tensor = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=op)
+        return [float(v) for v in tensor.tolist()]
+
+    def barrier(self) -> None:
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.env.local_rank])
+        else:
+            dist.barrier()
+
+    def on_all_ranks(self, step: Callable[[], T], what: str) -> T:
+        """Run ``step`` on every rank and stop all of them if it failed on any.
+
+        Without this a rank that hit a missing file would exit while its peers sit in the next
+        collective until the process-group timeout.
+        """
+        try:
+            result = step()
+        except (DataError, CheckpointError, OSError) as exc:
+            self._agree(one_line(exc), what)  # raises: this rank failed
+            raise
+        self._agree(None, what)
+        return result
+
+    def _agree(self, error: str | None, what: str) -> None:
+        (failed,) = self.all_reduce([1.0 if error is not None else 0.0])
+        if not failed:
+            return
+        if error is not None:
+            print(f"error: rank {self.env.rank}: {error}", file=sys.stderr, flush=True)
+        elif self.is_main:
+            print(
+                f"error: {what} failed on {int(failed)} rank(s); see their output",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise RunAborted(what)
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+
+
+def prepare_data(args: argparse.Namespace, ctx: Context) -> DataBundle:
+    """Load the data set; with --download fetch it once per node before anyone reads it."""
+    if args.download:
+        # Rank 0 first, then the first process of every other node: with a shared data root the
+        # others find the files already there; with node-local roots each node gets its copy.
+        # Nobody downloads into the same folder concurrently.
+        download = partial(download_fashion_mnist, args.data_root)
+        ctx.on_all_ranks(ctx.main_only(download), "download")
+        ctx.on_all_ranks(download if ctx.env.local_rank == 0 and not ctx.is_main else _nothing, "download")
+    return ctx.on_all_ranks(
+        lambda: load_data(args.data, args.data_root, args.train_samples, args.test_samples, args.seed),
+        "loading data",
+    )
+
+
+def final_metrics(
+    args: argparse.Namespace,
+    ctx: Context,
+    metrics: EpochMetrics,
+    totals: Totals,
+    resumed_from: int,
+    started: float,
+) -> dict[str, object]:
+    return {
+        "epochs_completed": metrics.epoch,
+        "epochs_requested": args.epochs,
+        "resumed_from_epoch": resumed_from,
+        "train_loss": metrics.train_loss,
+        "test_loss": metrics.test_loss,
+        "accuracy": metrics.accuracy,
+        "samples_per_sec": totals.samples_per_sec,
+        "data_wait_fraction": totals.data_wait_fraction,
+        "world_size": ctx.env.world_size,
+        "backend": ctx.backend,
+        "device": ctx.device.type,
+        "data": args.data,
+        "wall_time_s": time.perf_counter() - started,
+    }
+
+
+def agree_on_checkpoint(ctx: Context, checkpoint: Checkpoint | None, path: Path) -> None:
+    """Fail unless every rank found the same checkpoint epoch (e.g. a stale shared-drive cache)."""
+    epoch = float(checkpoint.epoch if checkpoint else 0)
+    highest, neg_lowest = ctx.all_reduce([epoch, -epoch], op=dist.ReduceOp.MAX)
+    if highest != -neg_lowest:
+        if ctx.is_main:
+            print(
+                f"error: ranks see different checkpoints in {path} "
+                f"(epochs {int(-neg_lowest)} to {int(highest)}); "
+                "is the checkpoint folder shared by all nodes?",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise RunAborted("checkpoint mismatch")
+
+
+def run(args: argparse.Namespace, ctx: Context, started: float) -> None:
+    checkpoint_path = args.checkpoint_dir / CHECKPOINT_NAME
+    checkpoint = (
+        None
+        if args.no_resume
+        else ctx.on_all_ranks(lambda: load_checkpoint(checkpoint_path), "reading the checkpoint")
+    )
+    agree_on_checkpoint(ctx, checkpoint, checkpoint_path)
+    completed = checkpoint.epoch if checkpoint else 0
+
+    if checkpoint is not None and not epochs_to_run(completed, args.epochs):
+        ctx.log(
+            f"checkpoint {checkpoint_path} already covers {completed} of {args.epochs} epoch(s); "
+            "nothing to train"
+        )
+        ctx.log(
+            format_metrics_line(
+                final_metrics(args, ctx, checkpoint.metrics, checkpoint.totals, completed, started)
+            )
+        )
+        return
+
+    data = prepare_data(args, ctx)
+    torch.manual_seed(args.seed)  # identical initial weights everywhere (DDP broadcasts rank 0's anyway)
+    model = NeuralNetwork(data.num_classes).to(ctx.device)
+    lr = args.lr * ctx.env.world_size if args.scale_lr else args.lr
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
+    totals = Totals()
+    last: EpochMetrics | None = None
+
+    if checkpoint is not None:
+        resumed = checkpoint
+
+        def restore() -> None:
+            try:
+                model.load_state_dict(resumed.model)
+                optimizer.load_state_dict(resumed.optimizer)
+            except (RuntimeError, ValueError, KeyError) as exc:
+                raise CheckpointError(
+                    f"checkpoint {checkpoint_path} does not fit this model/data ({one_line(exc)[:200]}); "
+                    "use --no-resume or another --checkpoint-dir"
+                ) from exc
+            for group in optimizer.param_groups:
+                group["lr"] = lr  # the current flags win (the world size may have changed)
+
+        # load_state_dict copies into the existing on-device tensors, so CPU-loaded data is fine.
+        ctx.on_all_ranks(restore, "restoring the checkpoint")
+        totals, last = checkpoint.totals, checkpoint.metrics
+        ctx.log(
+            f"resumed from {checkpoint_path} at epoch {completed}, "
+            f"continuing with epoch {completed + 1}/{args.epochs}"
+        )
+
+    ddp_model = DistributedDataParallel(
+        model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None
+    )
+    loaders = make_loaders(
+        data,
+        rank=ctx.env.rank,
+        world_size=ctx.env.world_size,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        seed=args.seed,
+        pin_memory=ctx.device.type == "cuda",
+    )
+    ctx.log(
+        f"start world_size={ctx.env.world_size} backend={ctx.backend} device={ctx.device.type} "
+        f"data={data.description} "
+        f"train_samples={data.train_size} test_samples={data.test_size} classes={data.num_classes} "
+        f"batch_size={args.batch_size} global_batch_size={args.batch_size * ctx.env.world_size} lr={lr:g} "
+        f"epochs={args.epochs} first_epoch={completed + 1}"
+    )
+
+    for epoch in epochs_to_run(completed, args.epochs):
+        loaders.train_sampler.set_epoch(epoch)  # a different, but reproducible, shuffle every epoch
+        train_stats = train_one_epoch(
+            ddp_model,
+            loaders.train,
+            optimizer,
+            ctx.device,
+            max_steps=args.max_steps_per_epoch,
+            step_sleep=args.step_sleep,
+        )
+        eval_stats = evaluate(model, loaders.test, ctx.device)
+        sums = ctx.all_reduce(local_sums(train_stats, eval_stats))
+        (slowest,) = ctx.all_reduce([train_stats.loop_s], op=dist.ReduceOp.MAX)
+        last, epoch_totals = epoch_metrics(epoch, sums, slowest)
+        totals = totals.add(epoch_totals)
+        ctx.log(format_epoch_line(last, args.epochs))
+        state = Checkpoint(epoch, model.state_dict(), optimizer.state_dict(), last, totals, data.num_classes)
+        ctx.on_all_ranks(
+            ctx.main_only(partial(save_checkpoint, state, checkpoint_path)), "writing the checkpoint"
+        )
+
+    assert last is not None  # epochs_to_run was not empty
+    ctx.log(format_metrics_line(final_metrics(args, ctx, last, totals, completed, started)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()
+    parser = build_parser()
+    args = parse_args(argv)
+    try:
+        env = read_dist_env(os.environ)
+        device, backend = choose_device(args.device, args.backend, env.local_rank)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=args.pg_timeout)
+    if env.under_torchrun:
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    else:
+        # Single process without torchrun: a private store on a free local port.
+        dist.init_process_group(
+            backend, init_method="tcp://127.0.0.1:0", rank=0, world_size=1, timeout=timeout
+        )
+    ctx = Context(env, device, backend)
+    try:
+        run(args, ctx, started)
+        ctx.barrier()  # nobody tears down while a peer still needs the process group
+    except RunAborted:
+        return 1
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
