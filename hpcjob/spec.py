@@ -24,8 +24,9 @@ DEFAULT_MOUNT_OPTIONS = "vers=3.0,credentials=/etc/hpcjob/smb-credentials,dir_mo
 
 # A host-name label: HPC Pack node names are short computer names, never FQDNs.
 _NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,57}")
+# The run id names the HPC Pack job, whose name may be 80 characters long.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 _GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PATH_PART = re.compile(r"[A-Za-z0-9._-]+")
@@ -99,7 +100,7 @@ def parse_node_names(names: Iterable[str]) -> tuple[str, ...]:
 
 def check_run_id(run_id: str) -> str:
     if not _RUN_ID.fullmatch(run_id):
-        raise SpecError(f"run id {run_id!r} may use only letters, digits and . _ - (at most 100)")
+        raise SpecError(f"run id {run_id!r} may use only letters, digits and . _ - (at most 80)")
     return run_id
 
 
@@ -164,7 +165,7 @@ class JobSpec:
             if _NOT_XML.search(arg):
                 raise SpecError(f"script argument {arg!r} holds a control character a job file cannot carry")
         if not _JOB_NAME.fullmatch(self.name):
-            raise SpecError(f"job name {self.name!r} may use only letters, digits and . _ - (at most 64)")
+            raise SpecError(f"job name {self.name!r} may use only letters, digits and . _ - (at most 58)")
         _positive("--nodes", self.nodes)
         _positive("--nproc-per-node", self.nproc_per_node)
         _positive("--gpus-per-node", self.gpus_per_node)

@@ -29,46 +29,16 @@ def script(tmp_path: Path) -> Path:
 
 
 def test_render_xml_is_the_default_and_carries_the_options(script: Path) -> None:
-    result = hpcjob(
-        "render",
-        "-n",
-        "2",
-        "--node",
-        "gpu2",
-        "--node",
-        "GPU1",
-        "--node-group",
-        "GPUNodes",
-        "--name",
-        "exp1",
-        "--nproc-per-node",
-        "2",
-        "--rdzv-port",
-        "29555",
-        "--env",
-        "A=1",
-        "--env",
-        "B=x y",
-        "--max-restarts",
-        "1",
-        "--mount-point",
-        "/mnt/app",
-        "--run-id",
-        "exp1-1",
-        str(script),
-        "--lr",
-        "0.1",
-        "--name",
-        "not-an-option-of-hpcjob",
-    )
+    options = (
+        "-n 2 --node gpu2 --node GPU1 --node-group GPUNodes --name exp1 --nproc-per-node 2 --rdzv-port 29555 "
+        "--env A=1 --env B=x_y --max-restarts 1 --mount-point /mnt/app --run-id exp1-1"
+    ).split()
+    result = hpcjob("render", *options, str(script), "--lr", "0.1", "--name", "not-an-option-of-hpcjob")
     assert result.returncode == 0, result.stderr
     root = ET.fromstring(result.stdout.encode())
     ns = {"j": JOB_NAMESPACE}
-    assert (root.get("Name"), root.get("RequestedNodes"), root.get("NodeGroups")) == (
-        "exp1",
-        "gpu2,GPU1",
-        "GPUNodes",
-    )
+    assert root.get("Name") == "exp1-1"  # the run id: unique
+    assert (root.get("RequestedNodes"), root.get("NodeGroups")) == ("gpu2,GPU1", "GPUNodes")
     tasks = root.findall("j:Tasks/j:Task", ns)
     line = tasks[0].get("CommandLine") or ""
     assert (
@@ -76,10 +46,8 @@ def test_render_xml_is_the_default_and_carries_the_options(script: Path) -> None
     )
     assert line.endswith("train.py --lr 0.1 --name not-an-option-of-hpcjob")
     assert tasks[1].get("WorkDirectory") == "/mnt/app/hpcjob/exp1"
-    assert [v.findtext("j:Value", namespaces=ns) for v in root.iter(f"{{{JOB_NAMESPACE}}}Variable")] == [
-        "1",
-        "x y",
-    ]
+    values = [v.findtext("j:Value", namespaces=ns) for v in root.iter(f"{{{JOB_NAMESPACE}}}Variable")]
+    assert values == ["1", "x_y"]
 
 
 def test_render_clusrun_and_json(script: Path) -> None:

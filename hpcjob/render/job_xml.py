@@ -2,58 +2,95 @@
 
 The scheduler silently ignores attribute names it does not know, so only names from its import map
 are written (facts/hpcpack-jobs.md section 1; reference/job-xml-import-map.json), in the order the
-scheduler's own exporter uses, with lower-case booleans.
+scheduler's own exporter uses, with lower-case booleans. The job's Name is the run id: unique, so a
+client can find its job again after a lost answer.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 
 from hpcjob.plan import JobPlan
+from hpcjob.spec import SpecError
 
 JOB_NAMESPACE = "http://schemas.microsoft.com/HPCS2008R2/scheduler/"
 JOB_VERSION = "3.000"
+# HPC Pack maps an administrator's job to root on Linux nodes only when the job asks for it
+# (facts/hpcpack-jobs.md section 5, user mapping).
+ROOT_ENV = (("CCP_MAP_ADMIN_USER", "0"),)
 
 
 def _bool(value: bool) -> str:
     return "true" if value else "false"
 
 
-def job_xml(plan: JobPlan) -> str:
-    n = str(len(plan.nodes))
+def _job(
+    name: str, nodes: Sequence[str], node_group: str | None, exclusive: bool, env: Sequence[tuple[str, str]]
+) -> tuple[ET.Element, ET.Element]:
+    n = str(len(nodes))
     job = ET.Element("Job")
     job.set("Version", JOB_VERSION)
-    job.set("Name", plan.name)
-    job.set("IsExclusive", _bool(True))
+    job.set("Name", name)
+    job.set("IsExclusive", _bool(exclusive))
     job.set("UnitType", "Node")
     job.set("AutoCalculateMax", _bool(False))
     job.set("AutoCalculateMin", _bool(False))
     job.set("FailOnTaskFailure", _bool(True))
     job.set("MinNodes", n)
     job.set("MaxNodes", n)
-    job.set("RequestedNodes", ",".join(plan.nodes))
-    if plan.node_group:
-        job.set("NodeGroups", plan.node_group)
-    # The exporter writes xmlns last; ElementTree keeps insertion order.
-    job.set("xmlns", JOB_NAMESPACE)
-    if plan.env:
+    job.set("RequestedNodes", ",".join(nodes))
+    if node_group:
+        job.set("NodeGroups", node_group)
+    job.set("xmlns", JOB_NAMESPACE)  # the exporter writes xmlns last; ElementTree keeps the order
+    if env:
         variables = ET.SubElement(job, "EnvironmentVariables")
-        for name, value in plan.env:
+        for key, value in env:
             variable = ET.SubElement(variables, "Variable")
-            ET.SubElement(variable, "Name").text = name
+            ET.SubElement(variable, "Name").text = key
             ET.SubElement(variable, "Value").text = value
-    tasks = ET.SubElement(job, "Tasks")
-    for task in plan.tasks:
-        element = ET.SubElement(tasks, "Task")
-        element.set("Name", task.name)
-        element.set("CommandLine", task.command_line)
-        element.set("MinNodes", "1")
-        element.set("MaxNodes", "1")
-        element.set("RequiredNodes", task.node)
-        element.set("IsRerunnable", _bool(False))
-        element.set("WorkDirectory", task.work_directory)
-        element.set("StdOutFilePath", task.stdout_path)
-        element.set("StdErrFilePath", task.stderr_path)
+    return job, ET.SubElement(job, "Tasks")
+
+
+def _task(tasks: ET.Element, name: str, command_line: str, node: str, **paths: str) -> None:
+    task = ET.SubElement(tasks, "Task")
+    task.set("Name", name)
+    task.set("CommandLine", command_line)
+    task.set("MinNodes", "1")
+    task.set("MaxNodes", "1")
+    task.set("RequiredNodes", node)
+    task.set("IsRerunnable", _bool(False))
+    for attribute, value in paths.items():
+        task.set(attribute, value)
+
+
+def _text(job: ET.Element) -> str:
     ET.indent(job, space="  ")
-    body = ET.tostring(job, encoding="unicode")
-    return f'<?xml version="1.0" encoding="utf-8"?>\n{body}\n'
+    return f'<?xml version="1.0" encoding="utf-8"?>\n{ET.tostring(job, encoding="unicode")}\n'
+
+
+def job_xml(plan: JobPlan) -> str:
+    """The training job: exclusive nodes, one pinned torchrun task per node, logs on the share."""
+    job, tasks = _job(plan.run_id, plan.nodes, plan.node_group, True, plan.env)
+    for task in plan.tasks:
+        _task(
+            tasks,
+            task.name,
+            task.command_line,
+            task.node,
+            WorkDirectory=task.work_directory,
+            StdOutFilePath=task.stdout_path,
+            StdErrFilePath=task.stderr_path,
+        )
+    return _text(job)
+
+
+def mount_job_xml(plan: JobPlan) -> str:
+    """The mount step as a job, where only the REST API reaches the cluster (no clusrun): one pinned
+    task per node that runs the mount command as root (the submitter must be an HPC administrator)."""
+    if plan.mount is None:
+        raise SpecError("no share given: name it with --share //HEADNODE/CcpSpoolDir[/folder]")
+    job, tasks = _job(f"{plan.run_id}-mount", plan.nodes, plan.node_group, False, ROOT_ENV)
+    for node in plan.nodes:
+        _task(tasks, f"mount {node}", plan.mount.command, node)
+    return _text(job)

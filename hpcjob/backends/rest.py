@@ -1,0 +1,370 @@
+"""The HPC Pack REST API (`https://<head node>/hpc`, HPC Pack 2016 Update 3 and 2019).
+
+Contract: shared/reference/hpcpack-rest-api/hpcpack.yaml; behaviour: facts/hpcpack-rest.md. Bodies are
+JSON: property lists `[{"Name": .., "Value": ..}]` with string values. A job is created from the
+generated job XML with `POST /jobs/jobFile`, then submitted; its state is polled. Reads are retried
+on connection errors, timeouts and 5xx, with backoff, within a deadline. A create is never blindly
+repeated: after a failure that may have reached the server, the job is looked up by its unique name.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcjob.backends.base import State
+from hpcjob.spec import SpecError
+
+JOB_PROPERTIES = ("Id", "Name", "State", "ErrorMessage", "AllocatedNodes")
+TASK_PROPERTIES = (
+    "TaskId",
+    "JobTaskId",
+    "Name",
+    "State",
+    "ExitCode",
+    "ErrorMessage",
+    "RequiredNodes",
+    "AllocatedNodes",
+)
+# Enough to list every task of a job in one request (the server's default page is 10 rows).
+ROWS_PER_READ = 1000
+ENDED_JOB_STATES = frozenset({"Finished", "Failed", "Canceled"})
+
+
+class RestError(SpecError):
+    """A request the head node refused or could not answer; one line."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff for reads: first wait, growth, longest wait, and the total deadline of one call."""
+
+    first_wait_s: float = 0.5
+    factor: float = 2.0
+    max_wait_s: float = 8.0
+    deadline_s: float = 60.0
+    timeout_s: float = 30.0
+
+    def waits(self) -> Iterable[float]:
+        wait = self.first_wait_s
+        while True:
+            yield wait * random.uniform(0.8, 1.2)  # jitter: many clients do not retry in step
+            wait = min(wait * self.factor, self.max_wait_s)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    state: str
+    health: str
+    groups: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        return self.state == "Online" and self.health == "OK"
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    task_id: int
+    name: str
+    state: str
+    exit_code: int | None
+    node: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: int
+    name: str
+    state: str
+    error: str
+    tasks: tuple[TaskInfo, ...] = field(default_factory=tuple)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_JOB_STATES
+
+    def exit_code(self) -> int:
+        """0 when finished, the first failing task's exit code when failed, 130 when canceled."""
+        if self.state == State.FINISHED:
+            return 0
+        if self.state == State.CANCELED:
+            return 130
+        failed = [t for t in self.tasks if t.state == "Failed" and t.exit_code]
+        return failed[0].exit_code if failed and failed[0].exit_code else 1
+
+
+def properties(items: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """A RestProperty list as a dict; names compared without case, as the server does."""
+    return {
+        str(p.get("Name", p.get("name", ""))).lower(): str(p.get("Value", p.get("value", "")) or "")
+        for p in items
+    }
+
+
+class RestClient:
+    """One head node's REST API. `session` is a requests.Session (or a stand-in in tests)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        user: str,
+        password: str,
+        *,
+        verify: bool | str = True,
+        retry: RetryPolicy | None = None,
+        session: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        try:
+            import requests
+        except ImportError as exc:
+            raise SpecError("the REST API needs the rest extra: pip install 'hpcjob[rest]'") from exc
+        self._requests = requests
+        self.base_url = base_url.rstrip("/")
+        self.user = user
+        self.retry = retry or RetryPolicy()
+        self.session = session or requests.Session()
+        self.session.auth = (user, password)
+        self.session.verify = verify
+        self.session.headers.update({"Accept": "application/json"})
+        self.sleep = sleep
+        self.requests_sent = 0
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def _send(
+        self, method: str, path: str, *, params: Mapping[str, str] | None = None, body: Any = None
+    ) -> Any:
+        self.requests_sent += 1
+        kwargs: dict[str, Any] = {"params": params, "timeout": self.retry.timeout_s}
+        if body is not None:
+            kwargs["json"] = body
+        return self.session.request(method, self.base_url + path, **kwargs)
+
+    def _check(self, method: str, path: str, response: Any) -> Any:
+        status = response.status_code
+        if status in (401, 403):
+            raise RestError(
+                f"the head node refused the credentials of {self.user} (HTTP {status}): check the user name "
+                "and password, and that the user may use the cluster"
+            )
+        if status >= 400:
+            message = " ".join((response.text or "").split())[:300] or response.reason
+            raise RestError(f"{method} {path}: HTTP {status}: {message}")
+        if status == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise RestError(f"{method} {path}: the answer is not JSON: {response.text[:200]!r}") from None
+
+    def read(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """A GET, retried on connection errors, timeouts and 5xx until the deadline."""
+        deadline = time.monotonic() + self.retry.deadline_s
+        waits = iter(self.retry.waits())
+        while True:
+            try:
+                response = self._send("GET", path, params=params)
+                if response.status_code < 500:
+                    return self._check("GET", path, response)
+                problem = f"HTTP {response.status_code}"
+            except (self._requests.ConnectionError, self._requests.Timeout) as exc:
+                problem = type(exc).__name__
+            wait = next(waits)
+            if time.monotonic() + wait > deadline:
+                raise RestError(
+                    f"GET {path}: no answer from {self.base_url} within "
+                    f"{self.retry.deadline_s:.0f} s (last: {problem})"
+                )
+            self.sleep(wait)
+
+    def write(self, method: str, path: str, body: Any = None, params: Mapping[str, str] | None = None) -> Any:
+        """A request that changes the cluster: sent once; the caller decides about a retry."""
+        try:
+            response = self._send(method, path, params=params, body=body)
+        except (self._requests.ConnectionError, self._requests.Timeout) as exc:
+            raise RestUnsure(f"{method} {path}: {type(exc).__name__} talking to {self.base_url}") from None
+        if response.status_code >= 500:
+            raise RestUnsure(f"{method} {path}: HTTP {response.status_code}: {response.text[:200]}")
+        return self._check(method, path, response)
+
+    # -- operations ------------------------------------------------------------------------------
+
+    def version(self) -> str:
+        return str(self.read("/cluster/version"))
+
+    def create_job(self, job_xml: str, unique_name: str) -> int:
+        """`POST /jobs/jobFile`, at most one job: after a failure that may have reached the server,
+        look the job up by its unique name before sending again."""
+        for attempt in range(3):
+            try:
+                return int(self.write("POST", "/jobs/jobFile", body=job_xml))
+            except RestUnsure:
+                existing = self.find_job(unique_name)
+                if existing is not None:
+                    return existing
+                if attempt == 2:
+                    raise
+                self.sleep(self.retry.first_wait_s * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def find_job(self, name: str) -> int | None:
+        """The id of this user's job called `name`, if any (newest first)."""
+        start = 0
+        while True:
+            params = {
+                "properties": "Id,Name",
+                "owner": self.user,
+                "rowsPerRead": str(ROWS_PER_READ),
+                "startRow": str(start),
+                "sortJobsBy": "Id",
+                "asc": "false",
+            }
+            rows = self.read("/jobs", params) or []
+            for row in rows:
+                props = properties(row.get("Properties", []))
+                if props.get("name") == name:
+                    return int(props["id"])
+            if len(rows) < ROWS_PER_READ:
+                return None
+            start += ROWS_PER_READ
+
+    def submit(self, job_id: int) -> None:
+        self.write("POST", f"/jobs/{job_id}/submit")
+
+    def cancel(self, job_id: int, message: str, forced: bool = False) -> bool:
+        """Cancel; False when the job had already ended (canceling it again is not an error)."""
+        try:
+            self.write("POST", f"/jobs/{job_id}/cancel", body=message, params={"forced": str(forced).lower()})
+        except RestError:
+            if self.job(job_id).ended:
+                return False
+            raise
+        return True
+
+    def job(self, job_id: int) -> JobInfo:
+        props = properties(self.read(f"/jobs/{job_id}", {"properties": ",".join(JOB_PROPERTIES)}) or [])
+        return JobInfo(
+            job_id=job_id,
+            name=props.get("name", ""),
+            state=props.get("state", ""),
+            error=props.get("errormessage", ""),
+        )
+
+    def job_with_tasks(self, job_id: int) -> JobInfo:
+        """The job and all its tasks: two requests, whatever the number of tasks."""
+        job = self.job(job_id)
+        rows = (
+            self.read(
+                f"/jobs/{job_id}/tasks",
+                {"properties": ",".join(TASK_PROPERTIES), "rowsPerRead": str(ROWS_PER_READ)},
+            )
+            or []
+        )
+        tasks = []
+        for row in rows:
+            p = properties(row.get("Properties", []))
+            exit_code = p.get("exitcode", "")
+            node = (p.get("allocatednodes") or p.get("requirednodes") or "").split(",")[0].strip()
+            tasks.append(
+                TaskInfo(
+                    task_id=int(p.get("jobtaskid") or p.get("taskid", "0").split(".")[-1] or 0),
+                    name=p.get("name", ""),
+                    state=p.get("state", ""),
+                    exit_code=int(exit_code) if exit_code.lstrip("-").isdigit() else None,
+                    node=node,
+                    error=p.get("errormessage", ""),
+                )
+            )
+        return JobInfo(
+            job_id=job.job_id,
+            name=job.name,
+            state=job.state,
+            error=job.error,
+            tasks=tuple(sorted(tasks, key=lambda t: t.task_id)),
+        )
+
+    def task_output(self, job_id: int, task_id: int) -> str:
+        props = properties(self.read(f"/jobs/{job_id}/tasks/{task_id}", {"properties": "Output"}) or [])
+        return props.get("output", "")
+
+    def nodes(self, group: str | None = None) -> list[NodeInfo]:
+        """The nodes (of a group), HPC Pack 2019's `/cluster/nodes`, else 2016's `/nodes`."""
+        try:
+            rows = self.read("/cluster/nodes", {"group": group} if group else None) or []
+            return [
+                NodeInfo(
+                    name=str(r["Name"]),
+                    state=str(r.get("State", "")),
+                    health=str(r.get("Health", "")),
+                    groups=tuple(r.get("Groups") or ()),
+                )
+                for r in rows
+            ]
+        except RestError as exc:
+            if "HTTP 404" not in str(exc):
+                raise
+        names = None
+        if group:
+            names = {str(n).upper() for n in self.read(f"/nodes/groups/{group}") or []}
+        rows = self.read("/nodes", {"properties": "Name,State,Health"}) or []
+        found = []
+        for row in rows:
+            p = properties(row.get("Properties", []))
+            if names is None or p.get("name", "").upper() in names:
+                found.append(
+                    NodeInfo(
+                        name=p.get("name", ""),
+                        state=p.get("state", ""),
+                        health=p.get("health", "OK"),
+                        groups=(group,) if group else (),
+                    )
+                )
+        return found
+
+    def busy_nodes(self) -> set[str]:
+        """Nodes that running jobs hold now (upper case)."""
+        rows = (
+            self.read(
+                "/jobs",
+                {
+                    "properties": "Id,AllocatedNodes",
+                    "$filter": "JobState eq Running",
+                    "rowsPerRead": str(ROWS_PER_READ),
+                },
+            )
+            or []
+        )
+        busy: set[str] = set()
+        for row in rows:
+            allocated = properties(row.get("Properties", [])).get("allocatednodes", "")
+            busy.update(n.strip().upper() for n in allocated.split(",") if n.strip())
+        return busy
+
+
+class RestUnsure(RestError):
+    """A write that may or may not have reached the server (timeout, dropped connection, 5xx)."""
+
+
+def choose_nodes(nodes: Sequence[NodeInfo], count: int, busy: set[str], group: str | None) -> tuple[str, ...]:
+    """`count` usable nodes (Online, health OK), idle ones first, in name order within each kind."""
+    usable = [n for n in nodes if n.usable]
+    ordered = sorted(usable, key=lambda n: (n.name.upper() in busy, n.name.upper()))
+    if len(ordered) < count:
+        where = f"in group {group}" if group else "in the cluster"
+        found = ", ".join(f"{n.name} ({n.state}, {n.health})" for n in nodes) or "none"
+        raise SpecError(
+            f"{count} node(s) needed but only {len(usable)} online and healthy {where}; found: {found}"
+        )
+    return tuple(n.name for n in ordered[:count])
+
+
+def warn(message: str) -> None:
+    print(f"hpcjob: warning: {message}", file=sys.stderr)

@@ -1,0 +1,72 @@
+"""The whole bed: a share folder, the hosts that mount it, and the SMB server that serves it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Self
+
+from .hosts import Host, Hosts
+from .smb import SmbServer
+from .system import PREFIX
+
+
+class TestBed:
+    """Context manager: `hosts` with the share folder at `mount_point`, and `smb` on the head address.
+
+    The share folder is `<temp>/CcpSpoolDir/app` (the last part is `folder`): on every host it is
+    `/app`, over SMB it is //HEADNODE/CcpSpoolDir/app, and from the test it is `share_folder`.
+    """
+
+    __test__ = False  # not a pytest test class despite its name
+
+    def __init__(
+        self,
+        names: Sequence[str] = ("node1", "node2"),
+        hpc_names: Sequence[str] | None = None,
+        *,
+        mount_point: str = "/app",
+        head_name: str = "HEADNODE",
+        folder: str = "app",
+        smb: bool = True,
+    ) -> None:
+        self.names, self.hpc_names, self.folder, self._want_smb = names, hpc_names, folder, smb
+        self.head_name, self.mount_point = head_name, mount_point
+        self.share_unc = f"//{head_name}/CcpSpoolDir/{folder}"  # as the hosts name it
+        self.share_folder = Path()  # set, with hosts and smb, on entering
+        self.hosts: Hosts
+        self.smb: SmbServer | None = None
+        self._stack = contextlib.ExitStack()
+
+    def __getitem__(self, name: str) -> Host:
+        return self.hosts[name]
+
+    def __enter__(self) -> Self:
+        with contextlib.ExitStack() as stack:
+            tmp = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-share-"))
+            stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+            self.share_folder = tmp / "CcpSpoolDir" / self.folder
+            self.share_folder.mkdir(parents=True)
+            self.hosts = Hosts(
+                self.names,
+                self.hpc_names,
+                share_folder=self.share_folder,
+                mount_point=self.mount_point,
+                head_name=self.head_name,
+            )
+            stack.enter_context(self.hosts)
+            if self._want_smb:
+                server = SmbServer(self.share_folder, self.hosts.head_address, netns=self.hosts.head_netns)
+                self.smb = stack.enter_context(server)
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stack.close()  # smbd first, then the hosts, then the share folder

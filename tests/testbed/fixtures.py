@@ -1,0 +1,44 @@
+"""pytest fixtures for the test bed; use them with `pytest_plugins = ["tests.testbed.fixtures"]`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from .bed import TestBed
+from .system import TOOLS, missing_prerequisites
+
+
+def require_testbed(tools: Sequence[str] = TOOLS) -> None:
+    """Skip when this machine cannot host a test bed; with CI=true that is a failure, never a skip."""
+    missing = missing_prerequisites(tools)
+    if not missing:
+        return
+    message = "the test bed needs " + ", ".join(missing)
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(f"{message} (CI=true: a missing prerequisite fails the run)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def testbed() -> Iterator[TestBed]:
+    """node1/NODE1 and node2/NODE2 with /app, and HEADNODE's SMB server: shared by a module's tests."""
+    require_testbed()
+    with TestBed() as bed:
+        yield bed
+
+
+@pytest.fixture
+def testbed_factory() -> Iterator[Callable[..., TestBed]]:
+    """Start beds of your own inside a test (TestBed's arguments); all are torn down after it."""
+    require_testbed()
+    with contextlib.ExitStack() as stack:
+
+        def start(*args: Any, **kwargs: Any) -> TestBed:
+            return stack.enter_context(TestBed(*args, **kwargs))
+
+        yield start
