@@ -12,9 +12,13 @@ import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
-from hpcjob.spec import Share, SpecError
+from hpcjob.spec import HpcjobError, Share, SpecError
 
 COPY_CHUNK = 1 << 20
+
+
+class ShareError(HpcjobError):
+    """The share could not be reached or refused us."""
 
 
 class ShareFolder(Protocol):
@@ -104,7 +108,7 @@ class SmbFolder:
                 self.server, username=username, password=password, port=port, encrypt=encrypt
             )
         except Exception as exc:  # smbprotocol raises many types; one line is what the user needs
-            raise SpecError(f"cannot log on to {share.unc} as {username}: {_reason(exc)}") from None
+            raise ShareError(f"cannot log on to {share.unc} as {username}: {_reason(exc)}") from None
 
     def describe(self) -> str:
         return self.share.unc

@@ -37,7 +37,11 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL", re.I)
 
 
-class SpecError(ValueError):
+class HpcjobError(Exception):
+    """An error to report as one line, without a traceback."""
+
+
+class SpecError(HpcjobError, ValueError):
     """Bad input. The message is one line that names the problem."""
 
 

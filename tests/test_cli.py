@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -29,10 +30,10 @@ def script(tmp_path: Path) -> Path:
 
 
 def test_render_xml_is_the_default_and_carries_the_options(script: Path) -> None:
-    options = (
+    options = shlex.split(
         "-n 2 --node gpu2 --node GPU1 --node-group GPUNodes --name exp1 --nproc-per-node 2 --rdzv-port 29555 "
-        "--env A=1 --env B=x_y --max-restarts 1 --mount-point /mnt/app --run-id exp1-1"
-    ).split()
+        "--env A=1 --env 'B=x y' --max-restarts 1 --mount-point /mnt/app --run-id exp1-1"
+    )
     result = hpcjob("render", *options, str(script), "--lr", "0.1", "--name", "not-an-option-of-hpcjob")
     assert result.returncode == 0, result.stderr
     root = ET.fromstring(result.stdout.encode())
@@ -47,7 +48,7 @@ def test_render_xml_is_the_default_and_carries_the_options(script: Path) -> None
     assert line.endswith("train.py --lr 0.1 --name not-an-option-of-hpcjob")
     assert tasks[1].get("WorkDirectory") == "/mnt/app/hpcjob/exp1"
     values = [v.findtext("j:Value", namespaces=ns) for v in root.iter(f"{{{JOB_NAMESPACE}}}Variable")]
-    assert values == ["1", "x_y"]
+    assert values == ["1", "x y"]
 
 
 def test_render_clusrun_and_json(script: Path) -> None:

@@ -10,14 +10,13 @@ repeated: after a failure that may have reached the server, the job is looked up
 from __future__ import annotations
 
 import random
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hpcjob.backends.base import State
-from hpcjob.spec import SpecError
+from hpcjob.spec import HpcjobError, SpecError
 
 JOB_PROPERTIES = ("Id", "Name", "State", "ErrorMessage", "AllocatedNodes")
 TASK_PROPERTIES = (
@@ -35,7 +34,7 @@ ROWS_PER_READ = 1000
 ENDED_JOB_STATES = frozenset({"Finished", "Failed", "Canceled"})
 
 
-class RestError(SpecError):
+class RestError(HpcjobError):
     """A request the head node refused or could not answer; one line."""
 
 
@@ -365,6 +364,3 @@ def choose_nodes(nodes: Sequence[NodeInfo], count: int, busy: set[str], group: s
         )
     return tuple(n.name for n in ordered[:count])
 
-
-def warn(message: str) -> None:
-    print(f"hpcjob: warning: {message}", file=sys.stderr)

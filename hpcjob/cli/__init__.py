@@ -1,0 +1,10 @@
+"""The `hpcjob` command line: parse, call, print. Thin on purpose.
+
+Imports only click and the standard library at start-up, so `hpcjob --help` stays fast; the core and
+the backends are imported by the commands that use them.
+"""
+
+from hpcjob.cli import commands
+from hpcjob.cli.app import cli, main
+
+__all__ = ["cli", "commands", "main"]

@@ -1,0 +1,3 @@
+from hpcjob.cli import main
+
+main()

@@ -1,0 +1,38 @@
+"""The `hpcjob` command group and its entry point."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hpcjob")
+def cli() -> None:
+    """Run PyTorch DistributedDataParallel training on Microsoft HPC Pack clusters.
+
+    A job is one single-node torchrun task per node, pinned to its node, all with the same command
+    and c10d rendezvous on the first node, over code on the head node's share.
+    Options go before SCRIPT; everything after SCRIPT goes to the script.
+    """
+
+
+def main() -> None:
+    """Entry point: errors are one line on stderr; bad input exits 2, other errors 1."""
+    from hpcjob.spec import HpcjobError, SpecError
+
+    try:
+        cli.main(prog_name="hpcjob", standalone_mode=False)
+    except SpecError as exc:
+        click.echo(f"hpcjob: error: {exc}", err=True)
+        sys.exit(2)
+    except HpcjobError as exc:  # the cluster or the share said no: not the user's input
+        click.echo(f"hpcjob: error: {exc}", err=True)
+        sys.exit(1)
+    except click.exceptions.Abort:
+        click.echo("hpcjob: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"hpcjob: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)

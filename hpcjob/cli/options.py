@@ -1,0 +1,161 @@
+"""Options shared by the commands that build a job or reach the share, defined once."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    from hpcjob.share import SmbFolder
+    from hpcjob.spec import JobSpec, Share
+
+PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def job_options(command: F) -> F:
+    """The options that describe a job, shared by every command that builds one."""
+    options = [
+        click.option(
+            "-n", "--nodes", type=int, help="Number of nodes [default: the number of --node names]."
+        ),
+        click.option(
+            "--nproc-per-node",
+            type=int,
+            help="Processes per node, one per GPU [default: --gpus-per-node, else 1].",
+        ),
+        click.option("--gpus-per-node", type=int, help="GPUs per node, to check --nproc-per-node against."),
+        click.option(
+            "--node",
+            "node_names",
+            multiple=True,
+            metavar="NAME",
+            help="An HPC Pack node to run on, repeatable, in order; the first hosts the rendezvous.",
+        ),
+        click.option(
+            "--node-group", metavar="GROUP", help="HPC Pack node group the nodes belong to (GPU nodes)."
+        ),
+        click.option("--name", help="Job name [default: the script's name]."),
+        click.option(
+            "--share",
+            metavar="UNC",
+            help="Share folder mounted on the nodes, e.g. //HEADNODE/CcpSpoolDir/app.",
+        ),
+        click.option(
+            "--mount-point",
+            metavar="PATH",
+            help="Where the share is mounted on the nodes [default: /app]; with --local, the "
+            "local folder that stands in for the share.",
+        ),
+        click.option(
+            "--mount-options",
+            metavar="OPTS",
+            help="mount.cifs options; credentials come from a file on the nodes, never a password.",
+        ),
+        click.option(
+            "--job-folder",
+            metavar="PATH",
+            help="The job's folder under the mount point [default: hpcjob/NAME].",
+        ),
+        click.option("--rdzv-port", type=int, help="Rendezvous port on the first node [default: 29400]."),
+        click.option(
+            "--rdzv-timeout",
+            type=int,
+            metavar="SECONDS",
+            help="How long torchrun waits for all nodes to join [default: torchrun's, 900].",
+        ),
+        click.option(
+            "--env", "env_items", multiple=True, metavar="K=V", help="Job environment variable, repeatable."
+        ),
+        click.option(
+            "--max-restarts",
+            type=int,
+            default=0,
+            show_default=True,
+            help="torchrun restarts of the worker group after a failure.",
+        ),
+        click.option("--python", default="python3", show_default=True, help="Python on the nodes."),
+        click.option(
+            "--command-limit",
+            type=int,
+            metavar="CHARS",
+            help="The scheduler's CommandLine length limit [default: 480].",
+        ),
+        click.option(
+            "--run-id", help="Unique id of this run (rendezvous id, log folder) [default: generated]."
+        ),
+        click.argument("script", type=click.Path(dir_okay=False)),
+        click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def smb_options(command: F) -> F:
+    """How to reach the share over SMB; the password comes from HPCJOB_SMB_PASSWORD or a prompt."""
+    options = [
+        click.option("--smb-user", metavar="USER", help="SMB user [default: $HPCJOB_SMB_USER]."),
+        click.option("--smb-server", metavar="HOST", help="Connect here instead of the share's host name."),
+        click.option("--smb-port", type=int, default=445, show_default=True, help="SMB port."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def open_smb(share: Share, params: dict[str, Any]) -> SmbFolder:
+    from hpcjob.credentials import smb_password, smb_user
+    from hpcjob.share import SmbFolder
+
+    user = smb_user(params["smb_user"])
+    return SmbFolder(share, user, smb_password(user), server=params["smb_server"], port=params["smb_port"])
+
+
+def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
+    """The JobSpec from the job options; checks that the script exists."""
+    from hpcjob.spec import (
+        DEFAULT_COMMAND_LIMIT,
+        DEFAULT_MOUNT_OPTIONS,
+        JobSpec,
+        SpecError,
+        parse_env,
+        parse_share,
+    )
+
+    script = Path(params["script"])
+    if not script.is_file():
+        raise SpecError(f"script {params['script']} does not exist")
+    fields: dict[str, Any] = {
+        "script": str(script),
+        "script_args": tuple(params["script_args"]),
+        "name": params["name"] or "",
+        "nodes": params["nodes"],
+        "node_names": tuple(params["node_names"]),
+        "node_group": params["node_group"],
+        "nproc_per_node": params["nproc_per_node"],
+        "gpus_per_node": params["gpus_per_node"],
+        "share": parse_share(params["share"]) if params["share"] else None,
+        "mount_options": params["mount_options"] or DEFAULT_MOUNT_OPTIONS,
+        "job_folder": params["job_folder"] or "",
+        "rdzv_join_timeout": params["rdzv_timeout"],
+        "max_restarts": params["max_restarts"],
+        "env": parse_env(params["env_items"]),
+        "python": params["python"],
+        "command_limit": params["command_limit"] or DEFAULT_COMMAND_LIMIT,
+    }
+    if params["mount_point"]:
+        fields["mount_point"] = params["mount_point"]
+    if params["rdzv_port"] is not None:
+        fields["rdzv_port"] = params["rdzv_port"]
+    fields.update(overrides)
+    return JobSpec(**fields)
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
