@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpcjob.spec import SpecError
@@ -27,7 +27,7 @@ class RunRecord:
     smb_port: int | None = None
     smb_user: str | None = None
     job_id: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
+    cluster: str | None = None
 
     @property
     def log_folder(self) -> str:

@@ -364,3 +364,51 @@ def choose_nodes(nodes: Sequence[NodeInfo], count: int, busy: set[str], group: s
         )
     return tuple(n.name for n in ordered[:count])
 
+
+@dataclass(frozen=True)
+class PollPolicy:
+    """Status polling: quick while things change, slower while they do not."""
+
+    first_wait_s: float = 1.0
+    factor: float = 1.5
+    max_wait_s: float = 15.0
+
+
+def wait_for_job(
+    client: RestClient,
+    job_id: int,
+    progress: Callable[[str], None],
+    *,
+    poll: PollPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> JobInfo:
+    """Poll the job (two requests a poll, whatever its size) until it ends, reporting each change."""
+    poll = poll or PollPolicy()
+    seen: dict[str, str] = {}
+    wait = poll.first_wait_s
+    while True:
+        info = client.job_with_tasks(job_id)
+        changes = _changes(info, seen)
+        for line in changes:
+            progress(line)
+        if info.ended:
+            return info
+        wait = poll.first_wait_s if changes else min(wait * poll.factor, poll.max_wait_s)
+        sleep(wait)
+
+
+def _changes(info: JobInfo, seen: dict[str, str]) -> list[str]:
+    lines = []
+    job_line = f"job {info.job_id}: {info.state}" + (f" ({info.error})" if info.error else "")
+    if seen.get("") != job_line:
+        seen[""] = job_line
+        lines.append(job_line)
+    for task in info.tasks:
+        key = f"task{task.task_id}"
+        line = f"{task.node or task.name}: {task.state}"
+        if task.exit_code is not None and task.state in ENDED_JOB_STATES:
+            line += f" (exit code {task.exit_code})"
+        if seen.get(key) != line:
+            seen[key] = line
+            lines.append(line)
+    return lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -197,9 +198,10 @@ def logs(
 ) -> None:
     """Print a run's per-node stdout and stderr, prefixed by node, from the share.
 
-    RUN is the run id that render and run print. Without --follow, each node's output is printed
-    whole, in node order; with it, new lines are printed as they come, and hpcjob exits with the
-    job's exit code when it has ended.
+    RUN is the run id that render, run and submit print, or the HPC Pack job id of a submitted job.
+    Without --follow, each node's output is printed whole, in node order; with it, new lines are
+    printed as they come, and hpcjob exits with the job's exit code when it has ended. When the share
+    cannot be reached, a submitted job's output comes from the scheduler, which keeps only its start.
     """
     from hpcjob.logs import RunLogs
     from hpcjob.runs import RunRecord, find_run
@@ -221,8 +223,13 @@ def logs(
         )
     else:
         record = find_run(run_id)
-    folder: ShareFolder
-    if record.local_root:
+    scheduler_end: Callable[[], int | None] | None = None
+    folder: ShareFolder | None
+    if record.backend == "rest":
+        from hpcjob.cli.cluster import rest_log_access
+
+        folder, scheduler_end = rest_log_access(record, params)
+    elif record.local_root:
         folder = LocalFolder(Path(record.local_root))
     elif record.share:
         params = {
@@ -232,22 +239,30 @@ def logs(
         }
         folder = open_smb(parse_share(record.share), params)
     else:
-        raise SpecError(f"run {run_id} has no share recorded")
+        raise SpecError(f"run {record.run_id} has no share recorded")
+    if folder is None:
+        return  # the scheduler's copy of the output was printed instead
     nodes = record.nodes
     if only_node:
         match = [n for n in nodes if n.upper() == only_node.upper()] if nodes else [only_node]
         if not match:
-            raise SpecError(f"run {run_id} has no node {only_node!r}; its nodes: {', '.join(nodes)}")
+            raise SpecError(f"run {record.run_id} has no node {only_node!r}; its nodes: {', '.join(nodes)}")
         nodes = tuple(match)
-    run_logs = RunLogs(folder, f"{job_folder or record.job_folder}/logs/{run_id}", nodes)
+    run_logs = RunLogs(folder, f"{job_folder or record.job_folder}/logs/{record.run_id}", nodes)
     try:
-        exit_code = _print_logs(run_logs, follow, poll, idle_timeout)
+        exit_code = _print_logs(run_logs, follow, poll, idle_timeout, scheduler_end)
     finally:
         folder.close()
     sys.exit(exit_code)
 
 
-def _print_logs(run_logs: RunLogs, follow: bool, poll: float, idle_timeout: float) -> int:
+def _print_logs(
+    run_logs: RunLogs,
+    follow: bool,
+    poll: float,
+    idle_timeout: float,
+    scheduler_end: Callable[[], int | None] | None,
+) -> int:
     if not follow:
         for line in run_logs.read(final=True):
             click.echo(line)
@@ -255,6 +270,8 @@ def _print_logs(run_logs: RunLogs, follow: bool, poll: float, idle_timeout: floa
     quiet_since = time.monotonic()
     while True:
         ended = run_logs.ended()
+        if ended is None and scheduler_end is not None:
+            ended = scheduler_end()
         lines = run_logs.read(final=ended is not None)
         for line in lines:
             click.echo(line)

@@ -1,0 +1,427 @@
+"""Commands that talk to a cluster over the HPC Pack REST API: cluster, submit, status, cancel, nodes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from hpcjob.cli.app import cli
+from hpcjob.cli.options import PASS_THROUGH, build_spec, job_options, new_run_id, smb_options
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from hpcjob.backends.rest import JobInfo, RestClient
+    from hpcjob.config import ClusterProfile
+    from hpcjob.runs import RunRecord
+    from hpcjob.share import ShareFolder
+    from hpcjob.spec import JobSpec
+
+cluster_option = click.option(
+    "--cluster",
+    "cluster_name",
+    metavar="NAME",
+    help="Cluster profile [default: $HPCJOB_CLUSTER, else the configured default].",
+)
+
+
+def connect(profile: ClusterProfile, password: str | None = None) -> RestClient:
+    from hpcjob.backends.rest import RestClient
+    from hpcjob.config import password_for
+
+    if profile.insecure:
+        click.echo(
+            f"hpcjob: warning: TLS verification is off for cluster {profile.name}: anyone on the way can "
+            "read the password",
+            err=True,
+        )
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # warned once, above
+    return RestClient(
+        profile.api_base, profile.user, password or password_for(profile), verify=profile.verify
+    )
+
+
+@cli.group()
+def cluster() -> None:
+    """Cluster profiles: the head node's URL, user, TLS, share and node group (never a password)."""
+
+
+@cluster.command("add")
+@click.argument("name")
+@click.option(
+    "--url", required=True, help="The head node, e.g. https://headnode.contoso.com (/hpc is added)."
+)
+@click.option("--user", required=True, help="User name, e.g. CONTOSO\\alice.")
+@click.option("--password-env", metavar="VARIABLE", help="Read the password from this environment variable.")
+@click.option("--keyring", "use_keyring", is_flag=True, help="Keep the password in the system keyring.")
+@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), help="CA certificate(s) to trust.")
+@click.option(
+    "--insecure", is_flag=True, help="Do not verify the head node's certificate (warns on every use)."
+)
+@click.option("--share", metavar="UNC", help="The share folder, e.g. //HEADNODE/CcpSpoolDir/app.")
+@click.option("--node-group", metavar="GROUP", help="Default node group (GPU nodes).")
+@click.option("--mount-point", metavar="PATH", help="Where the nodes mount the share [default: /app].")
+@click.option("--smb-user", metavar="USER", help="SMB user for the share [default: --user].")
+@click.option("--smb-server", metavar="HOST", help="Reach the share here instead of its host name.")
+@click.option("--smb-port", type=int, default=445, show_default=True)
+@click.option("--default", "make_default", is_flag=True, help="Make this the default cluster.")
+def cluster_add(
+    name: str, password_env: str | None, use_keyring: bool, make_default: bool, **options: Any
+) -> None:
+    """Add or replace the cluster profile NAME."""
+    from hpcjob.config import KEYRING_SERVICE, ClusterProfile, save_profile
+    from hpcjob.spec import SpecError
+
+    if password_env and use_keyring:
+        raise SpecError("choose one of --password-env and --keyring")
+    password = f"env:{password_env}" if password_env else "keyring" if use_keyring else "prompt"
+    profile = ClusterProfile(name=name, password=password, **options)
+    if use_keyring:
+        try:
+            import keyring
+        except ImportError:
+            raise SpecError("--keyring needs the keyring package: pip install keyring") from None
+        keyring.set_password(
+            KEYRING_SERVICE,
+            f"{name}:{profile.user}",
+            click.prompt(f"Password for {profile.user}", hide_input=True),
+        )
+    path = save_profile(profile, make_default)
+    click.echo(f"cluster {name} saved in {path}")
+    if profile.insecure:
+        click.echo("hpcjob: warning: TLS verification is off for this cluster", err=True)
+
+
+@cluster.command("list")
+def cluster_list() -> None:
+    """List the cluster profiles."""
+    from hpcjob.config import load_profiles
+
+    for profile in load_profiles().values():
+        click.echo(f"{profile.name}\t{profile.api_base}\t{profile.user}\t{profile.share or '-'}")
+
+
+@cluster.command("remove")
+@click.argument("name")
+def cluster_remove(name: str) -> None:
+    """Remove the cluster profile NAME."""
+    from hpcjob.config import remove_profile
+
+    remove_profile(name)
+    click.echo(f"cluster {name} removed")
+
+
+def _spec_with_profile(params: dict[str, Any], profile: ClusterProfile) -> JobSpec:
+    """Job options win; the profile fills in the share, node group and mount point."""
+    for key, value in (
+        ("share", profile.share),
+        ("node_group", profile.node_group),
+        ("mount_point", profile.mount_point),
+        ("smb_server", profile.smb_server),
+    ):
+        if not params.get(key) and value:
+            params[key] = value
+    if params.get("smb_port") == 445 and profile.smb_port != 445:
+        params["smb_port"] = profile.smb_port
+    return build_spec(params)
+
+
+def _open_share(
+    spec: JobSpec, profile: ClusterProfile, params: dict[str, Any], rest_password: str
+) -> ShareFolder:
+    from hpcjob.credentials import smb_password
+    from hpcjob.share import SmbFolder
+
+    assert spec.share is not None
+    user = params.get("smb_user") or profile.smb_user or profile.user
+    # Usually the same domain account as the REST API's; ask only for another user's password.
+    password = rest_password if user == profile.user else smb_password(user)
+    return SmbFolder(spec.share, user, password, server=params.get("smb_server"), port=params["smb_port"])
+
+
+@cli.command(context_settings=PASS_THROUGH)
+@cluster_option
+@click.option("--wait", is_flag=True, help="Show progress until the job ends; exit with its exit code.")
+@click.option("--dry-run", is_flag=True, help="Print what would be sent, and send nothing.")
+@click.option(
+    "--mount-step/--no-mount-step",
+    default=True,
+    show_default=True,
+    help="Mount the share on the nodes first, with an admin job (needs an HPC administrator).",
+)
+@click.option("--json", "as_json", is_flag=True, help="With --wait, print the final status as JSON.")
+@smb_options
+@job_options
+def submit(
+    cluster_name: str | None, wait: bool, dry_run: bool, mount_step: bool, as_json: bool, **params: Any
+) -> None:
+    """Submit SCRIPT to an HPC Pack cluster over its REST API.
+
+    Chooses the nodes (--node, else idle online healthy nodes of --node-group), uploads the script's
+    folder to the share, mounts the share on the nodes, creates the job from the job XML and submits
+    it. Prints the job id; with --wait, follows it to the end.
+    """
+    from hpcjob.backends.rest import choose_nodes, wait_for_job
+    from hpcjob.config import get_profile, password_for
+    from hpcjob.plan import make_plan
+    from hpcjob.render import job_xml, mount_job_xml
+    from hpcjob.runs import RunRecord, save_run
+    from hpcjob.spec import SpecError
+    from hpcjob.staging import code_files, upload
+
+    profile = get_profile(cluster_name)
+    spec = _spec_with_profile(params, profile)
+    run_id = params["run_id"] or new_run_id(spec.name)
+    code_dir = Path(spec.script).resolve().parent
+    if dry_run:
+        if not spec.node_names:
+            raise SpecError("--dry-run asks the cluster nothing: name the nodes with --node")
+        plan = make_plan(spec, spec.node_names, run_id)
+        files = list(code_files(code_dir))
+        base = profile.api_base
+        if spec.share:
+            click.echo(
+                f"# would upload {len(files)} file(s), {sum(f.size for f in files)} bytes, from {code_dir} "
+                f"to {spec.share.unc}/{spec.job_folder} (unchanged files are skipped)"
+            )
+        if mount_step and plan.mount:
+            click.echo(f"# would create the mount job: POST {base}/jobs/jobFile\n{mount_job_xml(plan)}")
+            click.echo(f"# would submit it: POST {base}/jobs/<id>/submit, and wait for it to finish")
+        click.echo(f"# would create the job: POST {base}/jobs/jobFile\n{job_xml(plan)}")
+        click.echo(f"# would submit it: POST {base}/jobs/<id>/submit")
+        return
+
+    rest_password = password_for(profile)
+    client = connect(profile, rest_password)
+    group = spec.node_group
+    nodes = spec.node_names or choose_nodes(client.nodes(group), spec.node_count, client.busy_nodes(), group)
+    plan = make_plan(spec, nodes, run_id)
+
+    def progress(line: str) -> None:
+        click.echo(line, err=as_json)
+
+    if spec.share:
+        folder = _open_share(spec, profile, params, rest_password)
+        try:
+            report = upload(code_dir, folder, spec.job_folder)
+            folder.makedirs(f"{spec.job_folder}/logs/{plan.run_id}")
+        finally:
+            folder.close()
+        progress(
+            f"uploaded {report.files_sent} file(s), {report.bytes_sent} bytes, to {spec.share.unc}/"
+            f"{spec.job_folder} ({report.files_unchanged} unchanged)"
+        )
+    else:
+        progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
+    if mount_step and plan.mount:
+        mount_id = client.create_job(mount_job_xml(plan), f"{plan.run_id}-mount")
+        _submit_or_cancel(client, mount_id)
+        progress(
+            f"mounting {plan.mount.share_unc} at {plan.mount.mount_point} on {', '.join(plan.nodes)} "
+            f"(job {mount_id})"
+        )
+        mounted = wait_for_job(client, mount_id, lambda line: None)
+        if mounted.state != "Finished":
+            reasons = "; ".join(
+                f"{t.node}: {t.error or t.state}" for t in mounted.tasks if t.state != "Finished"
+            )
+            raise SpecError(
+                f"the mount job {mount_id} {mounted.state}: {reasons or mounted.error} (it needs an HPC "
+                "administrator; or mount once with `hpcjob render --format clusrun`, then --no-mount-step)"
+            )
+    job_id = client.create_job(job_xml(plan), plan.run_id)
+    _submit_or_cancel(client, job_id)
+    save_run(
+        RunRecord(
+            run_id=plan.run_id,
+            name=plan.name,
+            backend="rest",
+            job_folder=spec.job_folder,
+            nodes=plan.nodes,
+            share=spec.share.unc if spec.share else None,
+            smb_server=params.get("smb_server"),
+            smb_port=params["smb_port"],
+            smb_user=params.get("smb_user") or profile.smb_user or profile.user,
+            job_id=str(job_id),
+            cluster=profile.name,
+        )
+    )
+    progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
+    if not wait:
+        progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
+        return
+    try:
+        info = wait_for_job(client, job_id, progress)
+    except KeyboardInterrupt:
+        progress(f"stopped waiting; job {job_id} goes on (hpcjob cancel {job_id} ends it)")
+        sys.exit(130)
+    _print_status(info, as_json)
+    sys.exit(info.exit_code())
+
+
+def rest_log_access(
+    record: RunRecord, params: dict[str, Any]
+) -> tuple[ShareFolder | None, Callable[[], int | None]]:
+    """For `hpcjob logs` of a submitted job: the share, and the scheduler's word on the job's end.
+
+    When the share cannot be reached, prints each task's Output from the scheduler instead (HPC Pack
+    keeps only its first bytes: 1500 on Linux nodes) and returns no folder.
+    """
+    from hpcjob.config import get_profile, password_for
+    from hpcjob.share import ShareError, SmbFolder
+    from hpcjob.spec import parse_share
+
+    assert record.job_id is not None
+    profile = get_profile(record.cluster)
+    password = password_for(profile)
+    client = connect(profile, password)
+    job_id = int(record.job_id)
+
+    def scheduler_end() -> int | None:
+        return client.job_with_tasks(job_id).exit_code() if client.job(job_id).ended else None
+
+    if record.share:
+        user = params.get("smb_user") or record.smb_user or profile.user
+        try:
+            from hpcjob.credentials import smb_password
+
+            smb_pass = password if user == profile.user else smb_password(user)
+            server = params.get("smb_server") or record.smb_server
+            return SmbFolder(
+                parse_share(record.share),
+                user,
+                smb_pass,
+                server=server,
+                port=record.smb_port or params["smb_port"],
+            ), scheduler_end
+        except ShareError as exc:
+            click.echo(
+                f"hpcjob: warning: {exc}; showing the scheduler's copy of each task's output, "
+                "which holds only its first bytes",
+                err=True,
+            )
+    for task in client.job_with_tasks(job_id).tasks:
+        for line in client.task_output(job_id, task.task_id).splitlines():
+            click.echo(f"[{task.node}] {line}")
+    return None, scheduler_end
+
+
+def _submit_or_cancel(client: RestClient, job_id: int) -> None:
+    """Submit, and cancel the created job if that fails, so that no half-made job is left behind."""
+    try:
+        client.submit(job_id)
+    except Exception:
+        try:
+            client.cancel(job_id, "submission by hpcjob failed")
+        finally:
+            raise
+
+
+def _client_for(job: str, cluster_name: str | None) -> tuple[RestClient, int]:
+    from hpcjob.config import get_profile
+    from hpcjob.runs import find_run
+    from hpcjob.spec import SpecError
+
+    if not job.isdigit():
+        record = find_run(job)
+        if record.job_id is None:
+            raise SpecError(f"run {job} was not submitted to a cluster")
+        job, cluster_name = record.job_id, cluster_name or record.cluster
+    elif cluster_name is None:
+        with contextlib.suppress(SpecError):  # not submitted from here: the default cluster
+            cluster_name = find_run(job).cluster
+    return connect(get_profile(cluster_name)), int(job)
+
+
+@cli.command()
+@click.argument("job", metavar="JOB")
+@cluster_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status(job: str, cluster_name: str | None, as_json: bool) -> None:
+    """The state of JOB (an HPC Pack job id or a run id) and of each of its tasks."""
+    client, job_id = _client_for(job, cluster_name)
+    _print_status(client.job_with_tasks(job_id), as_json)
+
+
+def _print_status(info: JobInfo, as_json: bool) -> None:
+    if as_json:
+        data = {
+            "job_id": info.job_id,
+            "name": info.name,
+            "state": info.state,
+            "error": info.error,
+            "exit_code": info.exit_code() if info.ended else None,
+            "tasks": [
+                {
+                    "task_id": t.task_id,
+                    "node": t.node,
+                    "state": t.state,
+                    "exit_code": t.exit_code,
+                    "error": t.error,
+                }
+                for t in info.tasks
+            ],
+        }
+        click.echo(json.dumps(data))
+        return
+    line = f"job {info.job_id} ({info.name}) {info.state}"
+    if info.ended:
+        line += f", exit code {info.exit_code()}"
+    click.echo(line + (f": {info.error}" if info.error else ""))
+    for task in info.tasks:
+        code = "" if task.exit_code is None else f"exit code {task.exit_code}"
+        click.echo(f"  {task.task_id:<4} {task.node:<16} {task.state:<10} {code} {task.error}".rstrip())
+
+
+@cli.command()
+@click.argument("job", metavar="JOB")
+@cluster_option
+@click.option("--force", is_flag=True, help="Kill the tasks at once, without the grace period.")
+def cancel(job: str, cluster_name: str | None, force: bool) -> None:
+    """Cancel JOB. Canceling a job that has already ended is not an error."""
+    client, job_id = _client_for(job, cluster_name)
+    if client.cancel(job_id, "Canceled by hpcjob", forced=force):
+        click.echo(f"job {job_id} canceled")
+    else:
+        click.echo(f"job {job_id} had already ended ({client.job(job_id).state})")
+
+
+@cli.command()
+@cluster_option
+@click.option("--group", metavar="GROUP", help="Only the nodes of this group [default: the profile's].")
+@click.option("--all-groups", is_flag=True, help="All nodes, whatever the profile's group.")
+@click.option("--json", "as_json", is_flag=True, help="Print the nodes as JSON.")
+def nodes(cluster_name: str | None, group: str | None, all_groups: bool, as_json: bool) -> None:
+    """The cluster's nodes: state, health, and whether a running job holds them."""
+    from hpcjob.config import get_profile
+
+    profile = get_profile(cluster_name)
+    client = connect(profile)
+    group = None if all_groups else group or profile.node_group
+    found, busy = client.nodes(group), client.busy_nodes()
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": n.name,
+                        "state": n.state,
+                        "health": n.health,
+                        "groups": list(n.groups),
+                        "busy": n.name.upper() in busy,
+                    }
+                    for n in found
+                ]
+            )
+        )
+        return
+    for node in found:
+        use = "busy" if node.name.upper() in busy else "idle"
+        click.echo(f"{node.name:<16} {node.state:<10} {node.health:<8} {use}")
