@@ -120,6 +120,7 @@ class RestClient:
         retry: RetryPolicy | None = None,
         session: Any = None,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         try:
             import requests
@@ -134,6 +135,7 @@ class RestClient:
         self.session.verify = verify
         self.session.headers.update({"Accept": "application/json"})
         self.sleep = sleep
+        self.clock = clock
         self.requests_sent = 0
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -166,7 +168,7 @@ class RestClient:
 
     def read(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         """A GET, retried on connection errors, timeouts and 5xx until the deadline."""
-        deadline = time.monotonic() + self.retry.deadline_s
+        deadline = self.clock() + self.retry.deadline_s
         waits = iter(self.retry.waits())
         while True:
             try:
@@ -177,7 +179,7 @@ class RestClient:
             except (self._requests.ConnectionError, self._requests.Timeout) as exc:
                 problem = type(exc).__name__
             wait = next(waits)
-            if time.monotonic() + wait > deadline:
+            if self.clock() + wait > deadline:
                 raise RestError(
                     f"GET {path}: no answer from {self.base_url} within "
                     f"{self.retry.deadline_s:.0f} s (last: {problem})"

@@ -1,0 +1,348 @@
+"""The REST client, request by request, against the HPC Pack Swagger spec (paths, parameters, bodies)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from hpcjob.backends.rest import (
+    NodeInfo,
+    PollPolicy,
+    RestClient,
+    RestError,
+    RetryPolicy,
+    choose_nodes,
+    wait_for_job,
+)
+from hpcjob.spec import SpecError
+
+from .conftest import REFERENCE
+
+SPEC_2019 = yaml.safe_load((REFERENCE / "hpcpack-rest-api" / "hpcpack.yaml").read_text())
+SPEC_2016 = yaml.safe_load((REFERENCE / "hpcpack-rest-api" / "2016" / "hpcpack.yaml").read_text())
+
+
+def _resolve(spec: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        section, name = node["$ref"].split("/")[-2:]
+        node = spec[section][name]
+    return node
+
+
+def operation(method: str, path: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """The spec and operation a request matches, with its parameters; fails when none does."""
+    for spec in (SPEC_2019, SPEC_2016):
+        for template, ops in spec["paths"].items():
+            pattern = "^" + re.sub(r"\{[^}]+\}", "[^/]+", template) + "$"
+            if re.match(pattern, path) and method.lower() in ops:
+                op = ops[method.lower()]
+                params = [_resolve(spec, p) for p in op.get("parameters", []) + ops.get("parameters", [])]
+                return spec, op, params
+    raise AssertionError(f"{method} {path} is not in the HPC Pack REST API spec")
+
+
+def check_schema(spec: dict[str, Any], schema: dict[str, Any], value: Any, where: str) -> None:
+    schema = _resolve(spec, schema)
+    kind = schema.get("type")
+    if kind == "string":
+        assert isinstance(value, str), f"{where}: {value!r} is not a string"
+    elif kind == "integer":
+        assert isinstance(value, int), f"{where}: {value!r} is not an integer"
+    elif kind == "array":
+        assert isinstance(value, list), f"{where}: {value!r} is not an array"
+        for item in value:
+            check_schema(spec, schema.get("items", {}), item, where + "[]")
+    elif kind == "object" or "properties" in schema:
+        assert isinstance(value, dict), f"{where}: {value!r} is not an object"
+        for name in schema.get("required", []):
+            assert name in value, f"{where}: {name} missing"
+        for name, sub in schema.get("properties", {}).items():
+            if name in value and value[name] is not None:
+                check_schema(spec, sub, value[name], f"{where}.{name}")
+
+
+@dataclass
+class Response:
+    status_code: int
+    body: Any = None
+    reason: str = ""
+
+    @property
+    def content(self) -> bytes:
+        return b"" if self.body is None else json.dumps(self.body).encode()
+
+    @property
+    def text(self) -> str:
+        return self.body if isinstance(self.body, str) else self.content.decode()
+
+    def json(self) -> Any:
+        return self.body
+
+
+Handler = Callable[[str, str, dict[str, str], Any], Response]
+
+
+@dataclass
+class SpecSession:
+    """A stand-in for requests.Session that checks every request against the spec, then asks `handler`."""
+
+    handler: Handler
+    sent: list[tuple[str, str, dict[str, str], Any]] = field(default_factory=list)
+    auth: Any = None
+    verify: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def request(
+        self, method: str, url: str, params: Any = None, json: Any = None, timeout: Any = None
+    ) -> Response:
+        path = url.removeprefix("https://head/hpc")
+        params = dict(params or {})
+        spec, op, declared = operation(method, path)
+        query = {p["name"] for p in declared if p["in"] == "query"}
+        assert set(params) <= query, f"{method} {path}: undeclared query parameters {set(params) - query}"
+        body = [p for p in declared if p["in"] == "body"]
+        if json is not None:
+            assert body, f"{method} {path} takes no body"
+            check_schema(spec, body[0]["schema"], json, f"{method} {path} body")
+        elif body:
+            assert not body[0].get("required"), f"{method} {path} needs a body"
+        assert timeout is not None, "every request needs a timeout"
+        self.sent.append((method, path, params, json))
+        response = self.handler(method, path, params, json)
+        if 200 <= response.status_code < 300 and response.body is not None:
+            schema = op["responses"].get(response.status_code, {}).get("schema")
+            if schema:
+                check_schema(spec, schema, response.body, f"{method} {path} response")
+        return response
+
+
+def props(**values: object) -> list[dict[str, str]]:
+    return [{"Name": k, "Value": str(v)} for k, v in values.items()]
+
+
+def client_with(handler: Handler, **retry: float) -> tuple[RestClient, SpecSession, list[float]]:
+    session = SpecSession(handler)
+    slept: list[float] = []
+    client = RestClient(
+        "https://head/hpc",
+        "alice",
+        "secret",
+        session=session,
+        sleep=slept.append,
+        clock=lambda: sum(slept),  # time passes only in the client's sleeps
+        retry=RetryPolicy(deadline_s=retry.get("deadline_s", 60.0)),
+    )
+    return client, session, slept
+
+
+def test_create_and_submit_send_the_job_file_as_a_json_string() -> None:
+    def handler(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if path == "/jobs/jobFile":
+            return Response(200, 42)
+        return Response(204)
+
+    client, session, _ = client_with(handler)
+    assert client.create_job("<Job/>", "run-1") == 42
+    client.submit(42)
+    assert [(m, p, b) for m, p, _, b in session.sent] == [
+        ("POST", "/jobs/jobFile", "<Job/>"),
+        ("POST", "/jobs/42/submit", None),
+    ]
+    assert session.auth == ("alice", "secret") and session.verify is True
+
+
+def test_a_create_that_timed_out_is_found_by_its_name_not_sent_twice() -> None:
+    def handler(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if path == "/jobs/jobFile":
+            raise requests.Timeout("read timed out")  # the server made job 7 all the same
+        assert params["owner"] == "alice"
+        return Response(
+            200, [{"Properties": props(Id=6, Name="other")}, {"Properties": props(Id=7, Name="run-1")}]
+        )
+
+    client, session, _ = client_with(handler)
+    assert client.create_job("<Job/>", "run-1") == 7
+    assert [p for _, p, _, _ in session.sent].count("/jobs/jobFile") == 1
+
+
+def test_a_create_that_never_arrived_is_sent_again() -> None:
+    attempts = []
+
+    def handler(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if path == "/jobs/jobFile":
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise requests.ConnectionError("connection refused")
+            return Response(200, 8)
+        return Response(200, [])
+
+    client, _, _ = client_with(handler)
+    assert client.create_job("<Job/>", "run-1") == 8
+    assert len(attempts) == 2
+
+
+def test_reads_are_retried_with_backoff_within_a_deadline() -> None:
+    answers = [Response(503), Response(502)]
+
+    def flaky(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if answers:
+            return answers.pop(0)
+        return Response(200, "5.3.6420.0")
+
+    client, _, slept = client_with(flaky)
+    assert client.version() == "5.3.6420.0"
+    assert len(slept) == 2 and slept[1] > slept[0]
+
+    def down(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        raise requests.ConnectionError("no route")
+
+    client, session, slept = client_with(down, deadline_s=10.0)
+    with pytest.raises(
+        RestError, match=r"no answer from https://head/hpc within 10 s \(last: ConnectionError\)"
+    ):
+        client.version()
+    assert sum(slept) <= 10.0 and len(session.sent) >= 3
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_refused_credentials_are_one_line(status: int) -> None:
+    client, _, _ = client_with(lambda *a: Response(status, "Unauthorized"))
+    with pytest.raises(RestError) as info:
+        client.version()
+    assert str(info.value).startswith(f"the head node refused the credentials of alice (HTTP {status})")
+    assert "secret" not in str(info.value)
+
+
+def test_other_client_errors_show_the_servers_message() -> None:
+    client, _, _ = client_with(lambda *a: Response(400, "The job XML is invalid:\r\n line 3."))
+    with pytest.raises(RestError, match=r"^POST /jobs/jobFile: HTTP 400: The job XML is invalid: line 3\.$"):
+        client.create_job("<Job", "run-1")
+
+
+def test_cancel_is_idempotent() -> None:
+    def handler(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if path.endswith("/cancel"):
+            assert params == {"forced": "false"} and body == "Canceled by hpcjob"
+            return Response(400, "Jobs in the Finished state cannot be canceled.")
+        return Response(200, props(Id=3, Name="run-1", State="Finished"))
+
+    client, _, _ = client_with(handler)
+    assert client.cancel(3, "Canceled by hpcjob") is False
+
+
+def test_status_of_a_128_node_job_is_two_requests() -> None:
+    def handler(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if path == "/jobs/9/tasks":
+            assert int(params["rowsPerRead"]) >= 128
+            return Response(
+                200,
+                [
+                    {
+                        "Properties": props(
+                            TaskId=f"9.{i}",
+                            JobTaskId=i,
+                            Name=f"torchrun N{i:03d}",
+                            State="Failed" if i == 5 else "Canceled",
+                            ExitCode=3 if i == 5 else 130,
+                            AllocatedNodes=f"N{i:03d}",
+                        )
+                    }
+                    for i in range(128, 0, -1)
+                ],
+            )
+        return Response(200, props(Id=9, Name="run-9", State="Failed", ErrorMessage="task failed"))
+
+    client, session, _ = client_with(handler)
+    info = client.job_with_tasks(9)
+    assert len(session.sent) == 2
+    assert [t.task_id for t in info.tasks] == list(range(1, 129))
+    assert info.tasks[4].node == "N005" and info.exit_code() == 3
+
+
+def test_nodes_from_2019_else_the_2016_api() -> None:
+    node = {"Name": "GPU1", "State": "Online", "Health": "OK", "Groups": ["GPUNodes"]}
+    client, session, _ = client_with(lambda *a: Response(200, [node]))
+    assert client.nodes("GPUNodes") == [NodeInfo("GPU1", "Online", "OK", ("GPUNodes",))]
+    assert session.sent[0][2] == {"group": "GPUNodes"}
+
+    def old(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if path == "/cluster/nodes":
+            return Response(404, "Not Found")
+        if path == "/nodes/groups/GPUNodes":
+            return Response(200, ["GPU1"])
+        return Response(
+            200,
+            [
+                {"Properties": props(Name="GPU1", State="Online")},
+                {"Properties": props(Name="CPU1", State="Online")},
+            ],
+        )
+
+    client, _, _ = client_with(old)
+    assert [n.name for n in client.nodes("GPUNodes")] == ["GPU1"]
+
+
+def test_choose_nodes_prefers_idle_healthy_online_nodes() -> None:
+    nodes = [
+        NodeInfo("GPU3", "Online", "OK"),
+        NodeInfo("GPU1", "Online", "OK"),
+        NodeInfo("GPU2", "Offline", "OK"),
+        NodeInfo("GPU4", "Online", "Error"),
+        NodeInfo("GPU5", "Online", "OK"),
+    ]
+    assert choose_nodes(nodes, 2, {"GPU1"}, "GPUNodes") == ("GPU3", "GPU5")
+    assert choose_nodes(nodes, 3, {"GPU1"}, "GPUNodes") == ("GPU3", "GPU5", "GPU1")
+    with pytest.raises(SpecError) as info:
+        choose_nodes(nodes, 4, set(), "GPUNodes")
+    assert str(info.value) == (
+        "4 node(s) needed but only 3 online and healthy in group GPUNodes; found: GPU3 (Online, OK), "
+        "GPU1 (Online, OK), GPU2 (Offline, OK), GPU4 (Online, Error), GPU5 (Online, OK)"
+    )
+
+
+def test_waiting_backs_off_while_nothing_changes_and_reports_changes() -> None:
+    states = iter(["Queued", "Queued", "Queued", "Running", "Running", "Finished"])
+    current = {"state": "Queued"}
+
+    def handler(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if path == "/jobs/4":
+            current["state"] = next(states)
+            return Response(200, props(Id=4, Name="r", State=current["state"]))
+        task_state = {"Queued": "Queued", "Running": "Running", "Finished": "Finished"}[current["state"]]
+        return Response(
+            200,
+            [
+                {
+                    "Properties": props(
+                        TaskId="4.1",
+                        JobTaskId=1,
+                        Name="t",
+                        State=task_state,
+                        ExitCode=0,
+                        RequiredNodes="GPU1",
+                    )
+                }
+            ],
+        )
+
+    client, _, _ = client_with(handler)
+    lines: list[str] = []
+    waits: list[float] = []
+    info = wait_for_job(client, 4, lines.append, poll=PollPolicy(1.0, 2.0, 3.0), sleep=waits.append)
+    assert info.state == "Finished"
+    assert lines == [
+        "job 4: Queued",
+        "GPU1: Queued",
+        "job 4: Running",
+        "GPU1: Running",
+        "job 4: Finished",
+        "GPU1: Finished (exit code 0)",
+    ]
+    assert waits == [1.0, 2.0, 3.0, 1.0, 2.0]
