@@ -7,13 +7,15 @@ Plain context managers (for benchmarks too) and, in `fixtures`, pytest fixtures:
     with TestBed(["node1", "node2"]) as bed:
         bed["NODE1"].check_output("getent hosts NODE2")
 
-Needs root, iproute2, util-linux and samba (smbd, smbpasswd); see `missing_prerequisites`.
+Needs root, iproute2, util-linux and samba (smbd, smbpasswd); see `missing_prerequisites`
+and `require_testbed` (pytest: skip, or fail when CI=true).
 """
 
 from .bed import TestBed
 from .hosts import Host, HostCommandError, Hosts
+from .prerequisites import missing_prerequisites, require_testbed
 from .smb import SmbServer
-from .system import PREFIX, missing_prerequisites, sweep_leftovers
+from .system import PREFIX, sweep_leftovers
 
 __all__ = [
     "PREFIX",
@@ -23,5 +25,6 @@ __all__ = [
     "SmbServer",
     "TestBed",
     "missing_prerequisites",
+    "require_testbed",
     "sweep_leftovers",
 ]

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from .bed import TestBed
-from .system import TOOLS, missing_prerequisites
-
-
-def require_testbed(tools: Sequence[str] = TOOLS) -> None:
-    """Skip when this machine cannot host a test bed; with CI=true that is a failure, never a skip."""
-    missing = missing_prerequisites(tools)
-    if not missing:
-        return
-    message = "the test bed needs " + ", ".join(missing)
-    if os.environ.get("CI", "").lower() in ("true", "1"):
-        pytest.fail(f"{message} (CI=true: a missing prerequisite fails the run)", pytrace=False)
-    pytest.skip(message)
+from .prerequisites import require_testbed
 
 
 @pytest.fixture(scope="module")

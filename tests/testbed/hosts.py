@@ -34,7 +34,7 @@ from .system import PREFIX, closed, kill_all, machine_lock, netns_pids, on_exit,
 # top-level entry of / bind-mounted into it, plus the mount point, /etc/hosts and /etc/resolv.conf.
 _HOLDER = r"""
 set -eu
-hostname "$1"; root=$2; hosts=$3; resolv=$4; share=$5; mount_point=$6
+hostname "$1"; root=$2; hosts=$3; resolv=$4; share=$5; mount_point=$6; private=$7; shift 7
 mount -t tmpfs -o mode=0755 hpcjt-root "$root"
 mount --make-unbindable "$root"  # keeps the new root out of the rbind of the directory that holds it
 for path in /* /.[!.]*; do
@@ -47,6 +47,9 @@ done
 mount --bind "$hosts" "$root/etc/hosts"
 [ ! -f "$root/etc/resolv.conf" ] || mount --bind "$resolv" "$root/etc/resolv.conf"
 if [ -n "$share" ]; then mkdir -p "$root$mount_point"; mount --bind "$share" "$root$mount_point"; fi
+for dir in "$@"; do  # host-local state, such as smbclient's name cache, must not leak between hosts
+    [ ! -d "$root$dir" ] || { mkdir -p "$private$dir"; mount --bind "$private$dir" "$root$dir"; }
+done
 echo $$
 exec chroot "$root" cat  # ends when the test process closes our stdin, or dies
 """
@@ -82,7 +85,8 @@ class Host:
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         enter = ["nsenter", "-t", str(self._pid), "-n", "-u", "-m", "-r", "-w", "--"]
         wrapped = [*enter, "sh", "-c", _CD_AND_EXEC, str(cwd or os.getcwd()), *argv]
-        return subprocess.Popen(wrapped, env=env, text=True, **popen)
+        popen.setdefault("text", True)
+        return subprocess.Popen(wrapped, env=env, **popen)
 
     def check_output(
         self,
@@ -112,6 +116,7 @@ class Hosts:
 
     `share_folder`, when given, is bind-mounted at `mount_point` on every host (in place of the CIFS
     mount of //HEADNODE/CcpSpoolDir/app). `head_name` resolves to `head_address` on every host.
+    Each host gets its own empty copy of the existing `private_dirs`, and shares the rest of the files.
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class Hosts:
         mount_point: str = "/app",
         head_name: str = "HEADNODE",
         subnet: int | None = None,
+        private_dirs: Sequence[str] = ("/var/cache/samba", "/run/samba"),
     ) -> None:
         hpc_names = list(hpc_names) if hpc_names is not None else [n.upper() for n in names]
         if len(hpc_names) != len(names) or not 0 < len(names) <= 200:
@@ -134,6 +140,7 @@ class Hosts:
         self.names, self.hpc_names = list(names), hpc_names
         self.share_folder = Path(share_folder) if share_folder is not None else None
         self.mount_point, self.head_name, self.subnet = mount_point, head_name, subnet
+        self.private_dirs = list(private_dirs)
         self.id = secrets.token_hex(3)
         self.prefix = f"{PREFIX}{os.getpid()}-{self.id}"  # owner pid first: see system.sweep_leftovers
         self.head_netns = f"{self.prefix}-head"
@@ -234,10 +241,11 @@ class Hosts:
         # Name lookups that miss /etc/hosts get "port unreachable" from the head at once, not a timeout.
         (files / "resolv.conf").write_text(f"nameserver {self.head_address}\noptions timeout:1 attempts:1\n")
         share = str(self.share_folder.resolve()) if self.share_folder else ""
-        args = [host.name, str(files / "root"), str(files / "hosts"), str(files / "resolv.conf"), share]
+        paths = [str(files / name) for name in ("root", "hosts", "resolv.conf")]
+        args = [host.name, *paths, share, self.mount_point, str(files / "private"), *self.private_dirs]
         unshare = ["unshare", "--uts", "--mount", "--propagation", "private"]
         holder = subprocess.Popen(
-            ["ip", "netns", "exec", host.netns, *unshare, "sh", "-c", _HOLDER, "sh", *args, self.mount_point],
+            ["ip", "netns", "exec", host.netns, *unshare, "sh", "-c", _HOLDER, "sh", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

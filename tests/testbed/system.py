@@ -1,4 +1,4 @@
-"""Shared plumbing: command helpers, prerequisites, the cross-process lock and the leftover sweeper.
+"""Shared plumbing: command helpers, process killing, the cross-process lock and the leftover sweeper.
 
 Everything a test bed creates is named ``hpcjt-<owner pid>-<id>...`` (namespaces, temp dirs) or
 ``hpcjt-<id>`` (the one interface in the root namespace), so a later run can tell its own objects
@@ -17,11 +17,10 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 PREFIX = "hpcjt-"
-TOOLS = ("ip", "unshare", "nsenter", "chroot", "mount", "smbd", "smbpasswd")
 _LOCK_FILE = Path(tempfile.gettempdir()) / "hpcjt.lock"
 
 
@@ -31,18 +30,6 @@ def sh(*argv: str, check: bool = True, input: str | None = None) -> str:
     if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
-
-
-def missing_prerequisites(tools: Sequence[str] = TOOLS) -> list[str]:
-    """What this machine lacks for a test bed, as readable reasons (empty: all there)."""
-    missing = [] if os.geteuid() == 0 else ["root (network namespaces and mounts need it)"]
-    missing += [f"the `{tool}` command" for tool in tools if shutil.which(tool) is None]
-    if not missing:
-        # Root in a container may still lack the capability to create namespaces.
-        probe = subprocess.run(["unshare", "-n", "-u", "-m", "true"], capture_output=True, text=True)
-        if probe.returncode != 0:
-            missing.append(f"namespace support (unshare: {probe.stderr.strip()})")
-    return missing
 
 
 @contextlib.contextmanager
@@ -79,7 +66,7 @@ def pids_with_arg(text: str) -> list[int]:
     """Processes whose command line contains `text` (a unique temp path): smbd and its helpers."""
     found = []
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
             with contextlib.suppress(OSError):
                 if text.encode() in (proc / "cmdline").read_bytes():
                     found.append(int(proc.name))
