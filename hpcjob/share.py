@@ -8,7 +8,9 @@ when used. The password lives in the SmbFolder object only; it is never printed 
 from __future__ import annotations
 
 import contextlib
+import errno
 import shutil
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
@@ -118,7 +120,7 @@ class SmbFolder:
         return "\\".join([self._base, *parts])
 
     def read_bytes(self, relative: str, offset: int = 0) -> bytes:
-        with self._smb.open_file(self._path(relative), mode="rb", port=self.port) as f:
+        with _not_found(relative), self._smb.open_file(self._path(relative), mode="rb", port=self.port) as f:
             f.seek(offset)
             data: bytes = f.read()
             return data
@@ -141,12 +143,8 @@ class SmbFolder:
             self._smb.makedirs(self._path(relative), exist_ok=True, port=self.port)
 
     def listdir(self, relative: str) -> list[str]:
-        try:
+        with _not_found(relative):
             names: list[str] = self._smb.listdir(self._path(relative), port=self.port)
-        except OSError as exc:
-            if _is_not_found(exc):
-                raise FileNotFoundError(relative) from None
-            raise
         return sorted(names)
 
     def close(self) -> None:
@@ -154,12 +152,15 @@ class SmbFolder:
             self._smb.delete_session(self.server, port=self.port)
 
 
-def _is_not_found(exc: OSError) -> bool:
-    return (
-        isinstance(exc, FileNotFoundError)
-        or "STATUS_OBJECT_NAME_NOT_FOUND" in str(exc)
-        or ("STATUS_OBJECT_PATH_NOT_FOUND" in str(exc))
-    )
+@contextlib.contextmanager
+def _not_found(relative: str) -> Iterator[None]:
+    """smbprotocol reports a missing file as an OSError with errno ENOENT, not FileNotFoundError."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) or exc.errno == errno.ENOENT:
+            raise FileNotFoundError(errno.ENOENT, "no such file on the share", relative) from None
+        raise
 
 
 def _reason(exc: Exception) -> str:

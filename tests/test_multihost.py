@@ -1,0 +1,173 @@
+"""The generated job on real separate hosts, with code and logs on a real SMB share.
+
+Each host runs a task's CommandLine taken byte for byte from the job XML, as HPC Pack's Linux agent
+does (`cmd.sh` run by /bin/bash in the WorkDirectory, stdout/stderr to the task's files, CCP_JOBID,
+CCP_TASKID and CCP_NODES set). Host names are lower case, HPC Pack node names upper case, and each
+host's own name resolves to 127.0.1.1. The client reaches the share over SMB only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcjob.render import JOB_NAMESPACE
+
+from .conftest import REPO
+from .testbed import Host, TestBed, require_testbed
+
+pytestmark = pytest.mark.slow
+TRAIN = REPO / "training" / "run_ddp.py"
+SMALL = ["--train-samples", "1024", "--test-samples", "256", "--batch-size", "32"]
+
+
+@pytest.fixture
+def bed() -> Iterator[TestBed]:
+    require_testbed()
+    with TestBed(("node1", "node2")) as testbed:
+        yield testbed
+
+
+def client_env(bed: TestBed) -> dict[str, str]:
+    assert bed.smb is not None
+    return {**os.environ, "HPCJOB_SMB_USER": bed.smb.username, "HPCJOB_SMB_PASSWORD": bed.smb.password}
+
+
+def render_and_upload(bed: TestBed, run_id: str, *script_args: str) -> list[ET.Element]:
+    """`hpcjob render --upload`: the job XML, with training/ sent to the share over SMB."""
+    assert bed.smb is not None
+    command = [
+        sys.executable,
+        "-m",
+        "hpcjob.cli",
+        "render",
+        "--upload",
+        "--share",
+        bed.share_unc,
+        "--smb-server",
+        bed.smb.address,
+        "--smb-port",
+        str(bed.smb.port),
+        "--node",
+        "NODE1",
+        "--node",
+        "NODE2",
+        "--rdzv-timeout",
+        "60",
+        "--run-id",
+        run_id,
+        str(TRAIN),
+        *script_args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, env=client_env(bed), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert bed.smb.password not in result.stdout + result.stderr
+    root = ET.fromstring(result.stdout.encode())
+    return root.findall(f"{{{JOB_NAMESPACE}}}Tasks/{{{JOB_NAMESPACE}}}Task")
+
+
+def start_task(host: Host, task: ET.Element, task_id: int, job_id: str, tmp: Path) -> subprocess.Popen[str]:
+    """What the agent does with a task: cmd.sh = the CommandLine, run in WorkDirectory, output to files."""
+    folder = tmp / f"task-{host.name}"
+    folder.mkdir()
+    (folder / "cmd.sh").write_text("#!/bin/bash\n\n" + (task.get("CommandLine") or ""), encoding="utf-8")
+    (folder / "run.sh").write_text(
+        f'cd "{task.get("WorkDirectory")}" || exit $?\n'
+        f'/bin/bash {folder}/cmd.sh > "{task.get("StdOutFilePath")}" 2> "{task.get("StdErrFilePath")}"\n'
+    )
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "CCP_JOBID": job_id,
+        "CCP_TASKID": str(task_id),
+        "CCP_NODES": f"1 {host.hpc_name} 2",
+    }
+    return host.run(["/bin/bash", str(folder / "run.sh")], env=env)
+
+
+def wait_all(processes: list[subprocess.Popen[str]], log_dir: Path, timeout: float) -> list[int]:
+    """The tasks' exit codes; on a hang, kill them and fail with what their logs say."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in processes]
+    except subprocess.TimeoutExpired:
+        for node in ("NODE1", "NODE2"):
+            kill_node_processes(node, log_dir.name)
+        logs = {f.name: f.read_text()[-2000:] for f in sorted(log_dir.glob("*")) if f.is_file()}
+        pytest.fail(f"the tasks did not end within {timeout} s: {logs}")
+
+
+def kill_node_processes(hpc_name: str, run_id: str) -> int:
+    """SIGKILL every process of one node's task, as a host that dies takes them all."""
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"CCP_NODES=1 {hpc_name} 2".encode() in environ and any(run_id.encode() in e for e in environ):
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def test_the_job_runs_across_hosts_with_code_and_logs_on_the_share(bed: TestBed, tmp_path: Path) -> None:
+    run_id = "multihost-1"
+    tasks = render_and_upload(bed, run_id, "--epochs", "2", *SMALL)
+    job_dir = bed.share_folder / "hpcjob" / "run_ddp"
+    assert (job_dir / "run_ddp.py").is_file() and (job_dir / ".hpcjob" / "node.sh").is_file()
+    processes = [
+        start_task(bed[t.get("RequiredNodes") or ""], t, i, "101", tmp_path) for i, t in enumerate(tasks, 1)
+    ]
+    codes = wait_all(processes, job_dir / "logs" / run_id, 240)
+    err = {n: (job_dir / "logs" / run_id / f"{n}.err").read_text() for n in ("NODE1", "NODE2")}
+    assert codes == [0, 0], err
+    assert "store host 1, address" in err["NODE1"] and "store host 0, address" in err["NODE2"]
+    assert f"address {bed['node2'].address} on eth0" in err["NODE2"]  # not 127.0.1.1
+    assert (job_dir / "checkpoints" / "checkpoint.pt").is_file()
+    assert (job_dir / "logs" / run_id / "NODE1.exit").read_text() == "0\n"
+
+    logs = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "logs", run_id, "--follow"],
+        capture_output=True,
+        text=True,
+        env=client_env(bed),
+        timeout=120,
+    )
+    assert logs.returncode == 0, logs.stderr
+    lines = logs.stdout.splitlines()
+    assert "[NODE1] epoch 2/2" in "\n".join(lines) or "[NODE2] epoch 2/2" in "\n".join(lines)
+    assert sum(line.startswith(("[NODE1] HPCJOB_METRICS", "[NODE2] HPCJOB_METRICS")) for line in lines) == 1
+    assert any(line.startswith("[NODE2 err] hpcjob: node NODE2") for line in lines)
+
+
+def test_a_dead_host_ends_the_other_task_instead_of_hanging(bed: TestBed, tmp_path: Path) -> None:
+    run_id = "multihost-kill-1"
+    tasks = render_and_upload(
+        bed, run_id, "--epochs", "50", "--step-sleep", "0.02", "--pg-timeout", "60", *SMALL
+    )
+    processes = [
+        start_task(bed[t.get("RequiredNodes") or ""], t, i, "102", tmp_path) for i, t in enumerate(tasks, 1)
+    ]
+    out = bed.share_folder / "hpcjob" / "run_ddp" / "logs" / run_id
+    deadline = time.monotonic() + 180
+    while (
+        "epoch 1/50" not in "".join(p.read_text() for p in out.glob("*.out")) and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert kill_node_processes("NODE1", run_id) > 0
+    start = time.monotonic()
+    codes = wait_all(processes, out, 120)
+    assert codes[1] != 0
+    assert time.monotonic() - start < 90  # within the rendezvous/process-group timeouts, not hung
