@@ -9,7 +9,6 @@ host's own name resolves to 127.0.1.1. The client reaches the share over SMB onl
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,8 @@ import pytest
 from hpcjob.render import JOB_NAMESPACE
 
 from .conftest import REPO
-from .testbed import Host, TestBed, require_testbed
+from .testbed import TestBed, require_testbed
+from .testbed.agent import kill_node_processes, start_job
 
 pytestmark = pytest.mark.slow
 TRAIN = REPO / "training" / "run_ddp.py"
@@ -74,26 +74,6 @@ def render_and_upload(bed: TestBed, run_id: str, *script_args: str) -> list[ET.E
     return root.findall(f"{{{JOB_NAMESPACE}}}Tasks/{{{JOB_NAMESPACE}}}Task")
 
 
-def start_task(host: Host, task: ET.Element, task_id: int, job_id: str, tmp: Path) -> subprocess.Popen[str]:
-    """What the agent does with a task: cmd.sh = the CommandLine, run in WorkDirectory, output to files."""
-    folder = tmp / f"task-{host.name}"
-    folder.mkdir()
-    (folder / "cmd.sh").write_text("#!/bin/bash\n\n" + (task.get("CommandLine") or ""), encoding="utf-8")
-    (folder / "run.sh").write_text(
-        f'cd "{task.get("WorkDirectory")}" || exit $?\n'
-        f'/bin/bash {folder}/cmd.sh > "{task.get("StdOutFilePath")}" 2> "{task.get("StdErrFilePath")}"\n'
-    )
-    env = {
-        "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": "/root",
-        "LANG": "C.UTF-8",
-        "CCP_JOBID": job_id,
-        "CCP_TASKID": str(task_id),
-        "CCP_NODES": f"1 {host.hpc_name} 2",
-    }
-    return host.run(["/bin/bash", str(folder / "run.sh")], env=env)
-
-
 def wait_all(processes: list[subprocess.Popen[str]], log_dir: Path, timeout: float) -> list[int]:
     """The tasks' exit codes; on a hang, kill them and fail with what their logs say."""
     deadline = time.monotonic() + timeout
@@ -106,30 +86,12 @@ def wait_all(processes: list[subprocess.Popen[str]], log_dir: Path, timeout: flo
         pytest.fail(f"the tasks did not end within {timeout} s: {logs}")
 
 
-def kill_node_processes(hpc_name: str, run_id: str) -> int:
-    """SIGKILL every process of one node's task, as a host that dies takes them all."""
-    killed = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"CCP_NODES=1 {hpc_name} 2".encode() in environ and any(run_id.encode() in e for e in environ):
-            os.kill(int(entry), signal.SIGKILL)
-            killed += 1
-    return killed
-
-
 def test_the_job_runs_across_hosts_with_code_and_logs_on_the_share(bed: TestBed, tmp_path: Path) -> None:
     run_id = "multihost-1"
     tasks = render_and_upload(bed, run_id, "--epochs", "2", *SMALL)
     job_dir = bed.share_folder / "hpcjob" / "run_ddp"
     assert (job_dir / "run_ddp.py").is_file() and (job_dir / ".hpcjob" / "node.sh").is_file()
-    processes = [
-        start_task(bed[t.get("RequiredNodes") or ""], t, i, "101", tmp_path) for i, t in enumerate(tasks, 1)
-    ]
+    processes = start_job(bed, tasks, "101", tmp_path)
     codes = wait_all(processes, job_dir / "logs" / run_id, 240)
     err = {n: (job_dir / "logs" / run_id / f"{n}.err").read_text() for n in ("NODE1", "NODE2")}
     assert codes == [0, 0], err
@@ -157,9 +119,7 @@ def test_a_dead_host_ends_the_other_task_instead_of_hanging(bed: TestBed, tmp_pa
     tasks = render_and_upload(
         bed, run_id, "--epochs", "50", "--step-sleep", "0.02", "--pg-timeout", "60", *SMALL
     )
-    processes = [
-        start_task(bed[t.get("RequiredNodes") or ""], t, i, "102", tmp_path) for i, t in enumerate(tasks, 1)
-    ]
+    processes = start_job(bed, tasks, "102", tmp_path)
     out = bed.share_folder / "hpcjob" / "run_ddp" / "logs" / run_id
     deadline = time.monotonic() + 180
     while (

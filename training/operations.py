@@ -11,7 +11,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -293,6 +293,7 @@ def train_one_epoch(
     *,
     max_steps: int | None = None,
     step_sleep: float = 0.0,
+    on_first_step: Callable[[], None] | None = None,
 ) -> TrainStats:
     """Run one epoch (or ``max_steps`` steps) and time how long the loop waits for data."""
     model.train()
@@ -321,6 +322,8 @@ def train_one_epoch(
         loss_sum += loss.detach().double() * count
         samples += count
         steps += 1
+        if steps == 1 and on_first_step is not None:
+            on_first_step()
         if step_sleep > 0:
             time.sleep(step_sleep)
     total_loss = float(loss_sum.item())  # waits for queued GPU work, so the loop time is honest

@@ -429,6 +429,10 @@ def run(args: argparse.Namespace, ctx: Context, started: float) -> None:
             ctx.device,
             max_steps=args.max_steps_per_epoch,
             step_sleep=args.step_sleep,
+            # Start-up cost, for launcher benchmarks: wall-clock time of this run's first step.
+            on_first_step=(lambda: ctx.log(f"first step done at {time.time():.3f}"))
+            if epoch == completed + 1
+            else None,
         )
         eval_stats = evaluate(model, loaders.test, ctx.device)
         sums = ctx.all_reduce(local_sums(train_stats, eval_stats))

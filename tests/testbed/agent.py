@@ -1,0 +1,68 @@
+"""What HPC Pack's Linux agent does with a task (facts/hpcpack-jobs.md section 5), on a test-bed host.
+
+`cmd.sh` = "#!/bin/bash" + the task's CommandLine, run by /bin/bash in the WorkDirectory with stdout
+and stderr to the task's files, with CCP_JOBID, CCP_TASKID and CCP_NODES set.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from .bed import TestBed
+from .hosts import Host
+
+
+def start_task(
+    host: Host, task: ET.Element, task_id: int, job_id: str, folder: Path
+) -> subprocess.Popen[str]:
+    """Start one task of a job XML on `host`; `folder` (new) holds its cmd.sh, as the agent's task folder."""
+    folder.mkdir(parents=True)
+    (folder / "cmd.sh").write_text("#!/bin/bash\n\n" + (task.get("CommandLine") or ""), encoding="utf-8")
+    (folder / "run.sh").write_text(
+        f'cd "{task.get("WorkDirectory")}" || exit $?\n'
+        f'/bin/bash {folder}/cmd.sh > "{task.get("StdOutFilePath")}" 2> "{task.get("StdErrFilePath")}"\n'
+    )
+    env = {
+        # This Python first: the command's `python3` is the one with torch.
+        "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "CCP_JOBID": job_id,
+        "CCP_TASKID": str(task_id),
+        "CCP_NODES": f"1 {host.hpc_name} 2",
+    }
+    return host.run(["/bin/bash", str(folder / "run.sh")], env=env)
+
+
+def start_job(
+    bed: TestBed, tasks: list[ET.Element], job_id: str, folder: Path
+) -> list[subprocess.Popen[str]]:
+    """Start every task of a job on the host its RequiredNodes names."""
+    return [
+        start_task(bed[task.get("RequiredNodes") or ""], task, index, job_id, folder / f"task{index}")
+        for index, task in enumerate(tasks, 1)
+    ]
+
+
+def kill_node_processes(hpc_name: str, run_id: str) -> int:
+    """SIGKILL every process of one node's task of a run, as a host that dies takes them all."""
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"CCP_NODES=1 {hpc_name} 2".encode() in environ and any(run_id.encode() in e for e in environ):
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            killed += 1
+    return killed
