@@ -11,9 +11,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hpcjob.backends.base import RootCause, parse_exit_records
 from hpcjob.share import ShareFolder
 
 SUMMARY_FILE = "summary.json"
+# Where the worker shim records failing ranks (hpcjob/node/node.sh sets HPCJOB_EXIT_DIR to it).
+EXIT_RECORDS = ".hpcjob-exits"
 
 
 @dataclass
@@ -80,6 +83,10 @@ class RunLogs:
             return next((code for code in codes.values() if code != 0), 0)
         return None
 
+    def root_cause(self) -> RootCause | None:
+        """The rank that failed first in the whole job, if any rank recorded a failure."""
+        return read_root_cause(self.folder, self.log_folder)
+
     def exit_codes(self) -> dict[str, int]:
         """Exit codes of the tasks that have ended, by upper-case node name."""
         try:
@@ -96,3 +103,20 @@ class RunLogs:
                 except (FileNotFoundError, ValueError):
                     continue
         return codes
+
+
+def read_root_cause(folder: ShareFolder, log_folder: str) -> RootCause | None:
+    records_folder = f"{log_folder}/{EXIT_RECORDS}" if log_folder else EXIT_RECORDS
+    try:
+        names = folder.listdir(records_folder)
+    except FileNotFoundError:
+        return None
+    lines: list[str] = []
+    for name in names:
+        try:
+            lines.extend(
+                folder.read_bytes(f"{records_folder}/{name}").decode("utf-8", "replace").splitlines()
+            )
+        except FileNotFoundError:
+            continue
+    return parse_exit_records(lines)

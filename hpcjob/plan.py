@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpcjob.spec import JobSpec, SpecError, check_run_id, parse_node_names
-from hpcjob.torchrun import NODE_DIR, TorchrunCommand, bash_join, bash_quote, command_line
+from hpcjob.torchrun import TorchrunCommand, bash_join, bash_quote, command_line
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,6 @@ class JobPlan:
     rdzv_endpoint: str
     job_dir: str
     log_dir: str
-    exit_dir: str
     command_line: str
     env: tuple[tuple[str, str], ...]
     tasks: tuple[TaskPlan, ...]
@@ -128,7 +127,6 @@ def make_plan(
         rdzv_endpoint=endpoint,
         job_dir=job_dir,
         log_dir=log_dir,
-        exit_dir=f"{log_dir}/{NODE_DIR}-exits",
         command_line=line,
         env=spec.env,
         tasks=tasks,

@@ -28,9 +28,8 @@ from hpcjob.backends.base import (
     State,
     find_metrics,
     job_exit_code,
-    parse_exit_records,
 )
-from hpcjob.logs import SUMMARY_FILE, Tail, node_tails
+from hpcjob.logs import SUMMARY_FILE, Tail, node_tails, read_root_cause
 from hpcjob.plan import JobPlan, TaskPlan
 from hpcjob.share import LocalFolder
 from hpcjob.spec import JobSpec
@@ -202,12 +201,7 @@ class LocalBackend:
     def _summary(
         plan: JobPlan, nodes: Sequence[_Node], state: State, failed_first: _Node | None, wall_time: float
     ) -> JobSummary:
-        records: list[str] = []
-        exit_dir = Path(plan.exit_dir)
-        if exit_dir.is_dir():
-            for record in sorted(exit_dir.iterdir()):
-                records.extend(record.read_text(encoding="utf-8", errors="replace").splitlines())
-        root_cause = parse_exit_records(records) if state is State.FAILED else None
+        root_cause = read_root_cause(LocalFolder(Path(plan.log_dir)), "") if state is State.FAILED else None
         lines: list[str] = []
         for node in nodes:
             path = Path(node.task.stdout_path)
