@@ -100,7 +100,13 @@ class SpecSession:
     headers: dict[str, str] = field(default_factory=dict)
 
     def request(
-        self, method: str, url: str, params: Any = None, json: Any = None, timeout: Any = None
+        self,
+        method: str,
+        url: str,
+        params: Any = None,
+        json: Any = None,
+        timeout: Any = None,
+        verify: Any = None,
     ) -> Response:
         path = url.removeprefix("https://head/hpc")
         params = dict(params or {})
@@ -114,6 +120,7 @@ class SpecSession:
         elif body:
             assert not body[0].get("required"), f"{method} {path} needs a body"
         assert timeout is not None, "every request needs a timeout"
+        self.verify = verify
         self.sent.append((method, path, params, json))
         response = self.handler(method, path, params, json)
         if 200 <= response.status_code < 300 and response.body is not None:

@@ -132,7 +132,7 @@ class RestClient:
         self.retry = retry or RetryPolicy()
         self.session = session or requests.Session()
         self.session.auth = (user, password)
-        self.session.verify = verify
+        self.verify = verify
         self.session.headers.update({"Accept": "application/json"})
         self.sleep = sleep
         self.clock = clock
@@ -144,7 +144,8 @@ class RestClient:
         self, method: str, path: str, *, params: Mapping[str, str] | None = None, body: Any = None
     ) -> Any:
         self.requests_sent += 1
-        kwargs: dict[str, Any] = {"params": params, "timeout": self.retry.timeout_s}
+        # verify per request: requests lets REQUESTS_CA_BUNDLE override a session's verify, but not this.
+        kwargs: dict[str, Any] = {"params": params, "timeout": self.retry.timeout_s, "verify": self.verify}
         if body is not None:
             kwargs["json"] = body
         return self.session.request(method, self.base_url + path, **kwargs)
