@@ -1,0 +1,307 @@
+"""``HeadNode``: an HPC Pack 2019 head node on loopback, for tests and local trials.
+
+Every "node" runs its tasks as local processes of this machine. A task's command reaches other tasks
+through node names, so the node that hosts a rendezvous (the first node of a hpcjob job: the
+``--rdzv_endpoint`` host) must have a name that resolves here. ``LOCALHOST`` does everywhere
+(``/etc/hosts`` maps ``localhost`` and host-name lookup ignores case); the other default nodes need not
+resolve, because nothing connects to them by name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Literal
+
+from hpcjob.emulator.api import Api
+from hpcjob.emulator.cluster import Cluster, NodeSpec
+from hpcjob.emulator.props import ENDED
+from hpcjob.emulator.server import Fault, Faults, RequestLog, _Server, make_server
+from hpcjob.emulator.tls import make_certificate
+
+PASSWORD_ENV = "HPCJOB_EMULATOR_PASSWORD"
+DEFAULT_VERSION = "6.3.8328.0"  # made up, of the 2019 form; only its shape a.b.c.d is documented
+GPU_GROUPS = ("ComputeNodes", "LinuxNodes", "GPUNodes")
+DEFAULT_NODES = (
+    NodeSpec("LOCALHOST", groups=GPU_GROUPS),  # resolves on any machine: it can host a rendezvous
+    NodeSpec("NODE002", groups=GPU_GROUPS),
+    NodeSpec("NODE003", groups=GPU_GROUPS),
+    NodeSpec("NODE004", groups=("ComputeNodes", "LinuxNodes")),
+)
+
+
+def resolves(name: str) -> bool:
+    """Whether a node name resolves on this machine (required of a job's rendezvous node)."""
+    try:
+        socket.getaddrinfo(name, None)
+    except OSError:
+        return False
+    return True
+
+
+class HeadNode:
+    """An emulated HPC Pack head node serving the REST API over HTTPS with Basic auth.
+
+    ``with HeadNode(users={"alice": "pw"}) as head:`` then talk to ``head.url`` (``https://127.0.0.1:PORT/hpc``)
+    verifying TLS with ``head.ca_file``. Leaving the block kills every task process and removes the
+    emulator's temporary folder (certificate and task folders).
+    """
+
+    def __init__(
+        self,
+        nodes: Iterable[NodeSpec | Mapping[str, Any]] | None = None,
+        *,
+        users: Mapping[str, str],
+        admins: Iterable[str] | None = None,
+        grace_period: float = 5.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        domain: str | None = "HPC",
+        version: str = DEFAULT_VERSION,
+        head_name: str = "HEADNODE",
+        command_line_limit: int | None = 480,
+        step_delay: float = 0.0,
+        backfill: bool = False,
+        error_format: Literal["text", "json"] = "text",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """
+        nodes: NodeSpec objects or typed Node dicts (``{"Name", "State", "Health", "Cores", "Groups"...}``);
+            default DEFAULT_NODES. The order is the node Id order of the node lists.
+        users: user name -> password for Basic auth (names match case-insensitively).
+        admins: users that are HPC Pack administrators (may use ``x-ms-as-user``, change any job);
+            default: all of ``users``.
+        grace_period: seconds between SIGINT and SIGKILL when tasks are canceled (0: SIGKILL at once).
+        domain: Owner is ``DOMAIN\\user`` like on a domain-joined head node; None for a bare user name.
+        command_line_limit: refuse longer task command lines with 400 (480: the documented HPC Pack 2008
+            SDK figure, UNVERIFIED for 2019); None for no limit.
+        step_delay: minimum seconds a job spends in each of Submitted, Validating and Queued (to let
+            clients see them); 0 moves on as fast as the scheduler thread runs.
+        backfill: let a later job start while an earlier queued one waits (default: strict order).
+        error_format: error bodies as text/plain messages, or JSON ``{"Code", "Message", "Values"}``.
+        env: the environment every task starts from (default: this process's, without the password).
+        """
+        specs = [n if isinstance(n, NodeSpec) else NodeSpec.from_json(n) for n in (nodes or DEFAULT_NODES)]
+        if not users:
+            raise ValueError("the head node needs at least one user")
+        if error_format not in ("text", "json"):
+            raise ValueError("error_format must be 'text' or 'json'")
+        self._specs = specs
+        self._users = dict(users)
+        self._admins = set(admins) if admins is not None else set(users)
+        self.grace_period = grace_period
+        self.host = host
+        self._port = port
+        self._domain = domain
+        self.version = version
+        self.head_name = head_name
+        self._command_line_limit = command_line_limit
+        self._step_delay = step_delay
+        self._backfill = backfill
+        self._error_format = error_format
+        base = dict(os.environ if env is None else env)
+        base.pop(PASSWORD_ENV, None)  # never hand the emulator's password to a task
+        self._env = base
+        self.requests = RequestLog()
+        self._faults = Faults()
+        self._folder: str | None = None
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._cluster: Cluster | None = None
+        self.ca_file = ""
+        self.url = ""
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> HeadNode:
+        if self._server is not None:
+            return self
+        self._folder = tempfile.mkdtemp(prefix="hpcjob-emulator-")
+        try:
+            cert, key = make_certificate(self._folder)
+            self._cluster = Cluster(
+                self._specs,
+                work_root=self._folder,
+                grace_period=self.grace_period,
+                domain=self._domain,
+                command_line_limit=self._command_line_limit,
+                step_delay=self._step_delay,
+                backfill=self._backfill,
+                base_env=self._env,
+                head_name=self.head_name,
+            )
+            api = Api(self._cluster, version=self.version, head_name=self.head_name)
+            self._server = make_server(
+                self.host,
+                self._port,
+                cert_file=cert,
+                key_file=key,
+                api=api,
+                users=self._users,
+                admins=self._admins,
+                log=self.requests,
+                faults=self._faults,
+                error_format=self._error_format,
+            )
+        except BaseException:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
+        self._cluster.start()
+        self.ca_file = cert
+        port = self._server.server_address[1]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"https://{host}:{port}/hpc"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="hpcjob-emulator-http",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving, kill every task process, remove the temporary folder."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server.close_connections()
+            self._server = None
+        if self._cluster is not None:
+            self._cluster.close()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def __enter__(self) -> HeadNode:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1].split("/")[0]) if self.url else 0
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            raise RuntimeError("the head node is not started")
+        return self._cluster
+
+    # ---------------------------------------------------------------------------------------- nodes
+
+    @property
+    def nodes(self) -> list[NodeSpec]:
+        """The nodes as they are now."""
+        with self.cluster.lock:
+            return [
+                NodeSpec(n.name, n.state, n.health, n.cores, n.sockets, n.memory_mb, tuple(n.groups))
+                for n in self.cluster.nodes.values()
+            ]
+
+    def set_node(
+        self,
+        name: str,
+        *,
+        state: str | None = None,
+        health: str | None = None,
+        groups: Iterable[str] | None = None,
+        cores: int | None = None,
+    ) -> None:
+        """Change a node at run time. Jobs only start on Online nodes with health OK; health Error makes the
+        node unreachable: its running tasks are killed and fail. Other changes leave running tasks alone."""
+        self.cluster.set_node(
+            name,
+            state=state,
+            health=health,
+            groups=tuple(groups) if groups is not None else None,
+            cores=cores,
+        )
+
+    # ------------------------------------------------------------------------------ fault injection
+
+    def inject(
+        self,
+        *,
+        method: str | None = None,
+        path: str = "",
+        status: int | None = None,
+        body: str | None = None,
+        delay_before: float = 0.0,
+        delay_after: float = 0.0,
+        drop: Literal["before", "after"] | None = None,
+        times: int | None = 1,
+    ) -> Fault:
+        """Act on the next ``times`` requests (None: all, until ``clear_faults``) whose method matches
+        (None: any) and whose path (e.g. ``/hpc/jobs/3/submit``) matches the regex ``path`` (re.search):
+
+        - ``delay_before`` seconds of waiting before anything else;
+        - ``status``: answer that status (with ``body`` or a default message) without processing;
+        - ``drop="before"``: close the connection without processing or answering;
+        - ``delay_after`` seconds of waiting after processing, before answering (a create that times out
+          on the client but still creates the job);
+        - ``drop="after"``: process, then close the connection without answering.
+
+        Faults apply before authentication, in the order they were added; the returned Fault counts
+        its ``hits``.
+        """
+        if drop not in (None, "before", "after"):
+            raise ValueError("drop must be None, 'before' or 'after'")
+        return self._faults.add(
+            Fault(
+                method=method.upper() if method else None,
+                path=re.compile(path),
+                status=status,
+                body=body,
+                delay_before=delay_before,
+                delay_after=delay_after,
+                drop=drop,
+                times=times,
+            )
+        )
+
+    def clear_faults(self) -> None:
+        self._faults.clear()
+
+    # ------------------------------------------------------------------------------ test helpers
+
+    def job_history(self, job_id: int) -> list[str]:
+        """Every state the job went through, in order, from Configuring."""
+        with self.cluster.lock:
+            return list(self.cluster.job(job_id).history)
+
+    def task_history(self, job_id: int, task_id: int) -> list[str]:
+        with self.cluster.lock:
+            return list(self.cluster.task(job_id, task_id).history)
+
+    def job_state(self, job_id: int) -> str:
+        with self.cluster.lock:
+            return self.cluster.job(job_id).state
+
+    def wait_job(self, job_id: int, timeout: float = 30.0, states: Iterable[str] = ENDED) -> str:
+        """Wait until the job is in one of ``states`` (default: ended); return the state."""
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        with self.cluster.changed:
+            while True:
+                state = self.cluster.job(job_id).state
+                if state in wanted:
+                    return state
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"job {job_id} is still {state} after {timeout} s")
+                self.cluster.changed.wait(min(remaining, 0.2))
+
+    def live_processes(self) -> set[tuple[int, int]]:
+        """(pid, start time) of every process a task of this head node started that is still alive."""
+        return self.cluster.live_processes()

@@ -1,0 +1,153 @@
+"""A task's processes, found and stopped the way the Linux agent does with its per-task cgroup.
+
+The agent signals every pid in the task's cgroup. Here a task is: the wrapper started in its own
+session, every descendant seen while it runs (parent links in /proc, polled), and every process whose
+environment carries the task's marker variable (which also finds daemons that double-forked away
+between two polls). Processes are remembered as (pid, start time) so a reused pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+
+MARKER_VAR = "HPCJOB_EMULATOR_TASK"
+
+Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
+
+
+def process_table() -> dict[int, tuple[int, int, bytes]]:
+    """pid -> (parent pid, start time, state letter) for every process, from /proc."""
+    table: dict[int, tuple[int, int, bytes]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except FileNotFoundError:
+        return table
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: the fields start after the last ')'.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        table[int(entry)] = (int(fields[1]), int(fields[19]), fields[0])
+    return table
+
+
+def marked_processes(needle: bytes, table: Mapping[int, tuple[int, int, bytes]] | None = None) -> set[Proc]:
+    """Live processes whose environment holds a variable starting with ``needle`` (``NAME=value...``)."""
+    table = process_table() if table is None else table
+    found: set[Proc] = set()
+    for pid, (_, start, state) in table.items():
+        if state in (b"Z", b"X") or pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if environ.startswith(needle) or b"\0" + needle in environ:
+            found.add((pid, start))
+    return found
+
+
+class TaskProcess:
+    """The wrapper process of one task and everything it started."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        marker: str,
+        stdout: int,
+        stderr: int,
+    ) -> None:
+        self.marker = f"{MARKER_VAR}={marker}\0".encode()
+        self._lock = threading.Lock()
+        self.popen = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,  # its own session, like a task forked by the agent
+        )
+        table = process_table()
+        start = table.get(self.popen.pid, (0, -1, b""))[1]
+        self._seen: set[Proc] = {(self.popen.pid, start)}
+        self.refresh(table)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def refresh(self, table: Mapping[int, tuple[int, int, bytes]] | None = None) -> None:
+        """Record the descendants of every live process of the task (called while it runs)."""
+        table = process_table() if table is None else table
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        with self._lock:
+            stack = [pid for pid, start in self._seen if table.get(pid, (0, -1, b""))[1] == start]
+            while stack:
+                pid = stack.pop()
+                for child in children.get(pid, []):
+                    entry = (child, table[child][1])
+                    if entry not in self._seen:
+                        self._seen.add(entry)
+                        stack.append(child)
+
+    def live(self, deep: bool = True) -> set[Proc]:
+        """Processes of the task that still exist and are not zombies. ``deep`` also searches every
+        process's environment for the marker (slower; finds what left the tree between two polls)."""
+        table = process_table()
+        self.refresh(table)
+        with self._lock:
+            if deep:
+                self._seen |= marked_processes(self.marker, table)
+            seen = set(self._seen)
+        return {
+            (pid, start)
+            for pid, start in seen
+            if pid in table and table[pid][1] == start and table[pid][2] not in (b"Z", b"X")
+        }
+
+    def signal(self, sig: signal.Signals) -> int:
+        live = self.live()
+        for pid, _ in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return len(live)
+
+    def stop(self, grace_period: float, kill_now: threading.Event) -> None:
+        """SIGINT to every process, SIGKILL to whatever is left after the grace period (or at once)."""
+        if grace_period > 0 and not kill_now.is_set():
+            self.signal(signal.SIGINT)
+            deadline = time.monotonic() + grace_period
+            while time.monotonic() < deadline and not kill_now.is_set():
+                if not self.live(deep=False):  # the marker search already ran when SIGINT went out
+                    break
+                kill_now.wait(0.1)
+        self.kill()
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL until no process of the task is left (a process may fork while being killed)."""
+        deadline = time.monotonic() + timeout
+        while self.signal(signal.SIGKILL) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def exit_code(returncode: int) -> int:
+    """As bash reports a child: 128 + N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
