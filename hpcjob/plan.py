@@ -7,11 +7,14 @@ RequiredNodes, all with the same torchrun CommandLine whose rendezvous endpoint 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpcjob.spec import JobSpec, SpecError, check_run_id, parse_node_names
 from hpcjob.torchrun import TorchrunCommand, bash_join, bash_quote, command_line
+
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9._/-]*")
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,11 @@ def make_plan(
             mount_point=root,
             command=mount_command(spec.share.unc, root, spec.mount_options, log_dir),
         )
+        if len(mount.command) > spec.command_limit:
+            raise SpecError(
+                f"the mount command is {len(mount.command)} characters, more than the scheduler's limit of "
+                f"{spec.command_limit}: use a shorter --mount-point or job folder"
+            )
     return JobPlan(
         name=spec.name,
         run_id=run_id,
@@ -140,8 +148,14 @@ def mount_command(share_unc: str, mount_point: str, options: str, log_dir: str) 
 
     The task's stdout/stderr files go to the log folder, and the agent checks that it can write them
     before it starts the task, so the folder must exist first. No password: `options` name a
-    credentials file on the node.
+    credentials file on the node. The mount point is named once, in `$m`, to keep the line short:
+    where only REST reaches the cluster it becomes a task's CommandLine, with the same length limit.
     """
-    mp = bash_quote(mount_point)
-    mount = bash_join(["mount", "-t", "cifs", share_unc, mount_point, "-o", options])
-    return f"mkdir -p {mp} && {{ mountpoint -q {mp} || {mount}; }} && mkdir -p {bash_quote(log_dir)}"
+    if not _PLAIN_PATH.fullmatch(mount_point):
+        raise SpecError(f"mount point {mount_point!r} may use only letters, digits and . _ - /")
+    mount = bash_join(["mount", "-t", "cifs", share_unc, "MP", "-o", options]).replace(" MP ", " $m ")
+    logs = log_dir.removeprefix(mount_point.rstrip("/"))
+    # $m unquoted: the path is plain, and the clusrun line carries the command in double quotes.
+    return (
+        f"m={mount_point}; mkdir -p $m && {{ mountpoint -q $m || {mount}; }} && mkdir -p $m{bash_quote(logs)}"
+    )

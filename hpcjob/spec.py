@@ -187,8 +187,11 @@ class JobSpec:
             )
         if self.node_group is not None and not _GROUP_NAME.fullmatch(self.node_group):
             raise SpecError(f"node group {self.node_group!r} is not a valid group name")
-        if not self.mount_point.startswith("/") or any(c in self.mount_point for c in "\n\r\0"):
-            raise SpecError(f"--mount-point {self.mount_point!r} must be an absolute path on the nodes")
+        if not re.fullmatch(r"/[A-Za-z0-9._/-]*", self.mount_point):
+            raise SpecError(
+                f"--mount-point {self.mount_point!r} must be an absolute path on the nodes, of letters, "
+                "digits and . _ - /"
+            )
         if not _MOUNT_OPTIONS.fullmatch(self.mount_options):
             raise SpecError(f"--mount-options {self.mount_options!r} must be a comma-separated option list")
         if re.search(r"(^|,)(password|pass)=", self.mount_options):

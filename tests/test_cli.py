@@ -56,7 +56,7 @@ def test_render_clusrun_and_json(script: Path) -> None:
     clusrun = hpcjob("render", "--format", "clusrun", *common)
     assert clusrun.returncode == 0, clusrun.stderr
     assert clusrun.stdout.startswith(
-        'clusrun /user:system /nodes:A "mkdir -p /app && { mountpoint -q /app ||'
+        'clusrun /user:system /nodes:A "m=/app; mkdir -p $m && { mountpoint -q $m ||'
     )
     assert "//HEAD/CcpSpoolDir/app" in clusrun.stdout
     plan = hpcjob("render", "--format", "json", *common)

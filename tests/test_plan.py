@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from hpcjob.plan import make_plan
@@ -55,9 +59,9 @@ def test_mount_step_is_idempotent_root_work_without_a_password() -> None:
     assert plan.mount is not None
     assert plan.mount.nodes == ("GPUNODE001", "GPUNODE002")
     assert plan.mount.command == (
-        "mkdir -p /app && { mountpoint -q /app || mount -t cifs //HEADNODE/CcpSpoolDir/app /app "
+        "m=/app; mkdir -p $m && { mountpoint -q $m || mount -t cifs //HEADNODE/CcpSpoolDir/app $m "
         "-o vers=3.0,credentials=/etc/hpcjob/smb-credentials,dir_mode=0777,file_mode=0777; } "
-        f"&& mkdir -p /app/hpcjob/run_ddp/logs/{RUN_ID}"
+        f"&& mkdir -p $m/hpcjob/run_ddp/logs/{RUN_ID}"
     )
     assert "pass" not in plan.mount.command.replace("mountpoint", "")
 
@@ -97,3 +101,45 @@ def test_backend_may_move_the_rendezvous_and_the_share() -> None:
     assert plan.rdzv_endpoint == "127.0.0.1:29400"
     assert " .hpcjob/node.sh LOCAL1 " in plan.command_line
     assert plan.job_dir == "/tmp/share/hpcjob/run_ddp"
+
+
+FAKE_MOUNT = """#!/bin/bash
+echo "$(basename "$0") $*" >> "$CALLS"
+[ "$(basename "$0")" != mountpoint ] || [ -n "$MOUNTED" ]
+"""
+
+
+@pytest.mark.parametrize("mounted", [False, True])
+def test_mount_step_mounts_only_when_not_mounted_and_makes_the_log_folder(
+    tmp_path: Path, mounted: bool
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("mount", "mountpoint"):
+        (bin_dir / name).write_text(FAKE_MOUNT)
+        (bin_dir / name).chmod(0o755)
+    root = tmp_path / "app"
+    spec = cluster_spec(1, mount_point=str(root))
+    plan = make_plan(spec, spec.node_names, RUN_ID)
+    assert plan.mount is not None
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls")}
+    if mounted:
+        env["MOUNTED"] = "1"
+    subprocess.run(["/bin/bash", "-c", plan.mount.command], env=env, check=True)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0] == f"mountpoint -q {root}"
+    if mounted:
+        assert calls == [f"mountpoint -q {root}"]
+    else:
+        assert calls[1] == (
+            f"mount -t cifs //HEADNODE/CcpSpoolDir/app {root} -o vers=3.0,"
+            "credentials=/etc/hpcjob/smb-credentials,dir_mode=0777,file_mode=0777"
+        )
+    assert (root / "hpcjob" / "run_ddp" / "logs" / RUN_ID).is_dir()
+
+
+def test_mount_command_is_held_to_the_limit_too() -> None:
+    # Where only REST reaches the cluster, the mount command becomes a task's CommandLine.
+    spec = cluster_spec(1, mount_point="/" + "m" * 200, job_folder="j" * 150)
+    with pytest.raises(SpecError, match=r"the mount command is \d+ characters, more than the scheduler's limit"):
+        make_plan(spec, spec.node_names, RUN_ID, mount_point=None)

@@ -425,3 +425,14 @@ def nodes(cluster_name: str | None, group: str | None, all_groups: bool, as_json
     for node in found:
         use = "busy" if node.name.upper() in busy else "idle"
         click.echo(f"{node.name:<16} {node.state:<10} {node.health:<8} {use}")
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "help_option_names": []}, add_help_option=False
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def emulator(args: tuple[str, ...]) -> None:
+    """A local HPC Pack head node for tests: the REST API, tasks run here (--help for its options)."""
+    from hpcjob.emulator.cli import main as emulator_main
+
+    sys.exit(emulator_main(list(args)))

@@ -133,9 +133,14 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
         raise SpecError("run needs --local: this version runs jobs on this machine only")
     share_root = Path(params["mount_point"] or default_share_root()).expanduser().resolve()
     port = params["rdzv_port"] or free_port()
-    spec = build_spec(params, mount_point=str(share_root), rdzv_port=port)
+    # The local folder stands in for the share; it is the plan's mount point, not the spec's.
+    spec = build_spec({**params, "mount_point": None, "share": None}, rdzv_port=port)
     plan = make_plan(
-        spec, local_node_names(spec), params["run_id"] or new_run_id(spec.name), rdzv_host=LOOPBACK
+        spec,
+        local_node_names(spec),
+        params["run_id"] or new_run_id(spec.name),
+        rdzv_host=LOOPBACK,
+        mount_point=str(share_root),
     )
 
     def progress(line: str) -> None:

@@ -1,0 +1,216 @@
+"""`hpcjob submit/status/cancel/logs` end to end against the local HPC Pack head node (the emulator).
+
+The code goes to a real smbd over SMB; the emulator's nodes run the tasks as local processes, where
+the share's folder is "mounted" at the mount point (a bind mount onto itself, so that the mount step's
+`mountpoint -q` finds it mounted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hpcjob.backends.local import free_port
+from hpcjob.backends.rest import RestClient
+from hpcjob.emulator import HeadNode
+from hpcjob.plan import make_plan
+from hpcjob.render import job_xml
+from hpcjob.spec import JobSpec
+
+from .conftest import REPO
+from .testbed import SmbServer, require_testbed
+
+pytestmark = pytest.mark.slow
+TRAIN = REPO / "training" / "run_ddp.py"
+SMALL = ["--train-samples", "512", "--test-samples", "256", "--batch-size", "32"]
+PASSWORD = "emu-Pw-1"
+
+
+@dataclass
+class Cluster:
+    head: HeadNode
+    smb: SmbServer
+    share_dir: Path
+    env: dict[str, str]
+
+    def hpcjob(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hpcjob.cli", *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def submit(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        # The nodes are processes of this machine: their python is ours, their interface loopback.
+        job = ["--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo"]
+        return self.hpcjob("submit", *job, *args, timeout=timeout)
+
+    def leftovers(self) -> list[int]:
+        return list(self.head.live_processes())
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    require_testbed(tools=("smbd", "smbpasswd", "mount", "umount", "mountpoint"))
+    share_dir = tmp_path / "CcpSpoolDir" / "app"
+    share_dir.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(share_dir), str(share_dir)], check=True)
+    try:
+        with HeadNode(users={"alice": PASSWORD}, grace_period=3.0) as head, SmbServer(share_dir) as smb:
+            env = {
+                **os.environ,
+                "HPCJOB_CONFIG": str(tmp_path / "clusters.toml"),
+                "EMU_PW": PASSWORD,
+                "HPCJOB_SMB_PASSWORD": smb.password,
+            }
+            env.pop("HPCJOB_CLUSTER", None)
+            cluster = Cluster(head, smb, share_dir, env)
+            added = cluster.hpcjob(
+                "cluster",
+                "add",
+                "emu",
+                "--url",
+                head.url,
+                "--user",
+                "alice",
+                "--password-env",
+                "EMU_PW",
+                "--ca-bundle",
+                head.ca_file,
+                "--share",
+                "//HEADNODE/CcpSpoolDir/app",
+                "--smb-user",
+                smb.username,
+                "--smb-server",
+                smb.address,
+                "--smb-port",
+                str(smb.port),
+                "--mount-point",
+                str(share_dir),
+                "--node-group",
+                "GPUNodes",
+            )
+            assert added.returncode == 0, added.stderr
+            yield cluster
+            assert cluster.leftovers() == []
+    finally:
+        subprocess.run(["umount", "-l", str(share_dir)], check=False)
+
+
+def test_submit_wait_trains_across_two_nodes_and_logs_come_back(cluster: Cluster) -> None:
+    result = cluster.submit("--wait", "--json", "-n", "2", str(TRAIN), "--epochs", "2", *SMALL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert PASSWORD not in result.stdout + result.stderr and cluster.smb.password not in result.stderr
+    status = json.loads(result.stdout)
+    assert status["state"] == "Finished" and status["exit_code"] == 0
+    assert [(t["node"], t["state"], t["exit_code"]) for t in status["tasks"]] == [
+        ("LOCALHOST", "Finished", 0),
+        ("NODE002", "Finished", 0),
+    ]
+    assert "mounting //HEADNODE/CcpSpoolDir/app" in result.stderr  # the mount job ran first
+    assert "LOCALHOST: Running" in result.stderr and "NODE002: Finished (exit code 0)" in result.stderr
+    # Two jobs (mount, training), each one create and one submit, whatever the node count.
+    assert cluster.head.requests.count("POST", r"/jobs/jobFile$") == 2
+    assert (cluster.share_dir / "hpcjob" / "run_ddp" / "checkpoints" / "checkpoint.pt").is_file()
+
+    job_id = str(status["job_id"])
+    logs = cluster.hpcjob("logs", job_id)
+    assert logs.returncode == 0, logs.stderr
+    assert "[LOCALHOST] epoch 2/2" in logs.stdout or "[NODE002] epoch 2/2" in logs.stdout
+    assert "[NODE002 err] hpcjob: node NODE002, store host 0" in logs.stdout
+    shown = cluster.hpcjob("status", job_id)
+    assert shown.stdout.startswith(f"job {job_id} (run_ddp-") and "Finished, exit code 0" in shown.stdout
+
+
+FAILING = """
+import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+if dist.get_rank() == 1:
+    sys.exit(3)
+dist.all_reduce(t)
+time.sleep(600)
+"""
+
+
+def test_a_failing_rank_fails_the_job_with_its_code_and_stops_the_other(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "code" / "fail.py"
+    script.parent.mkdir()
+    script.write_text(FAILING)
+    result = cluster.submit("--wait", "--json", "--no-mount-step", "-n", "2", str(script), timeout=180)
+    assert result.returncode == 3, result.stderr[-3000:]
+    status = json.loads(result.stdout)
+    assert status["state"] == "Failed" and status["exit_code"] == 3
+    assert sorted(t["state"] for t in status["tasks"]) in (["Canceled", "Failed"], ["Failed", "Failed"])
+
+
+def test_cancel_stops_a_running_job_and_is_idempotent(cluster: Cluster) -> None:
+    result = cluster.submit(
+        "--no-mount-step", "-n", "2", str(TRAIN), "--epochs", "100", "--step-sleep", "0.05", *SMALL
+    )
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.split("submitted job ")[1].split()[0]
+    deadline = time.monotonic() + 60
+    while json.loads(cluster.hpcjob("status", job_id, "--json").stdout)["state"] != "Running":
+        assert time.monotonic() < deadline, "the job never ran"
+        time.sleep(0.5)
+    canceled = cluster.hpcjob("cancel", job_id)
+    assert canceled.returncode == 0 and canceled.stdout.strip() == f"job {job_id} canceled"
+    deadline = time.monotonic() + 30
+    while (state := json.loads(cluster.hpcjob("status", job_id, "--json").stdout)["state"]) != "Canceled":
+        assert time.monotonic() < deadline, state
+        time.sleep(0.5)
+    assert cluster.leftovers() == []
+    again = cluster.hpcjob("cancel", job_id)
+    assert again.returncode == 0 and again.stdout.strip() == f"job {job_id} had already ended (Canceled)"
+
+
+def test_too_few_nodes_and_bad_credentials_are_one_line(cluster: Cluster) -> None:
+    cluster.head.set_node("NODE003", state="Offline")
+    few = cluster.submit("-n", "3", str(TRAIN))
+    assert few.returncode == 2
+    assert few.stderr.strip() == (
+        "hpcjob: error: 3 node(s) needed but only 2 online and healthy in group GPUNodes; found: "
+        "LOCALHOST (Online, OK), NODE002 (Online, OK), NODE003 (Offline, OK)"
+    )
+    cluster.env["EMU_PW"] = "wrong"
+    refused = cluster.hpcjob("nodes")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().startswith(
+        "hpcjob: error: the head node refused the credentials of alice (HTTP 401)"
+    )
+
+
+def test_dry_run_sends_nothing(cluster: Cluster) -> None:
+    result = cluster.hpcjob("submit", "--dry-run", "--node", "LOCALHOST", "--node", "NODE002", str(TRAIN))
+    assert result.returncode == 0, result.stderr
+    assert "# would create the mount job: POST https://127.0.0.1" in result.stdout
+    assert '<Job Version="3.000"' in result.stdout
+    assert len(cluster.head.requests) == 0
+
+
+def test_a_lost_answer_to_create_does_not_make_two_jobs(cluster: Cluster) -> None:
+    client = RestClient(cluster.head.url, "alice", PASSWORD, verify=cluster.head.ca_file)
+    spec = JobSpec(script=str(TRAIN), node_names=("LOCALHOST",))
+    plan = make_plan(spec, spec.node_names, "lost-answer-1")
+    fault = cluster.head.inject(method="POST", path=r"/jobs/jobFile$", drop="after", times=1)
+    job_id = client.create_job(job_xml(plan), plan.run_id)
+    assert fault.hits == 1
+    assert client.find_job(plan.run_id) == job_id
+    assert cluster.head.requests.count("POST", r"/jobs/jobFile$") == 1
+    client.cancel(job_id, "test")
