@@ -90,10 +90,10 @@ def time_help(repeats: int) -> tuple[float, list[str]]:
     probe = (
         "import sys; from hpcjob.cli import cli\n"
         "try:\n    cli.main(['--help'], standalone_mode=False)\nexcept SystemExit: pass\n"
-        "print(' '.join(sorted({'torch', 'requests', 'winrm', 'jinja2'} & set(sys.modules))))"
+        "print('HEAVY', *sorted({'torch', 'requests', 'winrm', 'jinja2'} & set(sys.modules)))"
     )
     heavy = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    return statistics.median(times), heavy.stdout.split()
+    return statistics.median(times), heavy.stdout.splitlines()[-1].split()[1:]
 
 
 def main() -> None:
