@@ -141,5 +141,5 @@ def test_mount_step_mounts_only_when_not_mounted_and_makes_the_log_folder(
 def test_mount_command_is_held_to_the_limit_too() -> None:
     # Where only REST reaches the cluster, the mount command becomes a task's CommandLine.
     spec = cluster_spec(1, mount_point="/" + "m" * 200, job_folder="j" * 150)
-    with pytest.raises(SpecError, match=r"the mount command is \d+ characters, more than the scheduler's limit"):
+    with pytest.raises(SpecError, match=r"the mount command is \d+ characters, more than the scheduler"):
         make_plan(spec, spec.node_names, RUN_ID, mount_point=None)
