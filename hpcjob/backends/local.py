@@ -10,17 +10,14 @@ none outlives the job.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from hpcjob.backends.base import (
     JobSummary,
@@ -31,6 +28,7 @@ from hpcjob.backends.base import (
 )
 from hpcjob.logs import SUMMARY_FILE, Tail, node_tails, read_root_cause
 from hpcjob.plan import JobPlan, TaskPlan
+from hpcjob.procs import MARKER_VAR, TaskProcess, exit_code
 from hpcjob.share import LocalFolder
 from hpcjob.spec import JobSpec
 
@@ -60,10 +58,10 @@ class _Node:
     task: TaskPlan
     result: NodeResult
     tails: list[Tail]
-    process: subprocess.Popen[bytes] | None = None
-    # Every process seen in the task's tree, by pid and start time (pids get reused).
-    seen: set[tuple[int, int]] = field(default_factory=set)
-    files: list[IO[bytes]] = field(default_factory=list)
+    process: TaskProcess | None = None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.popen.poll() is None
 
 
 class LocalBackend:
@@ -81,18 +79,17 @@ class LocalBackend:
         try:
             for index, node in enumerate(nodes):
                 self._start(plan, index, node)
-                progress(f"{node.task.node}: Running (pid {node.process.pid if node.process else '?'})")
+                progress(f"{node.task.node}: Running")
             while True:
-                self._track(nodes)
+                for node in nodes:
+                    if node.process is not None:
+                        node.process.refresh()  # remember each new process of the task
                 if echo_output:
                     _echo(nodes, progress)
                 for node in nodes:
-                    if (
-                        node.result.state is State.RUNNING
-                        and node.process
-                        and node.process.poll() is not None
-                    ):
-                        code = _exit_code(node.process.returncode)
+                    if node.result.state is State.RUNNING and not node.running():
+                        assert node.process is not None
+                        code = exit_code(node.process.popen.returncode)
                         node.result.exit_code = code
                         node.result.state = State.FINISHED if code == 0 else State.FAILED
                         progress(f"{node.task.node}: {node.result.state} (exit code {code})")
@@ -112,10 +109,10 @@ class LocalBackend:
             progress("canceled: stopping all nodes")
             self._stop(nodes, progress)
         finally:
-            self._sweep(nodes)
-            for node in nodes:
-                for f in node.files:
-                    f.close()
+            for node in nodes:  # whatever any task started and is still alive
+                if node.process is not None:
+                    node.process.kill()
+                    node.process.popen.wait()
         if echo_output:
             _echo(nodes, progress, final=True)
         summary = self._summary(plan, nodes, state, failed_first, time.monotonic() - start)
@@ -132,7 +129,7 @@ class LocalBackend:
 
     def _start(self, plan: JobPlan, index: int, node: _Node) -> None:
         task = node.task
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != MARKER_VAR}
         env.update(plan.env)
         # This Python's folder first, so the command's `python3` is the one hpcjob runs with.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -145,57 +142,40 @@ class LocalBackend:
                 "CCP_WORKDIR": task.work_directory,
                 "HPCJOB_IFNAME": "lo" if sys.platform.startswith("linux") else "lo0",
                 "HPCJOB_ADDR": LOOPBACK,
+                MARKER_VAR: f"{plan.run_id}-{index + 1}",
             }
         )
-        stdout = open(task.stdout_path, "wb")  # noqa: SIM115 - closed when the job ends
-        stderr = open(task.stderr_path, "wb")  # noqa: SIM115
-        node.files = [stdout, stderr]
-        node.process = subprocess.Popen(
-            ["/bin/bash", "-c", task.command_line],
-            cwd=task.work_directory,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,  # Ctrl-C reaches hpcjob only; it stops the nodes itself
-        )
+        with open(task.stdout_path, "wb") as stdout, open(task.stderr_path, "wb") as stderr:
+            node.process = TaskProcess(
+                ["/bin/bash", "-c", task.command_line],
+                cwd=task.work_directory,
+                env=env,
+                marker=env[MARKER_VAR],
+                stdout=stdout.fileno(),
+                stderr=stderr.fileno(),
+            )
         node.result.state = State.RUNNING
 
-    def _track(self, nodes: Sequence[_Node]) -> None:
-        table = _process_table()
-        for node in nodes:
-            if node.process is not None:
-                node.seen.update(_tree(node.process.pid, table))
-
     def _stop(self, nodes: Sequence[_Node], progress: Printer) -> None:
-        """SIGINT to every process of the running tasks, SIGKILL to what is left after the grace period."""
-        self._track(nodes)
-        running = [n for n in nodes if n.process is not None and n.process.poll() is None]
+        """As HPC Pack cancels tasks: SIGINT to every process of the running tasks, SIGKILL to what is
+        left after the grace period (at once on a second Ctrl-C)."""
+        running = [n for n in nodes if n.running()]
         for node in running:
-            _signal_node(node, signal.SIGINT)
+            assert node.process is not None
+            node.process.signal(signal.SIGINT)
         deadline = time.monotonic() + self.grace_period_s
         try:
             while time.monotonic() < deadline and any(
-                _alive(n.seen) or (n.process is not None and n.process.poll() is None) for n in running
+                n.process and n.process.live(deep=False) for n in running
             ):
                 time.sleep(0.1)
-                self._track(running)
         except KeyboardInterrupt:
             progress("interrupted again: killing now")
         for node in running:
-            _signal_node(node, signal.SIGKILL)
             assert node.process is not None
-            node.process.wait()
-            node.result.exit_code = _exit_code(node.process.returncode)
+            node.process.kill()
+            node.result.exit_code = exit_code(node.process.popen.wait())
             node.result.state = State.CANCELED
-
-    def _sweep(self, nodes: Sequence[_Node]) -> None:
-        """Kill whatever any task started and is still alive, then reap our own children."""
-        self._track(nodes)
-        for node in nodes:
-            _signal_node(node, signal.SIGKILL)
-            if node.process is not None:
-                node.process.wait()
 
     @staticmethod
     def _summary(
@@ -226,73 +206,3 @@ def _echo(nodes: Sequence[_Node], progress: Printer, final: bool = False) -> Non
         for tail in node.tails:
             for line in tail.read(final):
                 progress(line)
-
-
-def _exit_code(returncode: int) -> int:
-    """As a shell reports it: 128 + N for a process killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _process_table() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, start time) for every process, from /proc (Linux)."""
-    table: dict[int, tuple[int, int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except FileNotFoundError:
-        return table
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses: the fields start after the last ')'.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), int(fields[19]))
-    return table
-
-
-def _tree(root: int, table: dict[int, tuple[int, int]]) -> set[tuple[int, int]]:
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found: set[tuple[int, int]] = set()
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        if pid in table:
-            found.add((pid, table[pid][1]))
-        stack.extend(children.get(pid, []))
-    return found
-
-
-def _alive(seen: set[tuple[int, int]]) -> bool:
-    table = _process_table()
-    return any(table.get(pid, (0, -1))[1] == start and not _zombie(pid) for pid, start in seen)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2 :][:1] == b"Z"
-
-
-def _signal_node(node: _Node, sig: signal.Signals) -> None:
-    """Signal every process of the task; without /proc (macOS), at least the task's session."""
-    _signal_all(node.seen, sig)
-    if node.process is not None and node.process.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(node.process.pid, sig)
-
-
-def _signal_all(seen: set[tuple[int, int]], sig: signal.Signals) -> None:
-    table = _process_table()
-    for pid, start in seen:
-        if table.get(pid, (0, -1))[1] == start:  # still the same process, not a reused pid
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)

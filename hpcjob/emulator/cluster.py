@@ -28,7 +28,7 @@ from typing import Any
 
 from hpcjob.emulator import props as P
 from hpcjob.emulator.jobxml import parse_job_xml
-from hpcjob.emulator.procs import MARKER_VAR, TaskProcess, exit_code, marked_processes, process_table
+from hpcjob.procs import MARKER_VAR, TaskProcess, exit_code, marked_processes, process_table
 
 OUTPUT_LIMIT = 1500  # bytes of un-redirected stdout/stderr the agent reports (head -c 1500)
 NODE_STATES = (

@@ -75,7 +75,7 @@ def test_command_line_head_node(tmp_path: Path) -> None:
             process.kill()
             process.wait()
     leftovers = subprocess.run(["pgrep", "-f", "^sleep 600$"], capture_output=True, text=True, check=False)
-    own = [pid for pid in leftovers.stdout.split() if _environ_has(pid, "HPCJOB_EMULATOR_TASK=")]
+    own = [pid for pid in leftovers.stdout.split() if _environ_has(pid, "HPCJOB_TASK_MARKER=")]
     assert own == []
 
 

@@ -1,9 +1,11 @@
-"""A task's processes, found and stopped the way the Linux agent does with its per-task cgroup.
+"""A task's processes, found and stopped the way HPC Pack's Linux agent does with its per-task cgroup.
 
 The agent signals every pid in the task's cgroup. Here a task is: the wrapper started in its own
 session, every descendant seen while it runs (parent links in /proc, polled), and every process whose
 environment carries the task's marker variable (which also finds daemons that double-forked away
 between two polls). Processes are remembered as (pid, start time) so a reused pid is never signalled.
+Used by the local backend and by the emulator's nodes. Linux: without /proc, only the wrapper's
+session is found.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import threading
 import time
 from collections.abc import Mapping
 
-MARKER_VAR = "HPCJOB_EMULATOR_TASK"
+# Put into each task's environment by whoever starts it, with a value unique to the task.
+MARKER_VAR = "HPCJOB_TASK_MARKER"
 
 Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
 
