@@ -10,8 +10,12 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hpcjob.spec import SpecError
+
+if TYPE_CHECKING:
+    from hpcjob.plan import JobPlan
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,17 @@ class RunRecord:
     smb_user: str | None = None
     job_id: str | None = None
     cluster: str | None = None
+
+    @classmethod
+    def of(cls, plan: JobPlan, job_folder: str, backend: str, **where: Any) -> RunRecord:
+        return cls(
+            run_id=plan.run_id,
+            name=plan.name,
+            backend=backend,
+            job_folder=job_folder,
+            nodes=plan.nodes,
+            **where,
+        )
 
     @property
     def log_folder(self) -> str:

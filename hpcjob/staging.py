@@ -101,6 +101,23 @@ def node_files() -> Iterator[tuple[PurePosixPath, bytes]]:
         yield PurePosixPath(NODE_DIR) / name, (package / name).read_bytes()
 
 
+def stage_run(code_dir: Path, folder: ShareFolder, job_folder: str, run_id: str) -> str:
+    """Upload the code and make the run's log folder, then close `folder`; returns what was done.
+
+    The tasks' stdout/stderr go to the log folder, and the agent checks it can write them before it
+    starts a task, so the folder must exist before the job runs.
+    """
+    try:
+        report = upload(code_dir, folder, job_folder)
+        folder.makedirs(f"{job_folder}/logs/{run_id}")
+    finally:
+        folder.close()
+    return (
+        f"sent {report.files_sent} file(s), {report.bytes_sent} bytes, to {folder.describe()}/{job_folder} "
+        f"({report.files_unchanged} unchanged)"
+    )
+
+
 def upload(code_dir: Path, folder: ShareFolder, job_folder: str) -> SyncReport:
     """Send the code and the node files to `<job_folder>/` on the share, only what changed.
 

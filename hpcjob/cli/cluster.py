@@ -168,13 +168,13 @@ def submit(
     folder to the share, mounts the share on the nodes, creates the job from the job XML and submits
     it. Prints the job id; with --wait, follows it to the end.
     """
-    from hpcjob.backends.rest import choose_nodes, wait_for_job
+    from hpcjob.backends.rest import RestError, choose_nodes, wait_for_job
     from hpcjob.config import get_profile, password_for
     from hpcjob.plan import make_plan
     from hpcjob.render import job_xml, mount_job_xml
     from hpcjob.runs import RunRecord, save_run
     from hpcjob.spec import SpecError
-    from hpcjob.staging import code_files, upload
+    from hpcjob.staging import code_files, stage_run
 
     profile = get_profile(cluster_name)
     spec = _spec_with_profile(params, profile)
@@ -208,15 +208,10 @@ def submit(
         click.echo(line, err=as_json)
 
     if spec.share:
-        folder = _open_share(spec, profile, params, rest_password)
-        try:
-            report = upload(code_dir, folder, spec.job_folder)
-            folder.makedirs(f"{spec.job_folder}/logs/{plan.run_id}")
-        finally:
-            folder.close()
         progress(
-            f"uploaded {report.files_sent} file(s), {report.bytes_sent} bytes, to {spec.share.unc}/"
-            f"{spec.job_folder} ({report.files_unchanged} unchanged)"
+            stage_run(
+                code_dir, _open_share(spec, profile, params, rest_password), spec.job_folder, plan.run_id
+            )
         )
     else:
         progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
@@ -232,19 +227,17 @@ def submit(
             reasons = "; ".join(
                 f"{t.node}: {t.error or t.state}" for t in mounted.tasks if t.state != "Finished"
             )
-            raise SpecError(
+            raise RestError(
                 f"the mount job {mount_id} {mounted.state}: {reasons or mounted.error} (it needs an HPC "
                 "administrator; or mount once with `hpcjob render --format clusrun`, then --no-mount-step)"
             )
     job_id = client.create_job(job_xml(plan), plan.run_id)
     _submit_or_cancel(client, job_id)
     save_run(
-        RunRecord(
-            run_id=plan.run_id,
-            name=plan.name,
-            backend="rest",
-            job_folder=spec.job_folder,
-            nodes=plan.nodes,
+        RunRecord.of(
+            plan,
+            spec.job_folder,
+            "rest",
             share=spec.share.unc if spec.share else None,
             smb_server=params.get("smb_server"),
             smb_port=params["smb_port"],

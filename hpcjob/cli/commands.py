@@ -54,7 +54,7 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     from hpcjob.runs import RunRecord, save_run
     from hpcjob.share import LocalFolder, ShareFolder
     from hpcjob.spec import SpecError
-    from hpcjob.staging import upload
+    from hpcjob.staging import stage_run
 
     spec = build_spec(params)
     if not spec.node_names:
@@ -70,24 +70,14 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
         else:
             assert spec.share is not None  # checked above
             folder = open_smb(spec.share, params)
-        try:
-            report = upload(Path(spec.script).resolve().parent, folder, spec.job_folder)
-            # The tasks' stdout/stderr go here, and the agent checks it can write them before it starts.
-            folder.makedirs(f"{spec.job_folder}/logs/{plan.run_id}")
-        finally:
-            folder.close()
         click.echo(
-            f"sent {report.files_sent} file(s), {report.bytes_sent} bytes, to {folder.describe()}/"
-            f"{spec.job_folder} ({report.files_unchanged} unchanged)",
-            err=True,
+            stage_run(Path(spec.script).resolve().parent, folder, spec.job_folder, plan.run_id), err=True
         )
         save_run(
-            RunRecord(
-                run_id=plan.run_id,
-                name=plan.name,
-                backend="manual",
-                job_folder=spec.job_folder,
-                nodes=plan.nodes,
+            RunRecord.of(
+                plan,
+                spec.job_folder,
+                "manual",
                 local_root=str(Path(copy_to).resolve()) if copy_to else None,
                 share=spec.share.unc if spec.share else None,
                 smb_server=params["smb_server"],
@@ -151,16 +141,7 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
         f"rendezvous {plan.rdzv_endpoint}, folder {plan.job_dir}"
     )
     upload(Path(spec.script).resolve().parent, LocalFolder(share_root), spec.job_folder)
-    save_run(
-        RunRecord(
-            run_id=plan.run_id,
-            name=plan.name,
-            backend="local",
-            job_folder=spec.job_folder,
-            nodes=plan.nodes,
-            local_root=str(share_root),
-        )
-    )
+    save_run(RunRecord.of(plan, spec.job_folder, "local", local_root=str(share_root)))
     _cancel_on_sigterm()
     summary = LocalBackend(grace_period_s=grace_period).run(plan, progress=progress, echo_output=not quiet)
     if as_json:
