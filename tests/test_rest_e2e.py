@@ -118,7 +118,9 @@ def test_submit_wait_trains_across_two_nodes_and_logs_come_back(cluster: Cluster
         ("LOCALHOST", "Finished", 0),
         ("NODE002", "Finished", 0),
     ]
-    assert "mounting //HEADNODE/CcpSpoolDir/app" in result.stderr  # the mount job ran first
+    assert (
+        f"mounting the share at {cluster.share_dir} on the nodes" in result.stderr
+    )  # the mount job ran first
     assert "LOCALHOST: Running" in result.stderr and "NODE002: Finished (exit code 0)" in result.stderr
     # Two jobs (mount, training), each one create and one submit, whatever the node count.
     assert cluster.head.requests.count("POST", r"/jobs/jobFile$") == 2

@@ -368,6 +368,47 @@ def choose_nodes(nodes: Sequence[NodeInfo], count: int, busy: set[str], group: s
     return tuple(n.name for n in ordered[:count])
 
 
+def submit_job(
+    client: RestClient,
+    run_id: str,
+    job_file: str,
+    mount: tuple[str, str] | None,
+    progress: Callable[[str], None],
+) -> int:
+    """Create and submit the job (after the mount job, if any, has finished); its id.
+
+    `job_file` and the mount job's file come rendered: a backend builds no command line. A job whose
+    submission fails is canceled, so that nothing half-made is left in the scheduler.
+    """
+    if mount is not None:
+        mount_file, mount_point = mount
+        mount_id = client.create_job(mount_file, f"{run_id}-mount")
+        _submit_or_cancel(client, mount_id)
+        progress(f"mounting the share at {mount_point} on the nodes (job {mount_id})")
+        mounted = wait_for_job(client, mount_id, lambda line: None)
+        if mounted.state != State.FINISHED:
+            reasons = "; ".join(
+                f"{t.node}: {t.error or t.state}" for t in mounted.tasks if t.state != "Finished"
+            )
+            raise RestError(
+                f"the mount job {mount_id} {mounted.state}: {reasons or mounted.error} (it needs an HPC "
+                "administrator; or mount once with `hpcjob render --format clusrun`, then --no-mount-step)"
+            )
+    job_id = client.create_job(job_file, run_id)
+    _submit_or_cancel(client, job_id)
+    return job_id
+
+
+def _submit_or_cancel(client: RestClient, job_id: int) -> None:
+    try:
+        client.submit(job_id)
+    except Exception:
+        try:
+            client.cancel(job_id, "submission by hpcjob failed")
+        finally:
+            raise
+
+
 @dataclass(frozen=True)
 class PollPolicy:
     """Status polling: quick while things change, slower while they do not."""

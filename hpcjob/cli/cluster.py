@@ -168,7 +168,7 @@ def submit(
     folder to the share, mounts the share on the nodes, creates the job from the job XML and submits
     it. Prints the job id; with --wait, follows it to the end.
     """
-    from hpcjob.backends.rest import RestError, choose_nodes, wait_for_job
+    from hpcjob.backends.rest import choose_nodes, submit_job, wait_for_job
     from hpcjob.config import get_profile, password_for
     from hpcjob.plan import make_plan
     from hpcjob.render import job_xml, mount_job_xml
@@ -215,24 +215,8 @@ def submit(
         )
     else:
         progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
-    if mount_step and plan.mount:
-        mount_id = client.create_job(mount_job_xml(plan), f"{plan.run_id}-mount")
-        _submit_or_cancel(client, mount_id)
-        progress(
-            f"mounting {plan.mount.share_unc} at {plan.mount.mount_point} on {', '.join(plan.nodes)} "
-            f"(job {mount_id})"
-        )
-        mounted = wait_for_job(client, mount_id, lambda line: None)
-        if mounted.state != "Finished":
-            reasons = "; ".join(
-                f"{t.node}: {t.error or t.state}" for t in mounted.tasks if t.state != "Finished"
-            )
-            raise RestError(
-                f"the mount job {mount_id} {mounted.state}: {reasons or mounted.error} (it needs an HPC "
-                "administrator; or mount once with `hpcjob render --format clusrun`, then --no-mount-step)"
-            )
-    job_id = client.create_job(job_xml(plan), plan.run_id)
-    _submit_or_cancel(client, job_id)
+    mount = (mount_job_xml(plan), plan.mount.mount_point) if mount_step and plan.mount else None
+    job_id = submit_job(client, plan.run_id, job_xml(plan), mount, progress)
     save_run(
         RunRecord.of(
             plan,
@@ -304,17 +288,6 @@ def rest_log_access(
         for line in client.task_output(job_id, task.task_id).splitlines():
             click.echo(f"[{task.node}] {line}")
     return None, scheduler_end
-
-
-def _submit_or_cancel(client: RestClient, job_id: int) -> None:
-    """Submit, and cancel the created job if that fails, so that no half-made job is left behind."""
-    try:
-        client.submit(job_id)
-    except Exception:
-        try:
-            client.cancel(job_id, "submission by hpcjob failed")
-        finally:
-            raise
 
 
 def _client_for(job: str, cluster_name: str | None) -> tuple[RestClient, int]:
