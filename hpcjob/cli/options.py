@@ -40,7 +40,9 @@ def job_options(command: F) -> F:
         click.option(
             "--node-group", metavar="GROUP", help="HPC Pack node group the nodes belong to (GPU nodes)."
         ),
-        click.option("--name", help="Job name [default: the script's name]."),
+        click.option(
+            "--name", help="Job name: its folder's and the run id's start [default: the script's name]."
+        ),
         click.option(
             "--share",
             metavar="UNC",
@@ -87,7 +89,8 @@ def job_options(command: F) -> F:
             help="The scheduler's CommandLine length limit [default: 480].",
         ),
         click.option(
-            "--run-id", help="Unique id of this run (rendezvous id, log folder) [default: generated]."
+            "--run-id",
+            help="Unique id of this run: HPC Pack job name, rendezvous id, log folder [default: generated].",
         ),
         click.argument("script", type=click.Path(dir_okay=False)),
         click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
