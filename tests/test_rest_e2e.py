@@ -216,3 +216,19 @@ def test_a_lost_answer_to_create_does_not_make_two_jobs(cluster: Cluster) -> Non
     assert client.find_job(plan.run_id) == job_id
     assert cluster.head.requests.count("POST", r"/jobs/jobFile$") == 1
     client.cancel(job_id, "test")
+
+
+def test_logs_fall_back_to_the_schedulers_output_without_the_share(cluster: Cluster, tmp_path: Path) -> None:
+    # The nodes do not have the share where the job expects it: each task fails at `cd`.
+    missing = tmp_path / "not-mounted"
+    result = cluster.submit("--wait", "--no-mount-step", "--mount-point", str(missing), "-n", "2", str(TRAIN))
+    assert result.returncode != 0
+    job_id = result.stdout.split("submitted job ")[1].split()[0]
+    cluster.env["HPCJOB_SMB_PASSWORD"] = "not-the-password"  # the share cannot be reached now
+    logs = cluster.hpcjob("logs", job_id)
+    assert logs.returncode == 0, logs.stderr
+    assert (
+        "showing the scheduler's copy of each task's output, which holds only its first bytes" in logs.stderr
+    )
+    assert "[LOCALHOST] " in logs.stdout and "No such file or directory" in logs.stdout
+    assert str(missing) in logs.stdout
