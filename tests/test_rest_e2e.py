@@ -159,6 +159,7 @@ def test_a_failing_rank_fails_the_job_with_its_code_and_stops_the_other(
     status = json.loads(result.stdout)
     assert status["state"] == "Failed" and status["exit_code"] == 3
     assert sorted(t["state"] for t in status["tasks"]) in (["Canceled", "Failed"], ["Failed", "Failed"])
+    assert "first failure: rank 1 on " in result.stderr and ", exit code 3" in result.stderr
 
 
 def test_cancel_stops_a_running_job_and_is_idempotent(cluster: Cluster) -> None:

@@ -239,8 +239,21 @@ def submit(
     except KeyboardInterrupt:
         progress(f"stopped waiting; job {job_id} goes on (hpcjob cancel {job_id} ends it)")
         sys.exit(130)
-    _print_status(info, as_json)
-    sys.exit(info.exit_code())
+    code = info.exit_code()
+    if info.state == "Failed" and spec.share:
+        # The scheduler knows which task ended first, not which rank failed first: the share does.
+        from hpcjob.logs import read_root_cause
+
+        folder = _open_share(spec, profile, params, rest_password)
+        try:
+            cause = read_root_cause(folder, f"{spec.job_folder}/logs/{plan.run_id}")
+        finally:
+            folder.close()
+        if cause is not None:
+            progress(f"first failure: rank {cause.rank} on {cause.node}, exit code {cause.exit_code}")
+            code = cause.exit_code or code
+    _print_status(info, as_json, code)
+    sys.exit(code)
 
 
 def rest_log_access(
@@ -316,14 +329,16 @@ def status(job: str, cluster_name: str | None, as_json: bool) -> None:
     _print_status(client.job_with_tasks(job_id), as_json)
 
 
-def _print_status(info: JobInfo, as_json: bool) -> None:
+def _print_status(info: JobInfo, as_json: bool, exit_code: int | None = None) -> None:
+    if exit_code is None and info.ended:
+        exit_code = info.exit_code()
     if as_json:
         data = {
             "job_id": info.job_id,
             "name": info.name,
             "state": info.state,
             "error": info.error,
-            "exit_code": info.exit_code() if info.ended else None,
+            "exit_code": exit_code,
             "tasks": [
                 {
                     "task_id": t.task_id,
@@ -338,8 +353,8 @@ def _print_status(info: JobInfo, as_json: bool) -> None:
         click.echo(json.dumps(data))
         return
     line = f"job {info.job_id} ({info.name}) {info.state}"
-    if info.ended:
-        line += f", exit code {info.exit_code()}"
+    if exit_code is not None:
+        line += f", exit code {exit_code}"
     click.echo(line + (f": {info.error}" if info.error else ""))
     for task in info.tasks:
         code = "" if task.exit_code is None else f"exit code {task.exit_code}"
