@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
 REFERENCE = REPO.parent / "shared" / "reference"
 RUN_ID = "run_ddp-20261122-000000-abcd"
+if not REFERENCE.is_dir():
+    pytest.exit(f"the tests need the HPC Pack reference at {REFERENCE} (shared/ beside the checkout)", 2)
 
 
 @pytest.fixture(autouse=True)
