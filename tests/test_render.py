@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from hpcjob.plan import make_plan
-from hpcjob.render import JOB_NAMESPACE, clusrun_text, job_xml, plan_json
+from hpcjob.render import JOB_NAMESPACE, clusrun_text, job_xml, plan_json, powershell_text
+from hpcjob.render.text import ps_quote
 from hpcjob.spec import SpecError
 
 from .conftest import REFERENCE, RUN_ID, cluster_spec
@@ -30,6 +31,30 @@ def test_job_xml_golden(nodes: int, golden: Callable[[str, str], None]) -> None:
 def test_clusrun_golden(golden: Callable[[str, str], None]) -> None:
     spec = cluster_spec(2)
     golden("clusrun-2node.txt", clusrun_text(make_plan(spec, spec.node_names, RUN_ID)))
+
+
+def test_powershell_golden_and_syntax(golden: Callable[[str, str], None]) -> None:
+    spec = cluster_spec(2)
+    text = powershell_text(make_plan(spec, spec.node_names, RUN_ID))
+    golden("submit-2node.ps1", text)
+    assert not powershell_errors(text)
+
+
+def test_powershell_quotes_what_it_must() -> None:
+    assert ps_quote("it's $HOME") == "'it''s $HOME'"
+    spec = cluster_spec(1, share=None, env=(("NOTE", "it's $(rm -rf /) `x`"),))
+    text = powershell_text(make_plan(spec, spec.node_names, RUN_ID))
+    assert "clusrun" not in text  # no share: no mount step
+    assert not powershell_errors(text)
+    assert "<Value>it's $(rm -rf /) `x`</Value>" in text  # inside a single-quoted here-string: literal
+
+
+def powershell_errors(text: str) -> bool:
+    import tree_sitter
+    import tree_sitter_powershell
+
+    parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_powershell.language()))
+    return bool(parser.parse(text.encode()).root_node.has_error)
 
 
 def test_clusrun_needs_a_share() -> None:

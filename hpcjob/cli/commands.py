@@ -25,10 +25,11 @@ if TYPE_CHECKING:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["xml", "clusrun", "json"]),
+    type=click.Choice(["xml", "clusrun", "powershell", "json"]),
     default="xml",
     show_default=True,
-    help="xml: the job file for `job submit /jobfile:`; clusrun: the share mount step; json: the plan.",
+    help="xml: the job file for `job submit /jobfile:`; clusrun: the share mount step; powershell: a "
+    "script for the head node that mounts and submits; json: the plan.",
 )
 @click.option(
     "--upload",
@@ -51,7 +52,7 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     Name the nodes with --node (render asks no cluster which nodes are online).
     """
     from hpcjob.plan import make_plan
-    from hpcjob.render import clusrun_text, job_xml, plan_json
+    from hpcjob.render import clusrun_text, job_xml, plan_json, powershell_text
     from hpcjob.runs import RunRecord, save_run
     from hpcjob.share import LocalFolder, ShareFolder
     from hpcjob.spec import SpecError
@@ -63,7 +64,8 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     if upload_code and spec.share is None:
         raise SpecError("--upload needs --share //HEADNODE/CcpSpoolDir[/folder]")
     plan = make_plan(spec, spec.node_names, params["run_id"] or new_run_id(spec.name))
-    text = {"xml": job_xml, "clusrun": clusrun_text, "json": plan_json}[fmt](plan)
+    formats = {"xml": job_xml, "clusrun": clusrun_text, "powershell": powershell_text, "json": plan_json}
+    text = formats[fmt](plan)
     if upload_code or copy_to is not None:
         folder: ShareFolder
         if copy_to is not None:

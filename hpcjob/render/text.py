@@ -1,4 +1,4 @@
-"""JobPlan -> the cluster-run mount command and the plan as JSON."""
+"""JobPlan -> the cluster-run mount command, a PowerShell submission script, and the plan as JSON."""
 
 from __future__ import annotations
 
@@ -9,17 +9,26 @@ from functools import cache
 import jinja2
 
 from hpcjob.plan import JobPlan
+from hpcjob.render.job_xml import job_xml
 from hpcjob.spec import SpecError
+
+
+def ps_quote(text: str) -> str:
+    """A PowerShell single-quoted string: nothing in it expands; a quote is doubled."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 @cache
 def _templates() -> jinja2.Environment:
-    return jinja2.Environment(
+    environment = jinja2.Environment(
         loader=jinja2.PackageLoader("hpcjob.render", "templates"),
         autoescape=False,
         keep_trailing_newline=True,
+        trim_blocks=True,
         undefined=jinja2.StrictUndefined,
     )
+    environment.filters["ps_quote"] = ps_quote
+    return environment
 
 
 def clusrun_text(plan: JobPlan) -> str:
@@ -31,6 +40,16 @@ def clusrun_text(plan: JobPlan) -> str:
         if bad in plan.mount.command:
             raise SpecError(f"the mount command holds {bad!r}, which cmd.exe would change")
     return _templates().get_template("clusrun.cmd.j2").render(mount=plan.mount)
+
+
+def powershell_text(plan: JobPlan) -> str:
+    """A script for the head node: the mount step with clusrun, then the job from its XML."""
+    xml = job_xml(plan)
+    if "\n'@" in xml:  # it would end the here-string that carries the job file
+        raise SpecError(
+            "the job file holds a line starting with '@, which the PowerShell script cannot carry"
+        )
+    return _templates().get_template("submit.ps1.j2").render(plan=plan, xml=xml)
 
 
 def plan_json(plan: JobPlan) -> str:
