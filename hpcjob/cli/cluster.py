@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from hpcjob.config import ClusterProfile
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
-    from hpcjob.spec import JobSpec
+    from hpcjob.spec import JobSpec, Share
 
 cluster_option = click.option(
     "--cluster",
@@ -134,16 +134,15 @@ def _spec_with_profile(params: dict[str, Any], profile: ClusterProfile) -> JobSp
 
 
 def _open_share(
-    spec: JobSpec, profile: ClusterProfile, params: dict[str, Any], rest_password: str
+    share: Share, profile: ClusterProfile, rest_password: str, user: str | None, server: str | None, port: int
 ) -> ShareFolder:
     from hpcjob.credentials import smb_password
     from hpcjob.share import SmbFolder
 
-    assert spec.share is not None
-    user = params.get("smb_user") or profile.smb_user or profile.user
+    user = user or profile.smb_user or profile.user
     # Usually the same domain account as the REST API's; ask only for another user's password.
     password = rest_password if user == profile.user else smb_password(user)
-    return SmbFolder(spec.share, user, password, server=params.get("smb_server"), port=params["smb_port"])
+    return SmbFolder(share, user, password, server=server, port=port)
 
 
 @cli.command(context_settings=PASS_THROUGH)
@@ -207,12 +206,19 @@ def submit(
     def progress(line: str) -> None:
         click.echo(line, err=as_json)
 
-    if spec.share:
-        progress(
-            stage_run(
-                code_dir, _open_share(spec, profile, params, rest_password), spec.job_folder, plan.run_id
-            )
+    def open_share() -> ShareFolder:
+        assert spec.share is not None
+        return _open_share(
+            spec.share,
+            profile,
+            rest_password,
+            params.get("smb_user"),
+            params.get("smb_server"),
+            params["smb_port"],
         )
+
+    if spec.share:
+        progress(stage_run(code_dir, open_share(), spec.job_folder, plan.run_id))
     else:
         progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
     mount = (mount_job_xml(plan), plan.mount.mount_point) if mount_step and plan.mount else None
@@ -244,7 +250,7 @@ def submit(
         # The scheduler knows which task ended first, not which rank failed first: the share does.
         from hpcjob.logs import read_root_cause
 
-        folder = _open_share(spec, profile, params, rest_password)
+        folder = open_share()
         try:
             cause = read_root_cause(folder, f"{spec.job_folder}/logs/{plan.run_id}")
         finally:
@@ -265,7 +271,7 @@ def rest_log_access(
     keeps only its first bytes: 1500 on Linux nodes) and returns no folder.
     """
     from hpcjob.config import get_profile, password_for
-    from hpcjob.share import ShareError, SmbFolder
+    from hpcjob.share import ShareError
     from hpcjob.spec import parse_share
 
     assert record.job_id is not None
@@ -278,19 +284,16 @@ def rest_log_access(
         return client.job_with_tasks(job_id).exit_code() if client.job(job_id).ended else None
 
     if record.share:
-        user = params.get("smb_user") or record.smb_user or profile.user
         try:
-            from hpcjob.credentials import smb_password
-
-            smb_pass = password if user == profile.user else smb_password(user)
-            server = params.get("smb_server") or record.smb_server
-            return SmbFolder(
+            folder = _open_share(
                 parse_share(record.share),
-                user,
-                smb_pass,
-                server=server,
-                port=record.smb_port or params["smb_port"],
-            ), scheduler_end
+                profile,
+                password,
+                params.get("smb_user") or record.smb_user,
+                params.get("smb_server") or record.smb_server,
+                record.smb_port or params["smb_port"],
+            )
+            return folder, scheduler_end
         except ShareError as exc:
             click.echo(
                 f"hpcjob: warning: {exc}; showing the scheduler's copy of each task's output, "
