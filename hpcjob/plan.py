@@ -7,14 +7,11 @@ RequiredNodes, all with the same torchrun CommandLine whose rendezvous endpoint 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpcjob.spec import JobSpec, SpecError, check_run_id, parse_node_names
+from hpcjob.spec import PLAIN_PATH, JobSpec, SpecError, check_run_id, parse_node_names
 from hpcjob.torchrun import TorchrunCommand, bash_join, bash_quote, command_line
-
-_PLAIN_PATH = re.compile(r"/[A-Za-z0-9._/-]*")
 
 
 @dataclass(frozen=True)
@@ -151,7 +148,7 @@ def mount_command(share_unc: str, mount_point: str, options: str, log_dir: str) 
     credentials file on the node. The mount point is named once, in `$m`, to keep the line short:
     where only REST reaches the cluster it becomes a task's CommandLine, with the same length limit.
     """
-    if not _PLAIN_PATH.fullmatch(mount_point):
+    if not PLAIN_PATH.fullmatch(mount_point):
         raise SpecError(f"mount point {mount_point!r} may use only letters, digits and . _ - /")
     mount = bash_join(["mount", "-t", "cifs", share_unc, "MP", "-o", options]).replace(" MP ", " $m ")
     logs = log_dir.removeprefix(mount_point.rstrip("/"))

@@ -30,6 +30,8 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 _GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PATH_PART = re.compile(r"[A-Za-z0-9._-]+")
+# A path that bash and cmd.exe take as it is, unquoted (the mount step needs one).
+PLAIN_PATH = re.compile(r"/[A-Za-z0-9._/-]*")
 _SHARE_PART = re.compile(r"[A-Za-z0-9._$-]+")
 _MOUNT_OPTIONS = re.compile(r"[A-Za-z0-9_]+(=[A-Za-z0-9._/:-]*)?(,[A-Za-z0-9_]+(=[A-Za-z0-9._/:-]*)?)*")
 # Characters an XML 1.0 job file cannot carry, even escaped.
@@ -187,7 +189,7 @@ class JobSpec:
             )
         if self.node_group is not None and not _GROUP_NAME.fullmatch(self.node_group):
             raise SpecError(f"node group {self.node_group!r} is not a valid group name")
-        if not re.fullmatch(r"/[A-Za-z0-9._/-]*", self.mount_point):
+        if not PLAIN_PATH.fullmatch(self.mount_point):
             raise SpecError(
                 f"--mount-point {self.mount_point!r} must be an absolute path on the nodes, of letters, "
                 "digits and . _ - /"

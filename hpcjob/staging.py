@@ -129,7 +129,8 @@ def upload(code_dir: Path, folder: ShareFolder, job_folder: str) -> SyncReport:
         previous = json.loads(folder.read_bytes(manifest_path)).get("files", {})
     except (FileNotFoundError, ValueError):
         previous = {}
-    current: dict[str, list[int]] = {}
+    # Code files are known by size and time; hpcjob's node files, which come from the package, by digest.
+    current: dict[str, list[int | str]] = {}
     sent = unchanged = sent_bytes = 0
     for item in code_files(code_dir):
         key = str(item.relative)
@@ -142,8 +143,7 @@ def upload(code_dir: Path, folder: ShareFolder, job_folder: str) -> SyncReport:
         sent_bytes += item.size
     for relative, content in node_files():
         key = str(relative)
-        digest = hashlib.sha256(content).hexdigest()
-        current[key] = [len(content), int(digest[:12], 16)]
+        current[key] = [len(content), hashlib.sha256(content).hexdigest()]
         if previous.get(key) != current[key]:
             folder.write_bytes(f"{job_folder}/{key}", content)
             sent += 1

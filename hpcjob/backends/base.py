@@ -91,14 +91,13 @@ def find_metrics(lines: Iterable[str]) -> dict[str, object] | None:
     return found
 
 
-def job_exit_code(state: State, failed_first: NodeResult | None, root_cause: RootCause | None) -> int:
-    """0 when finished; the first failing rank's code when failed (else the first failed task's)."""
-    if state is State.FINISHED:
+def job_exit_code(state: str, failed_task_code: int | None, root_cause: RootCause | None) -> int:
+    """The job's exit code, for every backend: 0 when finished, 130 when canceled, and when failed the
+    code of the rank that failed first (from the worker shim's records), else the first failed task's."""
+    if state == State.FINISHED:
         return 0
-    if state is State.CANCELED:
+    if state == State.CANCELED:
         return CANCELED_EXIT_CODE
     if root_cause is not None and root_cause.exit_code:
         return root_cause.exit_code
-    if failed_first is not None and failed_first.exit_code:
-        return failed_first.exit_code
-    return 1
+    return failed_task_code or 1

@@ -191,7 +191,9 @@ class LocalBackend:
             name=plan.name,
             run_id=plan.run_id,
             state=state,
-            exit_code=job_exit_code(state, failed_first.result if failed_first else None, root_cause),
+            exit_code=job_exit_code(
+                state, failed_first.result.exit_code if failed_first else None, root_cause
+            ),
             wall_time_s=round(wall_time, 3),
             job_dir=plan.job_dir,
             log_dir=plan.log_dir,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcjob.backends.base import State
+from hpcjob.backends.base import RootCause, State, job_exit_code
 from hpcjob.spec import HpcjobError, SpecError
 
 JOB_PROPERTIES = ("Id", "Name", "State", "ErrorMessage", "AllocatedNodes")
@@ -89,14 +89,11 @@ class JobInfo:
     def ended(self) -> bool:
         return self.state in ENDED_JOB_STATES
 
-    def exit_code(self) -> int:
-        """0 when finished, the first failing task's exit code when failed, 130 when canceled."""
-        if self.state == State.FINISHED:
-            return 0
-        if self.state == State.CANCELED:
-            return 130
-        failed = [t for t in self.tasks if t.state == "Failed" and t.exit_code]
-        return failed[0].exit_code if failed and failed[0].exit_code else 1
+    def exit_code(self, root_cause: RootCause | None = None) -> int:
+        """As every backend reports it (job_exit_code); the scheduler knows the failed tasks, the share
+        (`root_cause`) which rank failed first."""
+        failed = [t.exit_code for t in self.tasks if t.state == State.FAILED and t.exit_code]
+        return job_exit_code(self.state, failed[0] if failed else None, root_cause)
 
 
 def properties(items: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -136,14 +133,12 @@ class RestClient:
         self.session.headers.update({"Accept": "application/json"})
         self.sleep = sleep
         self.clock = clock
-        self.requests_sent = 0
 
     # -- plumbing --------------------------------------------------------------------------------
 
     def _send(
         self, method: str, path: str, *, params: Mapping[str, str] | None = None, body: Any = None
     ) -> Any:
-        self.requests_sent += 1
         # verify per request: requests lets REQUESTS_CA_BUNDLE override a session's verify, but not this.
         kwargs: dict[str, Any] = {"params": params, "timeout": self.retry.timeout_s, "verify": self.verify}
         if body is not None:

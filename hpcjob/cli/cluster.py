@@ -257,7 +257,7 @@ def submit(
             folder.close()
         if cause is not None:
             progress(f"first failure: rank {cause.rank} on {cause.node}, exit code {cause.exit_code}")
-            code = cause.exit_code or code
+            code = info.exit_code(cause)
     _print_status(info, as_json, code)
     sys.exit(code)
 
