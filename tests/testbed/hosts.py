@@ -25,9 +25,9 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
-from .system import PREFIX, closed, kill_all, machine_lock, netns_pids, on_exit, sh, sweep_leftovers
+from .system import PREFIX, Service, closed, kill_all, machine_lock, netns_pids, on_exit, sh, sweep_leftovers
 
 # Runs in each host's fresh UTS + mount namespace (inside its network namespace) and then holds them.
 # /app must not appear on the real root file system, so the host gets its own root: a tmpfs with every
@@ -111,7 +111,7 @@ class Host:
         return out
 
 
-class Hosts:
+class Hosts(Service):
     """Context manager: the hosts `names` (Linux host names) known to each other as `hpc_names`.
 
     `share_folder`, when given, is bind-mounted at `mount_point` on every host (in place of the CIFS
@@ -162,17 +162,6 @@ class Hosts:
 
     def __len__(self) -> int:
         return len(self.hosts)
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def start(self) -> None:
         sweep_leftovers()

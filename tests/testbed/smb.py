@@ -11,9 +11,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Self
 
-from .system import PREFIX, closed, kill_all, on_exit, pids_with_arg, sh, sweep_leftovers
+from .system import PREFIX, Service, closed, kill_all, on_exit, pids_with_arg, sh, sweep_leftovers
 
 _CONF = """\
 [global]
@@ -42,7 +41,7 @@ _CONF = """\
 """
 
 
-class SmbServer:
+class SmbServer(Service):
     """Context manager: smbd on `address`:`port` (in network namespace `netns` when given).
 
     The share `share_name` is the parent of `share_folder`, so `folder_unc` (//ADDRESS/CcpSpoolDir/app)
@@ -74,17 +73,6 @@ class SmbServer:
 
     def __repr__(self) -> str:  # never shows the password
         return f"SmbServer({self.folder_unc!r}, port={self.port}, netns={self.netns!r})"
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def start(self) -> None:
         sweep_leftovers()

@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Self
 
 PREFIX = "hpcjt-"
 _LOCK_FILE = Path(tempfile.gettempdir()) / "hpcjt.lock"
@@ -129,3 +130,24 @@ def _close_all() -> None:
     for close in reversed(list(_open.values())):
         with contextlib.suppress(Exception):
             close()
+
+
+class Service:
+    """A context manager over `start()` and `close()`: a failed start is undone before it raises."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
