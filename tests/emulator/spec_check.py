@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "hpcpack-rest-api"
+REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "hpcpack-rest-api"
 BASE = "/hpc"
 
 
