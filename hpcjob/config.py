@@ -13,28 +13,55 @@ by HPCJOB_CONFIG:
     share = "//HEADNODE/CcpSpoolDir/app"
     node_group = "GPUNodes"
 
+The whole file is checked whenever it is read: every key's TOML type and value, with one-line errors
+that name the file, the cluster and the key. A profile is checked by `ClusterProfile` itself, so a
+hand-edited file and `hpcjob cluster add` obey the same rules. The file is written with tomli-w,
+atomically and readable by its owner only.
+
 The password itself comes from the named environment variable, the system keyring (service
 "hpcjob", key "<profile>:<user>") when the `keyring` package is installed, or a prompt.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import getpass
 import os
+import re
+import ssl
 import sys
+import tempfile
 import tomllib
+import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from hpcjob.spec import SpecError, parse_share
+import tomli_w
+
+from hpcjob.credentials import SMB_PASSWORD_ENV
+from hpcjob.spec import _GROUP_NAME, PLAIN_PATH, HpcjobError, SpecError, parse_share
 
 KEYRING_SERVICE = "hpcjob"
 CLUSTER_ENV = "HPCJOB_CLUSTER"
+# hpcjob.emulator.headnode.PASSWORD_ENV, named here so that reading profiles never imports the emulator.
+EMULATOR_PASSWORD_ENV = "HPCJOB_EMULATOR_PASSWORD"
+
+# Profile names are TOML keys, keyring keys and command-line arguments: plain, and never an option.
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A host name or an IPv4/IPv6 address, as smbprotocol takes it.
+_HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9.:-]{0,252}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_TOP_LEVEL_KEYS = ("clusters", "default")
 
 
 @dataclass(frozen=True)
 class ClusterProfile:
+    """One cluster. Every field is checked here, whether it comes from the file or from the CLI."""
+
     name: str
     url: str
     user: str
@@ -49,17 +76,69 @@ class ClusterProfile:
     node_group: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.url.startswith("https://"):
+        _check_name(self.name)
+        for key, (kind, optional) in _field_kinds().items():
+            value = getattr(self, key)
+            # Exact types: a bool is an int to Python, and insecure = "no" would be true.
+            if not (value is None and optional) and type(value) is not kind:
+                raise SpecError(
+                    f"cluster {self.name}: {key} must be {_WANTED[kind]}, not {_toml_kind(value)}"
+                )
+        self._check_values(f"cluster {self.name}")
+
+    @classmethod
+    def from_table(cls, name: str, table: object) -> ClusterProfile:
+        """The profile of a `[clusters.NAME]` table as the TOML file holds it."""
+        _check_name(name)
+        if not isinstance(table, dict):
+            raise SpecError(f"cluster {name} must be a table ([clusters.{name}]), not {_toml_kind(table)}")
+        known = {f.name for f in fields(cls)} - {"name"}
+        unknown = set(table) - known
+        if unknown:
             raise SpecError(
-                f"cluster {self.name}: url {self.url!r} must start with https:// (the API needs TLS)"
+                f"cluster {name}: unknown key(s) {', '.join(sorted(map(_show, unknown)))}; "
+                f"known: {', '.join(sorted(known))}"
             )
-        if not (self.password in ("prompt", "keyring") or self.password.startswith("env:")):
+        missing = [key for key in ("url", "user") if key not in table]
+        if missing:
+            raise SpecError(f"cluster {name}: {' and '.join(missing)} missing")
+        return cls(name=name, **table)
+
+    def _check_values(self, where: str) -> None:
+        _check_url(where, self.url)
+        _check_user(where, "user", self.user)
+        variable = self.password.removeprefix("env:") if self.password.startswith("env:") else None
+        if self.password not in ("prompt", "keyring") and not (variable and _ENV_NAME.fullmatch(variable)):
             raise SpecError(
-                f"cluster {self.name}: password must be 'prompt', 'keyring' or 'env:VARIABLE', "
+                f"{where}: password must be 'prompt', 'keyring' or 'env:VARIABLE' (a variable name), "
                 "never the password itself"
             )
-        if self.share:
-            parse_share(self.share)
+        if self.ca_bundle is not None:
+            if self.insecure:
+                raise SpecError(f"{where}: ca_bundle and insecure = true contradict each other; choose one")
+            _check_ca_bundle(where, self.ca_bundle)
+        if self.share is not None:
+            try:
+                parse_share(self.share)
+            except SpecError as exc:
+                raise SpecError(f"{where}: {exc}") from None
+        if self.smb_user is not None:
+            _check_user(where, "smb_user", self.smb_user)
+        if self.smb_server is not None and not _HOST.fullmatch(self.smb_server):
+            raise SpecError(f"{where}: smb_server {self.smb_server!r} must be a host name or an address")
+        if not 1 <= self.smb_port <= 65535:
+            raise SpecError(f"{where}: smb_port {self.smb_port} must be between 1 and 65535")
+        # The same rules as the job options', so that a profile never makes a job that fails later.
+        if self.mount_point is not None and not PLAIN_PATH.fullmatch(self.mount_point):
+            raise SpecError(
+                f"{where}: mount_point {self.mount_point!r} must be an absolute path on the nodes, of "
+                "letters, digits and . _ - /"
+            )
+        if self.node_group is not None and not _GROUP_NAME.fullmatch(self.node_group):
+            raise SpecError(
+                f"{where}: node_group {self.node_group!r} must be a node group name (letters, digits, "
+                "space and . _ -, at most 64)"
+            )
 
     @property
     def api_base(self) -> str:
@@ -75,6 +154,89 @@ class ClusterProfile:
         return self.ca_bundle or True
 
 
+_WANTED: dict[type, str] = {str: "a string", bool: "true or false (unquoted)", int: "an integer"}
+
+
+@functools.cache
+def _field_kinds() -> dict[str, tuple[type, bool]]:
+    """Each field's type and whether it may be absent, read from the annotations: declared once."""
+    kinds: dict[str, tuple[type, bool]] = {}
+    for key, hint in typing.get_type_hints(ClusterProfile).items():
+        args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        kinds[key] = (args[0], True) if args else (hint, False)
+    return kinds
+
+
+def _toml_kind(value: object) -> str:
+    """What a value read from TOML is, in TOML's words."""
+    if value is None:
+        return "missing"
+    for kind, words in ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string")):
+        if isinstance(value, kind):
+            return words
+    if isinstance(value, list):
+        return "an array"
+    return "a table" if isinstance(value, dict) else "a date or time"
+
+
+def _show(text: str) -> str:
+    """A name from the file as it is, or quoted when it holds what would break the line."""
+    return text if text.isprintable() else repr(text)
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not _PROFILE_NAME.fullmatch(name):
+        raise SpecError(
+            f"cluster name {name!r} must be letters, digits and . _ -, starting with a letter or digit, "
+            "at most 64"
+        )
+
+
+def _check_url(where: str, url: str) -> None:
+    # Never echo the URL: it may carry a password.
+    if _CONTROL.search(url) or " " in url:
+        raise SpecError(f"{where}: url must not contain spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # urlsplit checks the port only when asked for it
+    except ValueError:
+        raise SpecError(f"{where}: url is not a valid URL: give https://HEADNODE[:PORT][/hpc]") from None
+    if "@" in parts.netloc:
+        raise SpecError(
+            f"{where}: url must not hold a user or password (user@host): give the user with --user and "
+            "the password with --password-env or --keyring"
+        )
+    if parts.scheme.lower() != "https":
+        raise SpecError(f"{where}: url must start with https:// (the API needs TLS)")
+    if not parts.hostname:
+        raise SpecError(f"{where}: url names no host: give https://HEADNODE[:PORT][/hpc]")
+    if "?" in url or "#" in url:
+        raise SpecError(f"{where}: url must not have a ?query or #fragment: give https://HEADNODE[/hpc]")
+
+
+def _check_user(where: str, key: str, user: str) -> None:
+    # Not echoed: a user field is where a careless hand puts "alice:password".
+    if not user.strip() or _CONTROL.search(user) or ":" in user:
+        raise SpecError(
+            f"{where}: {key} must be a user name such as CONTOSO\\alice, not empty, without ':' or "
+            "control characters"
+        )
+
+
+def _check_ca_bundle(where: str, path: str) -> None:
+    if not os.path.isabs(path):
+        raise SpecError(f"{where}: ca_bundle {path!r} must be an absolute path")
+    if not os.path.isfile(path):
+        raise SpecError(f"{where}: ca_bundle {path!r}: no such file")
+    # A bundle that holds no certificate would fail every request, after the read retries.
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError as exc:
+        raise SpecError(f"{where}: ca_bundle {path!r} holds no PEM certificate ({exc.reason})") from None
+    except OSError as exc:
+        raise SpecError(f"{where}: ca_bundle {path!r}: {exc.strerror}") from None
+
+
 def config_path() -> Path:
     if os.environ.get("HPCJOB_CONFIG"):
         return Path(os.environ["HPCJOB_CONFIG"])
@@ -82,39 +244,68 @@ def config_path() -> Path:
     return Path(config_home) / "hpcjob" / "clusters.toml"
 
 
-def _load() -> dict[str, Any]:
-    path = config_path()
-    if not path.is_file():
-        return {}
+def _read(path: Path) -> dict[str, Any]:
+    """The file's TOML, its top level checked, profiles not yet; {} when there is no file."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read it: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # -sig: Notepad's byte order mark
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise SpecError(f"{path}: not UTF-8 text (line {line}); save it as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: {exc}") from None
+    unknown = set(data) - set(_TOP_LEVEL_KEYS)
+    if unknown:
+        raise SpecError(
+            f"{path}: unknown key(s) {', '.join(sorted(map(_show, unknown)))}; known: "
+            f"{', '.join(_TOP_LEVEL_KEYS)}, and the keys of each [clusters.NAME] table"
+        )
+    if not isinstance(data.get("clusters", {}), dict):
+        raise SpecError(
+            f"{path}: clusters must be [clusters.NAME] tables, not {_toml_kind(data['clusters'])}"
+        )
+    if not isinstance(data.get("default", ""), str):
+        raise SpecError(
+            f"{path}: default must be a string, the name of a cluster, not {_toml_kind(data['default'])}"
+        )
+    return data
+
+
+def load_config() -> tuple[dict[str, ClusterProfile], str | None]:
+    """Every profile, checked, and the name of the one used without --cluster (None: no choice)."""
+    path = config_path()
+    data = _read(path)
+    profiles = {}
+    for name, table in data.get("clusters", {}).items():
+        try:
+            profiles[name] = ClusterProfile.from_table(name, table)
+        except SpecError as exc:
+            raise SpecError(f"{path}: {exc}") from None
+    default = data.get("default")
+    if default is not None and default not in profiles:
+        raise SpecError(
+            f"{path}: default {default!r} names no cluster; configured: "
+            f"{', '.join(sorted(profiles)) or 'none'}"
+        )
+    chosen = os.environ.get(CLUSTER_ENV) or default
+    if chosen is None and len(profiles) == 1:
+        chosen = next(iter(profiles))
+    return profiles, chosen
 
 
 def load_profiles() -> dict[str, ClusterProfile]:
-    known = {f.name for f in fields(ClusterProfile)}
-    profiles = {}
-    for name, table in _load().get("clusters", {}).items():
-        unknown = set(table) - known
-        if unknown:
-            raise SpecError(
-                f"{config_path()}: cluster {name}: unknown key(s) {', '.join(sorted(unknown))}; "
-                f"known: {', '.join(sorted(known - {'name'}))}"
-            )
-        try:
-            profiles[name] = ClusterProfile(name=name, **table)
-        except TypeError as exc:
-            raise SpecError(f"{config_path()}: cluster {name}: {exc}") from None
-    return profiles
+    return load_config()[0]
 
 
 def get_profile(name: str | None) -> ClusterProfile:
     """The named profile, else $HPCJOB_CLUSTER, else the file's default, else the only one."""
-    profiles = load_profiles()
-    chosen = name or os.environ.get(CLUSTER_ENV) or _load().get("default")
-    if chosen is None and len(profiles) == 1:
-        chosen = next(iter(profiles))
+    profiles, default = load_config()
+    chosen = name or default
     if chosen is None:
         if not profiles:
             raise SpecError(
@@ -131,49 +322,61 @@ def get_profile(name: str | None) -> ClusterProfile:
 
 
 def save_profile(profile: ClusterProfile, make_default: bool = False) -> Path:
-    data = _load()
-    clusters = data.setdefault("clusters", {})
-    table = {k: v for k, v in asdict(profile).items() if k != "name" and v is not None}
-    clusters[profile.name] = table
-    if make_default or "default" not in data:
-        data["default"] = profile.name
-    _write(data)
-    return config_path()
+    """Add or replace one profile. The others are kept as they are, so that a broken one can be fixed."""
+    path = config_path()
+    data = _read(path)
+    clusters = data.get("clusters", {})
+    clusters[profile.name] = {k: v for k, v in asdict(profile).items() if k != "name" and v is not None}
+    default = profile.name if make_default or "default" not in data else data["default"]
+    _write(path, {"default": default, "clusters": clusters})
+    return path
 
 
 def remove_profile(name: str) -> None:
-    data = _load()
-    if name not in data.get("clusters", {}):
-        raise SpecError(f"no cluster {name!r} in {config_path()}")
-    del data["clusters"][name]
-    if data.get("default") == name:
-        del data["default"]
-    _write(data)
-
-
-def _write(data: dict[str, Any]) -> None:
-    lines = []
-    if "default" in data:
-        lines.append(f"default = {_toml_value(data['default'])}")
-    for name, table in data.get("clusters", {}).items():
-        lines.append(f"\n[clusters.{_toml_key(name)}]")
-        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
     path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines).lstrip("\n") + "\n", encoding="utf-8")
+    data = _read(path)
+    clusters = data.get("clusters", {})
+    if name not in clusters:
+        raise SpecError(f"no cluster {name!r} in {path}")
+    del clusters[name]
+    kept = {"default": data["default"]} if data.get("default", name) != name else {}
+    _write(path, {**kept, "clusters": clusters})
 
 
-def _toml_key(key: str) -> str:
-    return key if key.replace("-", "").replace("_", "").isalnum() else _toml_value(key)
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Replace the file in one step: a crash leaves the old file or the new one, never half of one."""
+    text = tomli_w.dumps(data)
+    target = Path(os.path.realpath(path))  # through a symlink (kept dotfiles) to the file it names
+    temp = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temp, 0o600)  # it names users and hosts: the owner's only
+        os.replace(temp, target)
+    except OSError as exc:
+        if temp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+        raise HpcjobError(f"{path}: cannot write it: {exc.strerror or exc}") from None
 
 
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
+def secret_variables() -> frozenset[str]:
+    """The environment variables that hold passwords hpcjob knows of, to keep out of the tasks.
+
+    Never raises: with a broken or missing file, only the fixed names. A profile that fails its checks
+    still names its variable.
+    """
+    names = {SMB_PASSWORD_ENV, EMULATOR_PASSWORD_ENV}
+    with contextlib.suppress(Exception):  # scrubbing goes on whatever the file holds
+        for table in _read(config_path()).get("clusters", {}).values():
+            source = table.get("password") if isinstance(table, dict) else None
+            if isinstance(source, str) and source.startswith("env:") and len(source) > 4:
+                names.add(source[4:])
+    return frozenset(names)
 
 
 def password_for(profile: ClusterProfile) -> str:

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from hpcjob.config import ClusterProfile, config_path, get_profile, load_profiles, password_for
-from hpcjob.spec import SpecError
+from hpcjob import config
+from hpcjob.config import (
+    ClusterProfile,
+    config_path,
+    get_profile,
+    load_profiles,
+    password_for,
+    save_profile,
+    secret_variables,
+)
+from hpcjob.emulator.tls import make_certificate
+from hpcjob.spec import HpcjobError, SpecError
 
 
 @pytest.fixture(autouse=True)
@@ -20,15 +32,25 @@ def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def hpcjob(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def hpcjob(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hpcjob.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,
         env=env,
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
     )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The error of a command that failed on bad input: exit 2, one line on stderr, nothing else."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("hpcjob: error: "), result.stderr
+    return result.stderr.removeprefix("hpcjob: error: ").rstrip("\n")
 
 
 def test_cluster_add_writes_a_profile_without_a_password(config_file: Path) -> None:
@@ -60,18 +82,21 @@ def test_cluster_add_writes_a_profile_without_a_password(config_file: Path) -> N
         "https://head.contoso.com/hpc",
         True,
     )
-    listed = hpcjob("cluster", "list")
-    assert listed.stdout == "prod\thttps://head.contoso.com/hpc\tCONTOSO\\alice\t//HEAD/CcpSpoolDir/app\n"
+    assert result.stdout == f"cluster prod saved in {config_file}\n"
 
 
 def test_insecure_warns_and_ca_bundle_is_verified(tmp_path: Path) -> None:
     result = hpcjob("cluster", "add", "lab", "--url", "https://lab", "--user", "u", "--insecure")
     assert "TLS verification is off" in result.stderr
     assert get_profile("lab").verify is False
-    ca = tmp_path / "ca.pem"
-    ca.write_text("-----BEGIN CERTIFICATE-----\n")
-    hpcjob("cluster", "add", "lab2", "--url", "https://lab2/hpc", "--user", "u", "--ca-bundle", str(ca))
-    assert get_profile("lab2").verify == str(ca)
+    ca, _ = make_certificate(str(tmp_path))
+    # A relative path is stored absolute: later commands run from other folders.
+    added = hpcjob(
+        "cluster", "add", "lab2", "--url", "https://lab2/hpc", "--user", "u", "--ca-bundle", "head.crt",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert get_profile("lab2").verify == ca
     assert get_profile("lab2").api_base == "https://lab2/hpc"
 
 
@@ -113,3 +138,210 @@ def test_password_sources(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys.stdin, "isatty", lambda: False)
     with pytest.raises(SpecError, match="no terminal to ask for the password"):
         password_for(prompt)
+
+
+def test_cluster_list_is_a_table_that_marks_the_default(config_file: Path) -> None:
+    added = hpcjob("cluster", "add", "prod", "--url", "https://head.contoso.com", "--user", "CONTOSO\\alice",
+                   "--share", "//HEAD/CcpSpoolDir/app", "--node-group", "GPU Nodes")  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert hpcjob("cluster", "add", "lab", "--url", "https://lab:8443/hpc", "--user", "bob").returncode == 0
+    listed = hpcjob("cluster", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == [
+        "DEFAULT  NAME  URL                           USER           SHARE                   NODE GROUP",
+        "         lab   https://lab:8443/hpc          bob            -                       -",
+        "*        prod  https://head.contoso.com/hpc  CONTOSO\\alice  //HEAD/CcpSpoolDir/app  GPU Nodes",
+    ]
+    # $HPCJOB_CLUSTER chooses another for the commands, and the list says so.
+    chosen = hpcjob("cluster", "list", env={**os.environ, "HPCJOB_CLUSTER": "lab"})
+    assert [line[:1] for line in chosen.stdout.splitlines()] == ["D", "*", " "]
+    assert hpcjob("cluster", "remove", "prod").returncode == 0
+    assert hpcjob("cluster", "remove", "lab").returncode == 0
+    empty = hpcjob("cluster", "list")
+    assert (empty.returncode, empty.stdout) == (0, "")
+    assert empty.stderr.startswith("no cluster configured in ")
+
+
+BASE = {"url": '"https://head"', "user": '"alice"'}
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("url = 5", "url must be a string, not an integer"),
+        ("password = 7", "password must be a string, not an integer"),
+        ('insecure = "no"', "insecure must be true or false (unquoted), not a string"),
+        ("insecure = 1", "insecure must be true or false (unquoted), not an integer"),
+        ('smb_port = "x"', "smb_port must be an integer, not a string"),
+        ("smb_port = true", "smb_port must be an integer, not a boolean"),
+        ("smb_port = 70000", "smb_port 70000 must be between 1 and 65535"),
+        ("smb_port = 0", "smb_port 0 must be between 1 and 65535"),
+        ("share = ['//HEAD/CcpSpoolDir']", "share must be a string, not an array"),
+        ("node_group = 1979-05-27", "node_group must be a string, not a date or time"),
+        ('ca_bundle = "/nonexistent/ca.pem"', "ca_bundle '/nonexistent/ca.pem': no such file"),
+        ('ca_bundle = "ca.pem"', "ca_bundle 'ca.pem' must be an absolute path"),
+        ('ca_bundle = "/etc/hostname"', "ca_bundle '/etc/hostname' holds no PEM certificate"),
+        ('share = "HEAD/CcpSpoolDir"', "share 'HEAD/CcpSpoolDir' must look like //HEADNODE/CcpSpoolDir"),
+        ('node_group = "GPU;reboot"', "node_group 'GPU;reboot' must be a node group name"),
+        ('mount_point = "app"', "mount_point 'app' must be an absolute path on the nodes"),
+        ('smb_server = "head node"', "smb_server 'head node' must be a host name or an address"),
+        ('user = ""', "user must be a user name such as CONTOSO\\alice"),
+        ('smb_user = "a\\nb"', "smb_user must be a user name such as CONTOSO\\alice"),
+        ('url = "http://head"', "url must start with https:// (the API needs TLS)"),
+        ('url = "https://"', "url names no host"),
+        ('url = "https://head:99999"', "url is not a valid URL"),
+        ('url = "https://head/hpc?api-version=2"', "url must not have a ?query or #fragment"),
+        ('password = "env:"', "password must be 'prompt', 'keyring' or 'env:VARIABLE'"),
+        ('password = "env:A B"', "password must be 'prompt', 'keyring' or 'env:VARIABLE'"),
+    ],
+)
+def test_a_bad_value_in_the_file_is_one_line_naming_file_cluster_and_key(
+    config_file: Path, line: str, error: str
+) -> None:
+    key = line.split(" = ")[0]
+    kept = [f"{k} = {v}" for k, v in BASE.items() if k != key]
+    config_file.write_text("\n".join(["[clusters.p]", *kept, line]) + "\n")
+    assert one_line_error(hpcjob("cluster", "list")).startswith(f"{config_file}: cluster p: {error}")
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (b'clusters = "x"\n', "clusters must be [clusters.NAME] tables, not a string"),
+        (b"[clusters]\np = 5\n", "cluster p must be a table ([clusters.p]), not an integer"),
+        (b'default = 3\n[clusters.p]\nurl = "https://h"\nuser = "u"\n', "default must be a string"),
+        (b'default = "q"\n[clusters.p]\nurl = "https://h"\nuser = "u"\n', "default 'q' names no cluster"),
+        (b'defualt = "p"\n', "unknown key(s) defualt; known: clusters, default"),
+        (b'[clusters."p q"]\nurl = "https://h"\nuser = "u"\n', "cluster name 'p q' must be letters"),
+        (b'[clusters."p\\nq"]\nurl = "https://h"\nuser = "u"\n', "cluster name 'p\\nq' must be letters"),
+        (b'[clusters.p]\nuser = "u"\n', "cluster p: url missing"),
+        (b'[clusters.p]\nurl = "https://h"\nuser = "\xe9"\n', "not UTF-8 text (line 3); save it as UTF-8"),
+    ],
+)
+def test_a_broken_file_is_one_line_naming_the_file(config_file: Path, text: bytes, error: str) -> None:
+    config_file.write_bytes(text)
+    assert one_line_error(hpcjob("cluster", "list")).startswith(f"{config_file}: {error}")
+    with pytest.raises(SpecError, match="^" + str(config_file)):
+        get_profile("p")
+
+
+def test_a_profile_written_with_a_byte_order_mark_is_read(config_file: Path) -> None:
+    config_file.write_bytes('\ufeff[clusters.p]\nurl = "https://h"\nuser = "u"\n'.encode())
+    assert get_profile(None).url == "https://h"
+
+
+@pytest.mark.parametrize("name", ["p\nq", "p q", "../x", "p]", "a" * 65, "é", ".hidden"])
+def test_cluster_add_refuses_a_name_that_would_break_the_file(config_file: Path, name: str) -> None:
+    error = one_line_error(hpcjob("cluster", "add", name, "--url", "https://h", "--user", "u"))
+    assert error.startswith(f"cluster name {name!r} must be letters, digits and . _ -")
+    assert not config_file.exists()
+
+
+def test_names_with_dots_round_trip_and_a_broken_profile_can_be_removed(config_file: Path) -> None:
+    for name in ("a.b", "A-1_z"):
+        assert hpcjob("cluster", "add", name, "--url", "https://h", "--user", "u").returncode == 0
+    assert set(load_profiles()) == {"a.b", "A-1_z"}
+    assert '[clusters."a.b"]' in config_file.read_text()
+    assert hpcjob("cluster", "remove", "a.b").returncode == 0
+    assert set(load_profiles()) == {"A-1_z"}
+    # A hand-made mistake in one profile: cluster add and remove still mend the file.
+    config_file.write_text(config_file.read_text() + '\n[clusters.bad]\nurl = "https://h"\nuser = "u"\n'
+                           'insecure = "no"\n')  # fmt: skip
+    assert "insecure" in one_line_error(hpcjob("cluster", "list"))
+    assert hpcjob("cluster", "remove", "bad").returncode == 0
+    assert set(load_profiles()) == {"A-1_z"}
+
+
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [
+        ("https://alice:hunter2@head", "url must not hold a user or password (user@host)"),
+        ("https://hunter2@head/hpc", "url must not hold a user or password (user@host)"),
+        ("http://alice:hunter2@head", "url must not hold a user or password (user@host)"),
+        ("https://head/hpc?token=hunter2", "url must not have a ?query or #fragment"),
+        ("https://head/hpc#hunter2", "url must not have a ?query or #fragment"),
+        ("https://head /hunter2", "url must not contain spaces or control characters"),
+    ],
+)
+def test_a_url_with_credentials_is_refused_without_echoing_them(
+    config_file: Path, url: str, error: str
+) -> None:
+    result = hpcjob("cluster", "add", "p", "--url", url, "--user", "alice")
+    assert one_line_error(result).startswith(f"cluster p: {error}")
+    assert "hunter2" not in result.stdout + result.stderr
+    assert not config_file.exists()
+    config_file.write_text(f'[clusters.p]\nurl = "{url}"\nuser = "alice"\n')
+    listed = hpcjob("cluster", "list")
+    assert one_line_error(listed).startswith(f"{config_file}: cluster p: {error}")
+    assert "hunter2" not in listed.stdout + listed.stderr
+
+
+def test_cluster_add_checks_what_it_is_given(tmp_path: Path, config_file: Path) -> None:
+    def add(*args: str) -> str:
+        return one_line_error(hpcjob("cluster", "add", "p", "--url", "https://h", "--user", "u", *args))
+
+    assert add("--password-env", "").startswith("cluster p: password must be")
+    assert add("--password-env", "hunter2!").startswith("cluster p: password must be")
+    assert add("--smb-port", "70000") == "cluster p: smb_port 70000 must be between 1 and 65535"
+    assert "'--smb-port'" in add("--smb-port", "x")
+    assert add("--ca-bundle", str(tmp_path / "none.pem")).startswith("cluster p: ca_bundle ")
+    ca, _ = make_certificate(str(tmp_path))
+    assert add("--ca-bundle", ca, "--insecure").startswith("cluster p: ca_bundle and insecure = true")
+    assert add("--node-group", "a;b").startswith("cluster p: node_group 'a;b'")
+    assert not config_file.exists()
+
+
+def test_the_file_is_replaced_at_once_and_private(
+    tmp_path: Path, config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert hpcjob("cluster", "add", "a", "--url", "https://a", "--user", "u").returncode == 0
+    assert stat.S_IMODE(config_file.stat().st_mode) == 0o600
+    before = config_file.read_bytes()
+
+    def crash(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(HpcjobError, match=r"cannot write it: No space left on device$"):
+        save_profile(ClusterProfile(name="b", url="https://b", user="u"))
+    assert config_file.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["clusters.toml"]  # no temporary file left
+    monkeypatch.undo()
+    # A symbolic link (kept dotfiles) stays a link to the file it names.
+    link = tmp_path / "link.toml"
+    link.symlink_to(config_file)
+    monkeypatch.setenv("HPCJOB_CONFIG", str(link))
+    save_profile(ClusterProfile(name="b", url="https://b", user="u"))
+    assert link.is_symlink() and set(load_profiles()) == {"a", "b"}
+
+
+def test_secret_variables_name_every_password_variable_and_never_raise(config_file: Path) -> None:
+    from hpcjob.credentials import SMB_PASSWORD_ENV
+    from hpcjob.emulator.headnode import PASSWORD_ENV
+
+    fixed = {SMB_PASSWORD_ENV, PASSWORD_ENV}
+    assert fixed == {"HPCJOB_SMB_PASSWORD", "HPCJOB_EMULATOR_PASSWORD"}
+    assert secret_variables() == fixed  # no file
+    config_file.write_text(
+        '[clusters.a]\nurl = "https://a"\nuser = "u"\npassword = "env:A_PW"\n'
+        '[clusters.b]\nurl = "https://b"\nuser = "u"\npassword = "keyring"\n'
+        # broken in another key: its variable is still a secret
+        '[clusters.c]\nurl = 5\nuser = "u"\npassword = "env:C_PW"\n'
+        "[clusters.d]\npassword = 3\n"
+    )
+    assert secret_variables() == fixed | {"A_PW", "C_PW"}
+    for broken in (b"[clusters.a\n", b'clusters = "x"\n', b"\xff\xfe", b"[clusters]\na = 1\n"):
+        config_file.write_bytes(broken)
+        assert secret_variables() == fixed
+    config_file.unlink()
+    config_file.mkdir()  # a folder where the file should be
+    assert secret_variables() == fixed
+
+
+def test_profiles_are_checked_once_for_the_file_and_the_cli() -> None:
+    # The same class checks both: a profile made in Python obeys the file's rules.
+    with pytest.raises(SpecError, match=r"^cluster x: insecure must be true or false"):
+        ClusterProfile(name="x", url="https://h", user="u", insecure="no")  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match=r"^cluster x: unknown key\(s\) name"):
+        ClusterProfile.from_table("x", {"url": "https://h", "user": "u", "name": "y"})
+    assert config.EMULATOR_PASSWORD_ENV == "HPCJOB_EMULATOR_PASSWORD"

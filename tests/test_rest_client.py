@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
-from collections.abc import Callable
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +22,12 @@ from hpcjob.backends.rest import (
     PollPolicy,
     RestClient,
     RestError,
+    RestUnsure,
     RetryPolicy,
     choose_nodes,
     wait_for_job,
 )
+from hpcjob.emulator.tls import make_certificate
 from hpcjob.spec import SpecError
 
 from .conftest import REFERENCE
@@ -353,3 +360,53 @@ def test_waiting_backs_off_while_nothing_changes_and_reports_changes() -> None:
         "GPU1: Finished (exit code 0)",
     ]
     assert waits == [1.0, 2.0, 3.0, 1.0, 2.0]
+
+
+class _VersionHandler(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with a version, as /hpc/cluster/version does."""
+
+    def do_GET(self) -> None:
+        body = json.dumps("6.3.8328.0").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def self_signed_head(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A real HTTPS server on 127.0.0.1 with a self-signed certificate: its URL and its certificate."""
+    cert, key = make_certificate(str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _VersionHandler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}/hpc", cert
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_certificate_that_fails_verification_is_reported_at_once(self_signed_head: tuple[str, str]) -> None:
+    url, cert = self_signed_head
+    slept: list[float] = []
+    client = RestClient(url, "alice", "secret", verify=True, sleep=slept.append, clock=lambda: sum(slept))
+    expected = (
+        rf"^the head node's certificate at {re.escape(url)} failed verification \(self.signed certificate\): "
+        r"give the cluster's CA with `hpcjob cluster add \.\.\. --ca-bundle PATH`$"
+    )
+    started = time.monotonic()
+    with pytest.raises(RestError, match=expected):
+        client.version()  # a read: not retried
+    with pytest.raises(RestError, match=expected) as info:
+        client.submit(1)  # a write: refused in the handshake, so surely not sent
+    assert not isinstance(info.value, RestUnsure)
+    assert slept == [] and time.monotonic() - started < 5.0
+    # The same server, trusted: the failure was the certificate's, nothing else.
+    assert RestClient(url, "alice", "secret", verify=cert).version() == "6.3.8328.0"

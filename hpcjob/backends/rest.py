@@ -10,6 +10,7 @@ repeated: after a failure that may have reached the server, the job is looked up
 from __future__ import annotations
 
 import random
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -173,6 +174,7 @@ class RestClient:
                     return self._check("GET", path, response)
                 problem = f"HTTP {response.status_code}"
             except (self._requests.ConnectionError, self._requests.Timeout) as exc:
+                _raise_if_untrusted(exc, self.base_url)
                 problem = type(exc).__name__
             wait = next(waits)
             if self.clock() + wait > deadline:
@@ -187,6 +189,7 @@ class RestClient:
         try:
             response = self._send(method, path, params=params, body=body)
         except (self._requests.ConnectionError, self._requests.Timeout) as exc:
+            _raise_if_untrusted(exc, self.base_url)  # refused in the handshake: nothing was sent
             raise RestUnsure(f"{method} {path}: {type(exc).__name__} talking to {self.base_url}") from None
         if response.status_code >= 500:
             raise RestUnsure(f"{method} {path}: HTTP {response.status_code}: {response.text[:200]}")
@@ -348,6 +351,33 @@ class RestClient:
 
 class RestUnsure(RestError):
     """A write that may or may not have reached the server (timeout, dropped connection, 5xx)."""
+
+
+def _raise_if_untrusted(exc: BaseException, url: str) -> None:
+    """A certificate that failed verification, at once: retrying cannot make it trusted."""
+    reason = _verification_failure(exc)
+    if reason is not None:
+        raise RestError(
+            f"the head node's certificate at {url} failed verification ({reason}): give the cluster's CA "
+            "with `hpcjob cluster add ... --ca-bundle PATH`"
+        ) from None
+
+
+def _verification_failure(exc: BaseException) -> str | None:
+    """The reason of the ssl.SSLCertVerificationError that requests and urllib3 wrap, if any."""
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return str(current.verify_message or current.reason or "certificate verify failed").rstrip(".")
+        # requests keeps urllib3's error in args; urllib3's MaxRetryError keeps its cause in .reason.
+        linked = (*current.args, current.__cause__, current.__context__, getattr(current, "reason", None))
+        todo.extend(item for item in linked if isinstance(item, BaseException))
+    return None
 
 
 def choose_nodes(nodes: Sequence[NodeInfo], count: int, busy: set[str], group: str | None) -> tuple[str, ...]:

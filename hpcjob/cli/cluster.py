@@ -61,7 +61,7 @@ def cluster() -> None:
 @click.option("--user", required=True, help="User name, e.g. CONTOSO\\alice.")
 @click.option("--password-env", metavar="VARIABLE", help="Read the password from this environment variable.")
 @click.option("--keyring", "use_keyring", is_flag=True, help="Keep the password in the system keyring.")
-@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), help="CA certificate(s) to trust.")
+@click.option("--ca-bundle", metavar="PATH", help="CA certificate(s) to trust, a PEM file.")
 @click.option(
     "--insecure", is_flag=True, help="Do not verify the head node's certificate (warns on every use)."
 )
@@ -79,10 +79,14 @@ def cluster_add(
     from hpcjob.config import KEYRING_SERVICE, ClusterProfile, save_profile
     from hpcjob.spec import SpecError
 
-    if password_env and use_keyring:
+    if password_env is not None and use_keyring:
         raise SpecError("choose one of --password-env and --keyring")
-    password = f"env:{password_env}" if password_env else "keyring" if use_keyring else "prompt"
-    profile = ClusterProfile(name=name, password=password, **options)
+    # `is not None`: an empty --password-env must be refused, not taken as "prompt".
+    password = f"env:{password_env}" if password_env is not None else "keyring" if use_keyring else "prompt"
+    if options["ca_bundle"]:
+        # The file outlives this directory: store the path from anywhere.
+        options["ca_bundle"] = str(Path(options["ca_bundle"]).absolute())
+    profile = ClusterProfile(name=name, password=password, **options)  # every check, before any prompt
     if use_keyring:
         try:
             import keyring
@@ -101,11 +105,24 @@ def cluster_add(
 
 @cluster.command("list")
 def cluster_list() -> None:
-    """List the cluster profiles."""
-    from hpcjob.config import load_profiles
+    """List the cluster profiles; * marks the one used without --cluster."""
+    from hpcjob.config import config_path, load_config
 
-    for profile in load_profiles().values():
-        click.echo(f"{profile.name}\t{profile.api_base}\t{profile.user}\t{profile.share or '-'}")
+    profiles, chosen = load_config()
+    if not profiles:
+        click.echo(
+            f"no cluster configured in {config_path()}: add one with `hpcjob cluster add NAME --url ...`",
+            err=True,
+        )
+        return
+    rows = [("DEFAULT", "NAME", "URL", "USER", "SHARE", "NODE GROUP")]
+    rows += [
+        ("*" if p.name == chosen else "", p.name, p.api_base, p.user, p.share or "-", p.node_group or "-")
+        for p in sorted(profiles.values(), key=lambda p: p.name)
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 @cluster.command("remove")
