@@ -77,6 +77,9 @@ def run_task(node: Path, args: list[str]) -> list[str]:
 @example(args=["with space", "it's", 'say "hi"', "$HOME", "$(touch pwned)", "`id`", "a;b", "x\\y", "\\"])
 @example(args=["line1\nline2", "tab\there", "cr\rlf", "naïve ünïcödé", "日本語", "emoji 🚀", ""])
 @example(args=["*", "~", "-", "--flag=1", "&&", "|", ">out", "!", "#hash", "{a,b}", "%PATH%"])
+@example(
+    args=["\r", "\r\n", "x\r'@\rWrite-Host PWNED", "\u2018\u2019\u201a\u201b", "\x7f\x85\x9b", "\u2028\u2029"]
+)
 def test_bash_gives_back_the_script_arguments(node: Path, args: list[str]) -> None:
     assert run_task(node, args) == args
     assert not (node / "pwned").exists()

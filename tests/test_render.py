@@ -13,6 +13,7 @@ from hpcjob.render import JOB_NAMESPACE, clusrun_text, job_xml, plan_json, power
 from hpcjob.render.text import ps_quote
 from hpcjob.spec import SpecError
 
+from .artefact_checks import check_powershell, powershell_errors, ps_shape
 from .conftest import REFERENCE, RUN_ID, cluster_spec
 
 NS = {"j": JOB_NAMESPACE}
@@ -35,26 +36,45 @@ def test_clusrun_golden(golden: Callable[[str, str], None]) -> None:
 
 def test_powershell_golden_and_syntax(golden: Callable[[str, str], None]) -> None:
     spec = cluster_spec(2)
-    text = powershell_text(make_plan(spec, spec.node_names, RUN_ID))
+    plan = make_plan(spec, spec.node_names, RUN_ID)
+    text = powershell_text(plan)
     golden("submit-2node.ps1", text)
     assert not powershell_errors(text)
+    check_powershell(plan, text, text)  # its values in their strings; the job file decodes to the XML
+    assert ps_shape(text)[0] == GOLDEN_SHAPE
+
+
+# The script's statements, each value quoted ('_'), the job file as a base64 array (@(_)).
+GOLDEN_SHAPE = (
+    "#_\n" * 11
+    + """$ErrorActionPreference = '_'
+if (-not (Get-PSSnapin Microsoft.HPC -ErrorAction SilentlyContinue)) { Add-PSSnapin Microsoft.HPC }
+$runId = '_'
+$logDir = '_'
+#_
+clusrun /user:system '_' '_'
+if ($LASTEXITCODE -ne 0) { throw "mounting the share failed on a node (clusrun exit code $LASTEXITCODE)" }
+$jobFile = Join-Path $env:TEMP ($runId + '_')
+#_
+#_
+[System.IO.File]::WriteAllBytes($jobFile, [Convert]::FromBase64String(-join @(_)))
+$job = New-HpcJob -JobFile $jobFile
+Submit-HpcJob -Job $job
+Write-Output "submitted job $($job.Id) (run $runId); logs: $logDir"
+"""
+)
 
 
 def test_powershell_quotes_what_it_must() -> None:
     assert ps_quote("it's $HOME") == "'it''s $HOME'"
+    assert ps_quote("\u2018a\u2019 \u201ab\u201b") == "'\u2018\u2018a\u2019\u2019 \u201a\u201ab\u201b\u201b'"
     spec = cluster_spec(1, share=None, env=(("NOTE", "it's $(rm -rf /) `x`"),))
-    text = powershell_text(make_plan(spec, spec.node_names, RUN_ID))
+    plan = make_plan(spec, spec.node_names, RUN_ID)
+    text = powershell_text(plan)
     assert "clusrun" not in text  # no share: no mount step
     assert not powershell_errors(text)
-    assert "<Value>it's $(rm -rf /) `x`</Value>" in text  # inside a single-quoted here-string: literal
-
-
-def powershell_errors(text: str) -> bool:
-    import tree_sitter
-    import tree_sitter_powershell
-
-    parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_powershell.language()))
-    return bool(parser.parse(text.encode()).root_node.has_error)
+    assert "$(rm" not in text  # the job file travels as base64 only
+    check_powershell(plan, text, text)
 
 
 def test_clusrun_needs_a_share() -> None:

@@ -8,17 +8,21 @@ client can find its job again after a lost answer.
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from hpcjob.plan import JobPlan
-from hpcjob.spec import SpecError
+from hpcjob.spec import _NOT_XML, SpecError
 
 JOB_NAMESPACE = "http://schemas.microsoft.com/HPCS2008R2/scheduler/"
 JOB_VERSION = "3.000"
 # HPC Pack maps an administrator's job to root on Linux nodes only when the job asks for it
 # (facts/hpcpack-jobs.md section 5, user mapping).
 ROOT_ENV = (("CCP_MAP_ADMIN_USER", "0"),)
+# Written as character references: a parser reads a raw CR in text as LF, so only &#13; gives it back;
+# C1 controls (a terminal may act on them) and Unicode line breaks stay visible in the file.
+_AS_REFERENCE = re.compile("[\r\x7f-\x9f\u2028\u2029]")
 
 
 def _bool(value: bool) -> str:
@@ -66,7 +70,15 @@ def _task(tasks: ET.Element, name: str, command_line: str, node: str, **paths: s
 
 def _text(job: ET.Element) -> str:
     ET.indent(job, space="  ")
-    return f'<?xml version="1.0" encoding="utf-8"?>\n{ET.tostring(job, encoding="unicode")}\n'
+    body = ET.tostring(job, encoding="unicode")
+    # The spec refuses these; this keeps a plan built any other way from giving a broken job file.
+    bad = _NOT_XML.search(body)
+    if bad:
+        raise SpecError(f"the job holds {bad.group()!r}, a character a job file cannot carry")
+    # ElementTree writes such characters only where a value holds them, in text or an attribute, and
+    # there a reference stands for the same character.
+    body = _AS_REFERENCE.sub(lambda m: f"&#{ord(m.group())};", body)
+    return f'<?xml version="1.0" encoding="utf-8"?>\n{body}\n'
 
 
 def job_xml(plan: JobPlan) -> str:

@@ -1,21 +1,65 @@
-"""JobPlan -> the cluster-run mount command, a PowerShell submission script, and the plan as JSON."""
+"""JobPlan -> the cluster-run mount command, a PowerShell submission script, and the plan as JSON.
+
+No value may change the structure of what it is written into. The PowerShell script carries the job
+XML as base64 (no value can end it), every other value in a single-quoted string, and only printable
+ASCII. The cmd.exe line carries only what cmd.exe reads as plain text. Anything else is refused with a
+SpecError rather than written.
+"""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
+import re
 from functools import cache
 
 import jinja2
 
-from hpcjob.plan import JobPlan
+from hpcjob.plan import JobPlan, MountStep
 from hpcjob.render.job_xml import job_xml
 from hpcjob.spec import SpecError
 
+# PowerShell reads all four as a single quote (language spec 2.3.5.2, single-quote-character): any
+# of them ends a single-quoted string, and two in a row stand for the second.
+PS_SINGLE_QUOTES = "'\u2018\u2019\u201a\u201b"
+_PS_QUOTE = re.compile(f"[{PS_SINGLE_QUOTES}]")
+# A value in a script comment: a comment ends at a line break, so only plain validated text goes there.
+_PS_COMMENT_VALUE = re.compile(r"[A-Za-z0-9 ._/:,=()-]*")
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
+# The whole script: printable ASCII lines.
+_PS_SCRIPT_BAD = re.compile(r"[^\x20-\x7e\n]")
+# Base64 characters per line of the job file in the script: short enough for any editor.
+_BASE64_LINE = 100
+# Inside a double-quoted cmd.exe argument: printable ASCII without `"` (ends the quotes), `%` (expands
+# variables even in quotes), `!` and `^` (delayed expansion) and `\` (escapes a quote for clusrun's
+# argument parser). Windows PowerShell 5.1 passes `"` to a native program unescaped, so the same holds.
+_CMD_QUOTED = re.compile(r"[ #$&'()*+,\-./0-9:;<=>?@A-Z\[\]_`a-z{|}~]*")
+_CMD_NODE_LIST = re.compile(r"[A-Za-z0-9-]+(,[A-Za-z0-9-]+)*")
+# Shown as \u escapes in JSON: C1 controls (a terminal may act on them) and line breaks that are not
+# CR or LF; json.dumps already escapes the C0 controls.
+_JSON_INVISIBLE = re.compile("[\x7f-\x9f\u2028\u2029]")
+
 
 def ps_quote(text: str) -> str:
-    """A PowerShell single-quoted string: nothing in it expands; a quote is doubled."""
-    return "'" + text.replace("'", "''") + "'"
+    """A PowerShell single-quoted string: nothing in it expands; each single quote is doubled."""
+    return "'" + _PS_QUOTE.sub(lambda m: m.group() * 2, text) + "'"
+
+
+def ps_string(text: str) -> str:
+    """A value for the script, quoted: printable ASCII only, so that no line of the script holds a
+    string's second line (a reader would take it for code) and any code page reads it the same."""
+    bad = _NOT_PRINTABLE_ASCII.search(text)
+    if bad:
+        raise SpecError(f"{text!r} holds {bad.group()!r}, which the PowerShell script does not carry")
+    return ps_quote(text)
+
+
+def ps_comment(text: str) -> str:
+    """A value for a script comment, where a line break would start code: plain text only."""
+    if not _PS_COMMENT_VALUE.fullmatch(text):
+        raise SpecError(f"{text!r} cannot be written into a PowerShell comment")
+    return text
 
 
 @cache
@@ -27,33 +71,55 @@ def _templates() -> jinja2.Environment:
         trim_blocks=True,
         undefined=jinja2.StrictUndefined,
     )
-    environment.filters["ps_quote"] = ps_quote
+    environment.filters["ps_string"] = ps_string
+    environment.filters["ps_comment"] = ps_comment
     return environment
+
+
+def _checked_mount(plan: JobPlan) -> MountStep:
+    """The mount step, if cmd.exe (and clusrun's own argument parsing) would take it as plain text."""
+    if plan.mount is None:
+        raise SpecError("no share given: name it with --share //HEADNODE/CcpSpoolDir[/folder]")
+    nodes = ",".join(plan.mount.nodes)
+    if not _CMD_NODE_LIST.fullmatch(nodes):
+        raise SpecError(f"node list {nodes!r} holds a character clusrun's /nodes: cannot carry")
+    bad = _CMD_QUOTED.sub("", plan.mount.command)
+    if bad:
+        raise SpecError(f"the mount command holds {bad[0]!r}, which cmd.exe would change")
+    return plan.mount
 
 
 def clusrun_text(plan: JobPlan) -> str:
     """The `clusrun` command that mounts the share on the job's nodes, for cmd.exe on the head node."""
-    if plan.mount is None:
-        raise SpecError("no share given: name it with --share //HEADNODE/CcpSpoolDir[/folder]")
-    # The whole Linux command travels as one double-quoted cmd.exe argument.
-    for bad in '"%^':
-        if bad in plan.mount.command:
-            raise SpecError(f"the mount command holds {bad!r}, which cmd.exe would change")
-    return _templates().get_template("clusrun.cmd.j2").render(mount=plan.mount)
+    return _templates().get_template("clusrun.cmd.j2").render(mount=_checked_mount(plan))
+
+
+def _base64_lines(data: bytes) -> list[str]:
+    encoded = base64.b64encode(data).decode("ascii")
+    return [encoded[i : i + _BASE64_LINE] for i in range(0, len(encoded), _BASE64_LINE)]
 
 
 def powershell_text(plan: JobPlan) -> str:
     """A script for the head node: the mount step with clusrun, then the job from its XML."""
-    xml = job_xml(plan)
-    if "\n'@" in xml:  # it would end the here-string that carries the job file
-        raise SpecError(
-            "the job file holds a line starting with '@, which the PowerShell script cannot carry"
-        )
-    return _templates().get_template("submit.ps1.j2").render(plan=plan, xml=xml)
+    mount = _checked_mount(plan) if plan.mount is not None else None
+    text = (
+        _templates()
+        .get_template("submit.ps1.j2")
+        .render(plan=plan, mount=mount, job_file=_base64_lines(job_xml(plan).encode("utf-8")))
+    )
+    # Windows PowerShell 5.1 reads a script without a BOM in the ANSI code page, where UTF-8 bytes can
+    # turn into quotes (in cp1252, 92 is U+2019): ASCII reads the same in every code page. The filters
+    # check each value; this checks the whole, the template's own text included.
+    bad = _PS_SCRIPT_BAD.search(text)
+    if bad:
+        raise SpecError(f"the PowerShell script would hold {bad.group()!r}; it carries printable ASCII only")
+    return text
 
 
 def plan_json(plan: JobPlan) -> str:
     data = dataclasses.asdict(plan)
     data["env"] = dict(plan.env)
     data["world_size"] = plan.world_size
-    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    # Such characters occur only inside JSON strings, where the escape means the same character.
+    return _JSON_INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

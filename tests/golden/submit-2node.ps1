@@ -1,28 +1,53 @@
 # hpcjob: submit run run_ddp-20261122-000000-abcd (2 node(s)) by hand.
-# Run on the head node in Windows PowerShell 5.1 as an HPC Pack administrator (clusrun /user:system
-# mounts the share as root on the nodes). The code must already be in /app/hpcjob/run_ddp
-# on the nodes (hpcjob render --upload puts it there).
+# Run on the head node in Windows PowerShell 5.1 as an HPC Pack administrator. The code must already
+# be in /app/hpcjob/run_ddp on the nodes (hpcjob render --upload puts it there).
+# First, clusrun /user:system mounts the share as root on the nodes.
+# The job: exclusive, one torchrun task per node with 4 process(es) each, rendezvous at GPUNODE001:29400.
+# Nodes: GPUNODE001, GPUNODE002
+# Node group: GPUNodes
+# Environment variables: NCCL_DEBUG
+# The job file is what `hpcjob render --format xml --run-id RUN` prints with the same options. It is
+# carried as base64 of its UTF-8 bytes: no value in it (an environment variable, a script argument)
+# can end the string and run here.
 $ErrorActionPreference = 'Stop'
 if (-not (Get-PSSnapin Microsoft.HPC -ErrorAction SilentlyContinue)) { Add-PSSnapin Microsoft.HPC }
+$runId = 'run_ddp-20261122-000000-abcd'
+$logDir = '/app/hpcjob/run_ddp/logs/run_ddp-20261122-000000-abcd'
 # The node list is quoted: unquoted, PowerShell would read its commas as an array.
 clusrun /user:system '/nodes:GPUNODE001,GPUNODE002' 'm=/app; mkdir -p $m && { mountpoint -q $m || mount -t cifs //HEADNODE/CcpSpoolDir/app $m -o vers=3.0,credentials=/etc/hpcjob/smb-credentials,dir_mode=0777,file_mode=0777; } && mkdir -p $m/hpcjob/run_ddp/logs/run_ddp-20261122-000000-abcd'
 if ($LASTEXITCODE -ne 0) { throw "mounting the share failed on a node (clusrun exit code $LASTEXITCODE)" }
-$jobFile = Join-Path $env:TEMP 'run_ddp-20261122-000000-abcd.xml'
-Set-Content -LiteralPath $jobFile -Encoding UTF8 -Value @'
-<?xml version="1.0" encoding="utf-8"?>
-<Job Version="3.000" Name="run_ddp-20261122-000000-abcd" IsExclusive="true" UnitType="Node" AutoCalculateMax="false" AutoCalculateMin="false" FailOnTaskFailure="true" MinNodes="2" MaxNodes="2" RequestedNodes="GPUNODE001,GPUNODE002" NodeGroups="GPUNodes" xmlns="http://schemas.microsoft.com/HPCS2008R2/scheduler/">
-  <EnvironmentVariables>
-    <Variable>
-      <Name>NCCL_DEBUG</Name>
-      <Value>WARN</Value>
-    </Variable>
-  </EnvironmentVariables>
-  <Tasks>
-    <Task Name="torchrun GPUNODE001" CommandLine=". .hpcjob/node.sh GPUNODE001 run_ddp-20261122-000000-abcd &amp;&amp; python3 -m torch.distributed.run --nnodes=2 --nproc_per_node=4 --rdzv_backend=c10d --rdzv_endpoint=GPUNODE001:29400 --rdzv_id=run_ddp-20261122-000000-abcd --rdzv_conf=is_host=$HPCJOB_IS_HOST --local_addr=$HPCJOB_ADDR --max_restarts=0 .hpcjob/worker.py run_ddp.py --epochs 5 --data fashion-mnist --data-root /app/data" MinNodes="1" MaxNodes="1" RequiredNodes="GPUNODE001" IsRerunnable="false" WorkDirectory="/app/hpcjob/run_ddp" StdOutFilePath="/app/hpcjob/run_ddp/logs/run_ddp-20261122-000000-abcd/GPUNODE001.out" StdErrFilePath="/app/hpcjob/run_ddp/logs/run_ddp-20261122-000000-abcd/GPUNODE001.err" />
-    <Task Name="torchrun GPUNODE002" CommandLine=". .hpcjob/node.sh GPUNODE001 run_ddp-20261122-000000-abcd &amp;&amp; python3 -m torch.distributed.run --nnodes=2 --nproc_per_node=4 --rdzv_backend=c10d --rdzv_endpoint=GPUNODE001:29400 --rdzv_id=run_ddp-20261122-000000-abcd --rdzv_conf=is_host=$HPCJOB_IS_HOST --local_addr=$HPCJOB_ADDR --max_restarts=0 .hpcjob/worker.py run_ddp.py --epochs 5 --data fashion-mnist --data-root /app/data" MinNodes="1" MaxNodes="1" RequiredNodes="GPUNODE002" IsRerunnable="false" WorkDirectory="/app/hpcjob/run_ddp" StdOutFilePath="/app/hpcjob/run_ddp/logs/run_ddp-20261122-000000-abcd/GPUNODE002.out" StdErrFilePath="/app/hpcjob/run_ddp/logs/run_ddp-20261122-000000-abcd/GPUNODE002.err" />
-  </Tasks>
-</Job>
-'@
+$jobFile = Join-Path $env:TEMP ($runId + '.xml')
+# The file gets the job XML's own bytes: UTF-8 without a BOM, as `job submit /jobfile:` takes the
+# output of --format xml; the XML declaration names the encoding, and no text conversion touches a value.
+[System.IO.File]::WriteAllBytes($jobFile, [Convert]::FromBase64String(-join @(
+    'PD94bWwgdmVyc2lvbj0iMS4wIiBlbmNvZGluZz0idXRmLTgiPz4KPEpvYiBWZXJzaW9uPSIzLjAwMCIgTmFtZT0icnVuX2RkcC0y'
+    'MDI2MTEyMi0wMDAwMDAtYWJjZCIgSXNFeGNsdXNpdmU9InRydWUiIFVuaXRUeXBlPSJOb2RlIiBBdXRvQ2FsY3VsYXRlTWF4PSJm'
+    'YWxzZSIgQXV0b0NhbGN1bGF0ZU1pbj0iZmFsc2UiIEZhaWxPblRhc2tGYWlsdXJlPSJ0cnVlIiBNaW5Ob2Rlcz0iMiIgTWF4Tm9k'
+    'ZXM9IjIiIFJlcXVlc3RlZE5vZGVzPSJHUFVOT0RFMDAxLEdQVU5PREUwMDIiIE5vZGVHcm91cHM9IkdQVU5vZGVzIiB4bWxucz0i'
+    'aHR0cDovL3NjaGVtYXMubWljcm9zb2Z0LmNvbS9IUENTMjAwOFIyL3NjaGVkdWxlci8iPgogIDxFbnZpcm9ubWVudFZhcmlhYmxl'
+    'cz4KICAgIDxWYXJpYWJsZT4KICAgICAgPE5hbWU+TkNDTF9ERUJVRzwvTmFtZT4KICAgICAgPFZhbHVlPldBUk48L1ZhbHVlPgog'
+    'ICAgPC9WYXJpYWJsZT4KICA8L0Vudmlyb25tZW50VmFyaWFibGVzPgogIDxUYXNrcz4KICAgIDxUYXNrIE5hbWU9InRvcmNocnVu'
+    'IEdQVU5PREUwMDEiIENvbW1hbmRMaW5lPSIuIC5ocGNqb2Ivbm9kZS5zaCBHUFVOT0RFMDAxIHJ1bl9kZHAtMjAyNjExMjItMDAw'
+    'MDAwLWFiY2QgJmFtcDsmYW1wOyBweXRob24zIC1tIHRvcmNoLmRpc3RyaWJ1dGVkLnJ1biAtLW5ub2Rlcz0yIC0tbnByb2NfcGVy'
+    'X25vZGU9NCAtLXJkenZfYmFja2VuZD1jMTBkIC0tcmR6dl9lbmRwb2ludD1HUFVOT0RFMDAxOjI5NDAwIC0tcmR6dl9pZD1ydW5f'
+    'ZGRwLTIwMjYxMTIyLTAwMDAwMC1hYmNkIC0tcmR6dl9jb25mPWlzX2hvc3Q9JEhQQ0pPQl9JU19IT1NUIC0tbG9jYWxfYWRkcj0k'
+    'SFBDSk9CX0FERFIgLS1tYXhfcmVzdGFydHM9MCAuaHBjam9iL3dvcmtlci5weSBydW5fZGRwLnB5IC0tZXBvY2hzIDUgLS1kYXRh'
+    'IGZhc2hpb24tbW5pc3QgLS1kYXRhLXJvb3QgL2FwcC9kYXRhIiBNaW5Ob2Rlcz0iMSIgTWF4Tm9kZXM9IjEiIFJlcXVpcmVkTm9k'
+    'ZXM9IkdQVU5PREUwMDEiIElzUmVydW5uYWJsZT0iZmFsc2UiIFdvcmtEaXJlY3Rvcnk9Ii9hcHAvaHBjam9iL3J1bl9kZHAiIFN0'
+    'ZE91dEZpbGVQYXRoPSIvYXBwL2hwY2pvYi9ydW5fZGRwL2xvZ3MvcnVuX2RkcC0yMDI2MTEyMi0wMDAwMDAtYWJjZC9HUFVOT0RF'
+    'MDAxLm91dCIgU3RkRXJyRmlsZVBhdGg9Ii9hcHAvaHBjam9iL3J1bl9kZHAvbG9ncy9ydW5fZGRwLTIwMjYxMTIyLTAwMDAwMC1h'
+    'YmNkL0dQVU5PREUwMDEuZXJyIiAvPgogICAgPFRhc2sgTmFtZT0idG9yY2hydW4gR1BVTk9ERTAwMiIgQ29tbWFuZExpbmU9Ii4g'
+    'LmhwY2pvYi9ub2RlLnNoIEdQVU5PREUwMDEgcnVuX2RkcC0yMDI2MTEyMi0wMDAwMDAtYWJjZCAmYW1wOyZhbXA7IHB5dGhvbjMg'
+    'LW0gdG9yY2guZGlzdHJpYnV0ZWQucnVuIC0tbm5vZGVzPTIgLS1ucHJvY19wZXJfbm9kZT00IC0tcmR6dl9iYWNrZW5kPWMxMGQg'
+    'LS1yZHp2X2VuZHBvaW50PUdQVU5PREUwMDE6Mjk0MDAgLS1yZHp2X2lkPXJ1bl9kZHAtMjAyNjExMjItMDAwMDAwLWFiY2QgLS1y'
+    'ZHp2X2NvbmY9aXNfaG9zdD0kSFBDSk9CX0lTX0hPU1QgLS1sb2NhbF9hZGRyPSRIUENKT0JfQUREUiAtLW1heF9yZXN0YXJ0cz0w'
+    'IC5ocGNqb2Ivd29ya2VyLnB5IHJ1bl9kZHAucHkgLS1lcG9jaHMgNSAtLWRhdGEgZmFzaGlvbi1tbmlzdCAtLWRhdGEtcm9vdCAv'
+    'YXBwL2RhdGEiIE1pbk5vZGVzPSIxIiBNYXhOb2Rlcz0iMSIgUmVxdWlyZWROb2Rlcz0iR1BVTk9ERTAwMiIgSXNSZXJ1bm5hYmxl'
+    'PSJmYWxzZSIgV29ya0RpcmVjdG9yeT0iL2FwcC9ocGNqb2IvcnVuX2RkcCIgU3RkT3V0RmlsZVBhdGg9Ii9hcHAvaHBjam9iL3J1'
+    'bl9kZHAvbG9ncy9ydW5fZGRwLTIwMjYxMTIyLTAwMDAwMC1hYmNkL0dQVU5PREUwMDIub3V0IiBTdGRFcnJGaWxlUGF0aD0iL2Fw'
+    'cC9ocGNqb2IvcnVuX2RkcC9sb2dzL3J1bl9kZHAtMjAyNjExMjItMDAwMDAwLWFiY2QvR1BVTk9ERTAwMi5lcnIiIC8+CiAgPC9U'
+    'YXNrcz4KPC9Kb2I+Cg=='
+)))
 $job = New-HpcJob -JobFile $jobFile
 Submit-HpcJob -Job $job
-Write-Output "submitted job $($job.Id) (run run_ddp-20261122-000000-abcd); logs: /app/hpcjob/run_ddp/logs/run_ddp-20261122-000000-abcd"
+Write-Output "submitted job $($job.Id) (run $runId); logs: $logDir"
