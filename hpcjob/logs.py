@@ -1,22 +1,30 @@
 """Reading a run's per-node stdout/stderr files from the share, whichever backend ran it.
 
 The log folder holds `<NODE>.out` and `<NODE>.err` (the tasks' StdOutFilePath/StdErrFilePath),
-`<NODE>.exit` written by each task as it ends (hpcjob/node/node.sh), and `summary.json` when the
-local backend ran the job.
+`<NODE>.exit` ("<exit code> <time>") written by each task as it ends (hpcjob/node/node.sh), the worker
+shim's records of failed ranks in `.hpcjob-exits/`, and `summary.json` when the local backend ran the job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hpcjob.backends.base import RootCause, parse_exit_records
+from hpcjob.backends.base import RootCause, TaskEnd, first_failure, parse_exit_records, signal_of_exit_code
 from hpcjob.share import ShareFolder
 
 SUMMARY_FILE = "summary.json"
 # Where the worker shim records failing ranks (hpcjob/node/node.sh sets HPCJOB_EXIT_DIR to it).
 EXIT_RECORDS = ".hpcjob-exits"
+# How much of the end of a node's stderr is searched for the line that says why it failed.
+REASON_BYTES = 64 * 1024
+# A Python exception line (`module.SomeError: message`), and torchrun's own wrapper of a worker's
+# failure, which says only that a worker failed.
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?")
+_WRAPPER = re.compile(r"ChildFailedError")
 
 
 @dataclass
@@ -89,28 +97,44 @@ class RunLogs:
 
     def exit_codes(self) -> dict[str, int]:
         """Exit codes of the tasks that have ended, by upper-case node name."""
+        return {end.node.upper(): end.exit_code for end in read_task_ends(self.folder, self.log_folder)}
+
+
+def _join(log_folder: str, name: str) -> str:
+    return f"{log_folder}/{name}" if log_folder else name
+
+
+def read_task_ends(folder: ShareFolder, log_folder: str) -> list[TaskEnd]:
+    """Each ended task's `<NODE>.exit`: its exit code and, when the node wrote it, its end time."""
+    try:
+        names = folder.listdir(log_folder)
+    except FileNotFoundError:
+        return []
+    ends = []
+    for name in names:
+        if not name.endswith(".exit"):
+            continue
         try:
-            names = self.folder.listdir(self.log_folder)
-        except FileNotFoundError:
-            return {}
-        codes = {}
-        for name in names:
-            if name.endswith(".exit"):
-                try:
-                    codes[name[: -len(".exit")].upper()] = int(
-                        self.folder.read_bytes(f"{self.log_folder}/{name}")
-                    )
-                except (FileNotFoundError, ValueError):
-                    continue
-        return codes
+            fields = folder.read_bytes(_join(log_folder, name)).split()
+            ends.append(
+                TaskEnd(
+                    node=name[: -len(".exit")],
+                    exit_code=int(fields[0]),
+                    time=float(fields[1]) if len(fields) > 1 else float("inf"),
+                )
+            )
+        except (FileNotFoundError, ValueError, IndexError):
+            continue
+    return ends
 
 
-def read_root_cause(folder: ShareFolder, log_folder: str) -> RootCause | None:
-    records_folder = f"{log_folder}/{EXIT_RECORDS}" if log_folder else EXIT_RECORDS
+def read_rank_ends(folder: ShareFolder, log_folder: str) -> list[RootCause]:
+    """The worker shim's records of the ranks that failed."""
+    records_folder = _join(log_folder, EXIT_RECORDS)
     try:
         names = folder.listdir(records_folder)
     except FileNotFoundError:
-        return None
+        return []
     lines: list[str] = []
     for name in names:
         try:
@@ -120,3 +144,39 @@ def read_root_cause(folder: ShareFolder, log_folder: str) -> RootCause | None:
         except FileNotFoundError:
             continue
     return parse_exit_records(lines)
+
+
+def reason_line(folder: ShareFolder, log_folder: str, node: str) -> str:
+    """The line of a node's stderr that says why it failed: the last exception that is not torchrun's
+    wrapper, else the last line that is not decoration ('bash: ...: command not found')."""
+    try:
+        data = folder.read_bytes(_join(log_folder, f"{node}.err"))
+    except FileNotFoundError:
+        # The node as HPC Pack spells it (CCP_NODES) may differ in case from the job file's name.
+        try:
+            names = [n for n in folder.listdir(log_folder) if n.upper() == f"{node}.ERR".upper()]
+            data = folder.read_bytes(_join(log_folder, names[0])) if names else b""
+        except FileNotFoundError:
+            return ""
+    lines = [line.strip() for line in data[-REASON_BYTES:].decode("utf-8", "replace").splitlines()]
+    lines = [line for line in lines if line and line.strip("=-* ") and not line.startswith("hpcjob: node ")]
+    exceptions = [line for line in lines if _EXCEPTION.match(line) and not _WRAPPER.search(line)]
+    found = (exceptions or lines or [""])[-1]
+    return found if len(found) <= 300 else found[:297] + "..."
+
+
+def read_root_cause(
+    folder: ShareFolder,
+    log_folder: str,
+    task_ends: Iterable[TaskEnd] | None = None,
+    stopped_at: float | None = None,
+) -> RootCause | None:
+    """What failed first in the run (`first_failure`), with the line of its node's stderr that says
+    why. `task_ends` are the failed tasks as the backend saw them end; by default the tasks' own
+    `.exit` files on the share say so."""
+    ends = read_task_ends(folder, log_folder) if task_ends is None else list(task_ends)
+    cause = first_failure(read_rank_ends(folder, log_folder), ends, stopped_at)
+    if cause is None:
+        return None
+    signal = cause.signal or (signal_of_exit_code(cause.exit_code) if cause.rank is None else None)
+    return dataclasses.replace(cause, signal=signal, reason=reason_line(folder, log_folder, cause.node))

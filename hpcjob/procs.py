@@ -6,6 +6,10 @@ environment carries the task's marker variable (which also finds daemons that do
 between two polls). Processes are remembered as (pid, start time) so a reused pid is never signalled.
 Used by the local backend and by the emulator's nodes. Linux: without /proc, only the wrapper's
 session is found.
+
+Two more things the agent gives a task: it starts with the default signal dispositions, whatever the
+starter ignored (`DEFAULT_SIGNALS`); and it does not outlive its starter, however the starter dies,
+SIGKILL by the OOM killer included (`Watchdog`).
 """
 
 from __future__ import annotations
@@ -14,14 +18,31 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
+from types import TracebackType
 
 # Put into each task's environment by whoever starts it, with a value unique to the task.
 MARKER_VAR = "HPCJOB_TASK_MARKER"
 
 Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
+
+# Run in front of every task's command: ignored signals survive exec, and a script's background job
+# ignores SIGINT and SIGQUIT, nohup SIGHUP, and Python itself SIGPIPE and SIGXFSZ. A task that ignored
+# SIGINT could not be stopped gracefully, so each is reset to the default, then the task's program
+# replaces this Python (same pid).
+DEFAULT_SIGNALS = (
+    "import os, signal, sys\n"
+    "for s in signal.valid_signals():\n"
+    "    try:\n"
+    "        if s not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(s) is signal.SIG_IGN:\n"
+    "            signal.signal(s, signal.SIG_DFL)\n"
+    "    except (OSError, ValueError):\n"
+    "        pass\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
 
 
 def process_table() -> dict[int, tuple[int, int, bytes]]:
@@ -78,7 +99,7 @@ class TaskProcess:
         self.marker = f"{MARKER_VAR}={marker}\0".encode()
         self._lock = threading.Lock()
         self.popen = subprocess.Popen(
-            argv,
+            [sys.executable, "-I", "-S", "-c", DEFAULT_SIGNALS, *argv],
             cwd=cwd,
             env=dict(env),
             stdin=subprocess.DEVNULL,
@@ -151,6 +172,66 @@ class TaskProcess:
             time.sleep(0.02)
 
 
+class Watchdog:
+    """A process that kills every process marked with `marker` (a prefix of the marker values) when the
+    process that made the watchdog dies, however it dies.
+
+    PR_SET_PDEATHSIG would reach only a task's first process, not torchrun and its workers below it.
+    The watchdog runs in its own session (a closed terminal's SIGHUP does not reach it) and holds the
+    read end of a pipe whose write end only its maker has: end of file without the word "done" first
+    means the maker died, and the watchdog kills the marked processes, then itself ends.
+    """
+
+    def __init__(self, marker: str) -> None:
+        read_end, self._write_end = os.pipe()  # not inherited by tasks: pipes are not inheritable
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-I", "-S", __file__, f"{MARKER_VAR}={marker}"],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            os.close(read_end)
+
+    def close(self) -> None:
+        """The maker ends normally: the watchdog leaves the processes alone and ends."""
+        if self._write_end < 0:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._write_end, b"done")
+        os.close(self._write_end)
+        self._write_end = -1
+        self.popen.wait()
+
+    def __enter__(self) -> Watchdog:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _watch(needle: bytes) -> None:
+    """The watchdog's side: wait for the maker's word or its death."""
+    if sys.stdin.buffer.read() == b"done":
+        return
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        found = marked_processes(needle)
+        if not found:
+            return
+        for pid, _ in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
 def exit_code(returncode: int) -> int:
     """As bash reports a child: 128 + N for a process killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+if __name__ == "__main__":  # the watchdog, started by Watchdog with only the standard library
+    _watch(sys.argv[1].encode())

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,7 +96,7 @@ def test_an_interface_without_address_fails_fast(job_dir: Path) -> None:
 def write_record(job_dir: Path, rank: int, code: int, node: str, when: float) -> None:
     folder = job_dir / "logs" / "run-1" / ".hpcjob-exits"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"rank-{rank}").write_text(f"{when:.6f} {rank} {code} {node}\n")
+    (folder / f"rank-{rank}").write_text(f"{when:.6f} {rank} {code} {node} -\n")
 
 
 def test_task_exits_with_its_first_failing_rank_code(job_dir: Path) -> None:
@@ -102,10 +104,12 @@ def test_task_exits_with_its_first_failing_rank_code(job_dir: Path) -> None:
     write_record(job_dir, 3, 7, "N1", 10.0)
     write_record(job_dir, 0, 5, "N0", 1.0)  # another node's rank: not this task's
     env = {"CCP_NODES": "1 N1 2", "HPCJOB_IFNAME": "lo"}
+    before = time.time()
     assert source_helper(job_dir, "N0", "exit 1", **env).returncode == 7
-    assert (job_dir / "logs" / "run-1" / "N1.exit").read_text() == "7\n"  # the task's end, for `logs`
+    code, when = (job_dir / "logs" / "run-1" / "N1.exit").read_text().split()  # the task's end, for `logs`
+    assert code == "7" and before <= float(when) <= time.time()
     assert source_helper(job_dir, "N0", "true", **env).returncode == 0
-    assert (job_dir / "logs" / "run-1" / "N1.exit").read_text() == "0\n"
+    assert (job_dir / "logs" / "run-1" / "N1.exit").read_text().split()[0] == "0"
     assert source_helper(job_dir, "N0", "exit 1", CCP_NODES="1 N2 2", HPCJOB_IFNAME="lo").returncode == 1
 
 
@@ -140,6 +144,73 @@ def test_worker_runs_the_script_as_main_with_its_argv(job_dir: Path) -> None:
 def test_worker_records_a_failing_exit_code(job_dir: Path, body: str, code: int) -> None:
     result = run_worker(job_dir, body)
     assert result.returncode == code
-    when, rank, recorded, node = (job_dir / "exits" / "rank-3").read_text().split()
-    assert (rank, int(recorded), node) == ("3", code, "N1")
+    when, rank, recorded, node, how = (job_dir / "exits" / "rank-3").read_text().split()
+    assert (rank, int(recorded), node, how) == ("3", code, "N1", "-")
     assert float(when) > 0
+
+
+@pytest.mark.parametrize(
+    ("body", "signal_name"),
+    [
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "SIGKILL"),  # the OOM killer
+        ("import ctypes\nctypes.string_at(0)\n", "SIGSEGV"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n", "SIGTERM"),
+    ],
+)
+def test_worker_records_a_rank_killed_by_a_signal_and_dies_of_it(
+    job_dir: Path, body: str, signal_name: str
+) -> None:
+    number = signal.Signals[signal_name].value
+    before = time.time()
+    result = run_worker(job_dir, body)
+    assert result.returncode == -number  # torchrun sees the rank die as it died
+    when, rank, recorded, node, how = (job_dir / "exits" / "rank-3").read_text().split()
+    assert (rank, int(recorded), node, how) == ("3", 128 + number, "N1", signal_name)
+    assert before <= float(when) <= time.time()
+
+
+def test_worker_records_os_exit(job_dir: Path) -> None:
+    result = run_worker(job_dir, "import os\nos._exit(5)\n")
+    assert result.returncode == 5
+    assert (job_dir / "exits" / "rank-3").read_text().split()[2:] == ["5", "N1", "-"]
+
+
+def test_the_rank_dies_with_its_watching_parent(job_dir: Path) -> None:
+    (job_dir / "train.py").write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    shim = subprocess.Popen(
+        [sys.executable, ".hpcjob/worker.py", "train.py"], cwd=job_dir, stdout=subprocess.PIPE, text=True
+    )
+    assert shim.stdout is not None
+    rank = int(shim.stdout.readline())
+    assert rank != shim.pid
+    shim.kill()
+    shim.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and Path(f"/proc/{rank}").exists():
+        time.sleep(0.05)
+    stat = Path(f"/proc/{rank}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_stop_signal_to_the_group_reaches_the_rank_once(job_dir: Path) -> None:
+    body = (
+        "import time\ntry:\n    print('ready', flush=True)\n    time.sleep(60)\n"
+        "except KeyboardInterrupt:\n    time.sleep(0.5)\n    print('cleaned up', flush=True)\n    raise\n"
+    )
+    (job_dir / "train.py").write_text(body)
+    env = {**os.environ, "HPCJOB_EXIT_DIR": str(job_dir / "exits"), "RANK": "0", "HPCJOB_NODE": "N1"}
+    shim = subprocess.Popen(
+        [sys.executable, ".hpcjob/worker.py", "train.py"],
+        cwd=job_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # as torchrun starts a worker: then it signals the worker's group
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as hpcjob starts a task
+    )
+    assert shim.stdout is not None and shim.stdout.readline() == "ready\n"
+    os.killpg(shim.pid, signal.SIGINT)
+    out, _ = shim.communicate(timeout=10)
+    assert out == "cleaned up\n"  # one KeyboardInterrupt: the cleanup was not interrupted again
+    assert shim.returncode == -signal.SIGINT
+    assert (job_dir / "exits" / "rank-0").read_text().split()[2:] == ["130", "N1", "SIGINT"]

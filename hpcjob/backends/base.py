@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -29,9 +30,30 @@ class State(StrEnum):
 
 @dataclass(frozen=True)
 class RootCause:
-    """The rank that failed first in the whole job, from the worker shim's records."""
+    """Where a failed job went wrong first: a rank (from the worker shim's records) or, when no rank
+    recorded its end first, a node's task (torchrun failed before any worker, or was killed)."""
 
-    rank: int
+    node: str
+    exit_code: int
+    time: float
+    rank: int | None = None
+    signal: str | None = None  # the signal that killed it, such as SIGKILL
+    reason: str = ""  # one line from the node's stderr that says why, when there is one
+
+    def describe(self) -> str:
+        where = f"rank {self.rank} on {self.node}" if self.rank is not None else f"the task on {self.node}"
+        how = (
+            f"killed by {self.signal} (exit code {self.exit_code})"
+            if self.signal
+            else f"exit code {self.exit_code}"
+        )
+        return f"{where}, {how}" + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """A node's task that ended: its exit code, and when (seconds since the epoch)."""
+
     node: str
     exit_code: int
     time: float
@@ -63,18 +85,52 @@ class JobSummary:
         return json.dumps(asdict(self), ensure_ascii=False)
 
 
-def parse_exit_records(lines: Iterable[str]) -> RootCause | None:
-    """The earliest of the worker shim's `<time> <rank> <exit code> <node>` records, if any."""
-    causes = []
+def parse_exit_records(lines: Iterable[str]) -> list[RootCause]:
+    """The worker shim's `<time> <rank> <exit code> <node> [<signal>]` records, each a failed rank."""
+    records = []
     for line in lines:
         parts = line.split()
         try:
-            causes.append(
-                RootCause(time=float(parts[0]), rank=int(parts[1]), exit_code=int(parts[2]), node=parts[3])
+            signal_name = parts[4] if len(parts) > 4 and parts[4].startswith("SIG") else None
+            records.append(
+                RootCause(
+                    time=float(parts[0]),
+                    rank=int(parts[1]),
+                    exit_code=int(parts[2]),
+                    node=parts[3],
+                    signal=signal_name,
+                )
             )
         except (IndexError, ValueError):
             continue  # a record cut short by a dying node says nothing reliable
-    return min(causes, key=lambda c: c.time, default=None)
+    return records
+
+
+def first_failure(
+    ranks: Iterable[RootCause], tasks: Iterable[TaskEnd], stopped_at: float | None = None
+) -> RootCause | None:
+    """The first thing to end badly, by time, whatever kind of record it left: a rank (the worker
+    shim writes its record when the rank dies, by a signal too), or a node's task (a torchrun that
+    failed before any worker, or was itself killed). What ended after the job began stopping its
+    nodes (`stopped_at`: a failure elsewhere, or a cancel) is a consequence, unless nothing came
+    before it."""
+    candidates = [*ranks, *(RootCause(node=t.node, exit_code=t.exit_code, time=t.time) for t in tasks)]
+    candidates = [c for c in candidates if c.exit_code != 0]
+    if stopped_at is not None:
+        causes = [c for c in candidates if c.time < stopped_at]
+        candidates = causes or candidates
+    if not candidates:
+        return None
+    # A task's end is seen a little after its rank's; on a tie, the rank says more.
+    return min(candidates, key=lambda c: (c.time, c.rank is None))
+
+
+def signal_of_exit_code(code: int) -> str | None:
+    """The signal a task's code names, as bash reports a child killed by signal N: 128 + N."""
+    try:
+        return signal.Signals(code - 128).name if 128 < code < 192 else None
+    except ValueError:
+        return None
 
 
 def find_metrics(lines: Iterable[str]) -> dict[str, object] | None:
@@ -93,11 +149,13 @@ def find_metrics(lines: Iterable[str]) -> dict[str, object] | None:
 
 def job_exit_code(state: str, failed_task_code: int | None, root_cause: RootCause | None) -> int:
     """The job's exit code, for every backend: 0 when finished, 130 when canceled, and when failed the
-    code of the rank that failed first (from the worker shim's records), else the first failed task's."""
+    code of what failed first (`first_failure`), else the first failed task's. A failed job never
+    reports 130, the canceled code, nor 0: a rank stopped by hpcjob's SIGINT is not the cause."""
     if state == State.FINISHED:
         return 0
     if state == State.CANCELED:
         return CANCELED_EXIT_CODE
-    if root_cause is not None and root_cause.exit_code:
-        return root_cause.exit_code
-    return failed_task_code or 1
+    for code in (root_cause.exit_code if root_cause else None, failed_task_code):
+        if code and code != CANCELED_EXIT_CODE:
+            return code
+    return 1

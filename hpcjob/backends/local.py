@@ -5,7 +5,7 @@ WorkDirectory, stdout/stderr to the task's files, with the job's environment plu
 the agent sets (facts/hpcpack-jobs.md section 5). The share is a local folder and the rendezvous is on
 loopback. As with FailOnTaskFailure, one failing node ends the job: the others get SIGINT, then SIGKILL
 after a grace period, as the agent cancels a task; every process the tasks started is tracked and
-none outlives the job.
+none outlives the job, not even when hpcjob itself is killed (a watchdog process then ends them).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +23,13 @@ from hpcjob.backends.base import (
     JobSummary,
     NodeResult,
     State,
+    TaskEnd,
     find_metrics,
     job_exit_code,
 )
 from hpcjob.logs import SUMMARY_FILE, Tail, node_tails, read_root_cause
 from hpcjob.plan import JobPlan, TaskPlan
-from hpcjob.procs import MARKER_VAR, TaskProcess, exit_code
+from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code
 from hpcjob.share import LocalFolder
 from hpcjob.spec import JobSpec
 
@@ -59,15 +60,24 @@ class _Node:
     result: NodeResult
     tails: list[Tail]
     process: TaskProcess | None = None
+    ended_at: float | None = None  # seconds since the epoch, as the worker shim's records say it
 
     def running(self) -> bool:
         return self.process is not None and self.process.popen.poll() is None
 
 
 class LocalBackend:
-    def __init__(self, *, grace_period_s: float = 10.0, poll_interval_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        *,
+        grace_period_s: float = 10.0,
+        poll_interval_s: float = 0.2,
+        hidden_env: Collection[str] = (),
+    ) -> None:
+        """`hidden_env`: variables of this environment the tasks must not see (passwords)."""
         self.grace_period_s = grace_period_s
         self.poll_interval_s = poll_interval_s
+        self.hidden_env = frozenset(hidden_env)
 
     def run(self, plan: JobPlan, *, progress: Printer, echo_output: bool = True) -> JobSummary:
         """Run the plan's tasks here until the job ends; Ctrl-C (KeyboardInterrupt) cancels it."""
@@ -76,6 +86,8 @@ class LocalBackend:
         start = time.monotonic()
         state = State.RUNNING
         failed_first: _Node | None = None
+        stopped_at: float | None = None
+        watchdog = Watchdog(f"{plan.run_id}/")
         try:
             for index, node in enumerate(nodes):
                 self._start(plan, index, node)
@@ -90,6 +102,7 @@ class LocalBackend:
                     if node.result.state is State.RUNNING and not node.running():
                         assert node.process is not None
                         code = exit_code(node.process.popen.returncode)
+                        node.ended_at = time.time()
                         node.result.exit_code = code
                         node.result.state = State.FINISHED if code == 0 else State.FAILED
                         progress(f"{node.task.node}: {node.result.state} (exit code {code})")
@@ -98,6 +111,7 @@ class LocalBackend:
                 if failed_first is not None:
                     state = State.FAILED
                     progress("a task failed: stopping the other nodes")
+                    stopped_at = time.time()
                     self._stop(nodes, progress)
                     break
                 if all(n.result.state.ended for n in nodes):
@@ -113,9 +127,10 @@ class LocalBackend:
                 if node.process is not None:
                     node.process.kill()
                     node.process.popen.wait()
+            watchdog.close()
         if echo_output:
             _echo(nodes, progress, final=True)
-        summary = self._summary(plan, nodes, state, failed_first, time.monotonic() - start)
+        summary = self._summary(plan, nodes, state, failed_first, stopped_at, time.monotonic() - start)
         # Tells `hpcjob logs --follow` in another terminal that the job has ended.
         (Path(plan.log_dir) / SUMMARY_FILE).write_text(summary.to_json(), encoding="utf-8")
         return summary
@@ -129,7 +144,7 @@ class LocalBackend:
 
     def _start(self, plan: JobPlan, index: int, node: _Node) -> None:
         task = node.task
-        env = {k: v for k, v in os.environ.items() if k != MARKER_VAR}
+        env = {k: v for k, v in os.environ.items() if k != MARKER_VAR and k not in self.hidden_env}
         env.update(plan.env)
         # This Python's folder first, so the command's `python3` is the one hpcjob runs with.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -142,7 +157,7 @@ class LocalBackend:
                 "CCP_WORKDIR": task.work_directory,
                 "HPCJOB_IFNAME": "lo" if sys.platform.startswith("linux") else "lo0",
                 "HPCJOB_ADDR": LOOPBACK,
-                MARKER_VAR: f"{plan.run_id}-{index + 1}",
+                MARKER_VAR: f"{plan.run_id}/{index + 1}",  # '/': no run id starts another's
             }
         )
         with open(task.stdout_path, "wb") as stdout, open(task.stderr_path, "wb") as stderr:
@@ -176,12 +191,25 @@ class LocalBackend:
             node.process.kill()
             node.result.exit_code = exit_code(node.process.popen.wait())
             node.result.state = State.CANCELED
+            node.ended_at = time.time()
 
     @staticmethod
     def _summary(
-        plan: JobPlan, nodes: Sequence[_Node], state: State, failed_first: _Node | None, wall_time: float
+        plan: JobPlan,
+        nodes: Sequence[_Node],
+        state: State,
+        failed_first: _Node | None,
+        stopped_at: float | None,
+        wall_time: float,
     ) -> JobSummary:
-        root_cause = read_root_cause(LocalFolder(Path(plan.log_dir)), "") if state is State.FAILED else None
+        root_cause = None
+        if state is State.FAILED:
+            ends = [
+                TaskEnd(n.task.node, n.result.exit_code, n.ended_at)
+                for n in nodes
+                if n.result.exit_code is not None and n.ended_at is not None
+            ]
+            root_cause = read_root_cause(LocalFolder(Path(plan.log_dir)), "", ends, stopped_at)
         lines: list[str] = []
         for node in nodes:
             path = Path(node.task.stdout_path)

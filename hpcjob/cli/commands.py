@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import signal
 import sys
@@ -116,6 +117,7 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     0 when the job finished, the first failing rank's exit code when it failed, 130 when canceled.
     """
     from hpcjob.backends.local import LOOPBACK, LocalBackend, default_share_root, free_port, local_node_names
+    from hpcjob.config import secret_variables
     from hpcjob.plan import make_plan
     from hpcjob.runs import RunRecord, save_run
     from hpcjob.share import LocalFolder
@@ -139,7 +141,9 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     )
 
     def progress(line: str) -> None:
-        click.echo(line, err=as_json)
+        # A closed terminal (SIGHUP) makes writes fail: the job must still be stopped and summed up.
+        with contextlib.suppress(OSError):
+            click.echo(line, err=as_json)
 
     progress(
         f"job {plan.name}: {len(plan.nodes)} node(s) x {plan.nproc_per_node} process(es), "
@@ -147,12 +151,11 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     )
     upload(Path(spec.script).resolve().parent, LocalFolder(share_root), spec.job_folder)
     save_run(RunRecord.of(plan, spec.job_folder, "local", local_root=str(share_root)))
-    _cancel_on_sigterm()
-    summary = LocalBackend(grace_period_s=grace_period).run(plan, progress=progress, echo_output=not quiet)
-    if as_json:
-        click.echo(summary.to_json())
-    else:
-        click.echo(format_summary(summary))
+    _cancel_on_signals()
+    backend = LocalBackend(grace_period_s=grace_period, hidden_env=secret_variables())
+    summary = backend.run(plan, progress=progress, echo_output=not quiet)
+    with contextlib.suppress(OSError):
+        click.echo(summary.to_json() if as_json else format_summary(summary))
     sys.exit(summary.exit_code)
 
 
@@ -276,13 +279,17 @@ def _print_logs(
         time.sleep(poll)
 
 
-def _cancel_on_sigterm() -> None:
-    """A SIGTERM to hpcjob cancels the job like Ctrl-C, so the nodes are stopped, not orphaned."""
+def _cancel_on_signals() -> None:
+    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal, a dropped ssh) cancel the job: the nodes are
+    stopped, not orphaned. Set whatever was inherited: a script's background job starts with SIGINT
+    ignored, and Python then leaves it ignored."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
 
 
 def format_summary(summary: JobSummary) -> str:
@@ -293,8 +300,7 @@ def format_summary(summary: JobSummary) -> str:
     for node in summary.nodes:
         lines.append(f"  {node.node:<16} {node.state:<9} exit code {node.exit_code}")
     if summary.root_cause:
-        cause = summary.root_cause
-        lines.append(f"  first failure: rank {cause.rank} on {cause.node}, exit code {cause.exit_code}")
+        lines.append(f"  first failure: {summary.root_cause.describe()}")
     if summary.metrics:
         shown = ", ".join(f"{k}={_short(v)}" for k, v in summary.metrics.items())
         lines.append(f"  metrics: {shown}")

@@ -11,7 +11,8 @@
 #                   Debian/Ubuntu /etc/hosts). Set HPCJOB_IFNAME (and HPCJOB_ADDR) to choose.
 #   HPCJOB_EXIT_DIR where the worker shim records a failing rank's exit code; on exit the task takes
 #                   the code of this node's first failing rank instead of torchrun's generic 1, and
-#                   writes it to logs/RUN_ID/NODE.exit, which tells `hpcjob logs --follow` it ended.
+#                   writes "<code> <time>" to logs/RUN_ID/NODE.exit: it tells `hpcjob logs --follow`
+#                   the task ended, and when (the first node to end badly is a job's root cause).
 
 hpcjob_store=${1%%.*}
 HPCJOB_NODE=${CCP_NODES#* }
@@ -46,7 +47,7 @@ hpcjob_exit() {
         first=$(cat "$HPCJOB_EXIT_DIR"/rank-* 2>/dev/null | awk -v node="$HPCJOB_NODE" '$4 == node' | sort -n | head -n 1)
         [ -z "$first" ] || rc=$(echo "$first" | awk '{print $3}')
     fi
-    echo "$rc" > "$HPCJOB_LOG_DIR/$HPCJOB_NODE.exit" 2>/dev/null
+    echo "$rc $(date +%s.%N)" > "$HPCJOB_LOG_DIR/$HPCJOB_NODE.exit" 2>/dev/null
     exit "$rc"
 }
 trap hpcjob_exit EXIT

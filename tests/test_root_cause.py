@@ -1,0 +1,133 @@
+"""The root cause of a failed job: the first thing to end badly, by time, whatever records exist."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcjob.backends.base import (
+    CANCELED_EXIT_CODE,
+    RootCause,
+    State,
+    TaskEnd,
+    first_failure,
+    job_exit_code,
+    parse_exit_records,
+)
+from hpcjob.logs import EXIT_RECORDS, read_root_cause, reason_line
+from hpcjob.share import LocalFolder
+
+
+def rank(node: str, number: int, code: int, time: float, signal: str | None = None) -> RootCause:
+    return RootCause(node=node, rank=number, exit_code=code, time=time, signal=signal)
+
+
+def test_a_rank_killed_by_a_signal_comes_before_the_stop_it_caused() -> None:
+    # LOCAL2's rank died of SIGKILL at 10.0; LOCAL1's rank was stopped by hpcjob's SIGINT at 11.0.
+    records = parse_exit_records(["11.000000 0 130 LOCAL1 SIGINT", "10.000000 1 137 LOCAL2 SIGKILL"])
+    cause = first_failure(records, [TaskEnd("LOCAL2", 1, 10.3), TaskEnd("LOCAL1", 130, 11.2)], 10.4)
+    assert cause == rank("LOCAL2", 1, 137, 10.0, "SIGKILL")
+    assert job_exit_code(State.FAILED, 1, cause) == 137
+
+
+def test_a_node_whose_torchrun_failed_before_any_rank_is_the_cause() -> None:
+    # LOCAL2's torchrun died (no rank record); then the job stopped LOCAL1, whose rank recorded 130.
+    records = parse_exit_records(["12.5 0 130 LOCAL1 SIGINT"])
+    cause = first_failure(records, [TaskEnd("LOCAL2", 1, 12.0), TaskEnd("LOCAL1", 130, 12.6)], 12.1)
+    assert cause == RootCause(node="LOCAL2", exit_code=1, time=12.0)
+    assert job_exit_code(State.FAILED, 1, cause) == 1
+
+
+def test_what_ended_after_the_stop_counts_only_when_nothing_came_before() -> None:
+    records = [rank("A", 0, 130, 20.0, "SIGINT")]
+    assert first_failure(records, [], stopped_at=19.0) == records[0]
+    assert first_failure([], [TaskEnd("A", 0, 5.0)]) is None  # a task that finished is no cause
+
+
+def test_a_failed_job_never_reports_the_canceled_code() -> None:
+    stopped = rank("A", 0, CANCELED_EXIT_CODE, 1.0, "SIGINT")
+    assert job_exit_code(State.FAILED, CANCELED_EXIT_CODE, stopped) == 1
+    assert job_exit_code(State.FAILED, 4, stopped) == 4
+    assert job_exit_code(State.FAILED, None, None) == 1
+    assert job_exit_code(State.CANCELED, 1, None) == CANCELED_EXIT_CODE
+    assert job_exit_code(State.FINISHED, None, None) == 0
+
+
+def test_records_of_the_older_four_field_form_and_torn_ones() -> None:
+    records = parse_exit_records(["3.0 2 9 N1", "1.0 0 5 N0 SIGTERM", "2.0 1", "x y z w"])
+    assert records == [rank("N1", 2, 9, 3.0), rank("N0", 0, 5, 1.0, "SIGTERM")]
+
+
+TORCHRUN_ERR = """\
+hpcjob: node LOCAL1, store host 1, address 127.0.0.1 on lo
+Traceback (most recent call last):
+  File "train.py", line 3, in <module>
+    raise ValueError("bad shape (3, 4)")
+ValueError: bad shape (3, 4)
+E1123 12:00:00 torch/distributed/elastic/multiprocessing/api.py: failed (exitcode: 1)
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+"""
+
+
+@pytest.mark.parametrize(
+    ("err", "reason"),
+    [
+        (TORCHRUN_ERR, "ValueError: bad shape (3, 4)"),
+        (
+            "hpcjob: node A, store host 1, address 1.2.3.4 on eth0\n"
+            "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the "
+            "C10d store has failed.\n",
+            "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the "
+            "C10d store has failed.",
+        ),
+        ("bash: line 1: nosuchpython: command not found\n", "bash: line 1: nosuchpython: command not found"),
+        ("", ""),
+    ],
+)
+def test_the_reason_is_the_line_of_stderr_that_says_why(tmp_path: Path, err: str, reason: str) -> None:
+    (tmp_path / "LOCAL1.err").write_text(err)
+    assert reason_line(LocalFolder(tmp_path), "", "LOCAL1") == reason
+
+
+def test_the_share_alone_names_the_first_failure(tmp_path: Path) -> None:
+    """The REST path reads the same files: rank records, and each task's `.exit` with its end time."""
+    log = tmp_path / "logs" / "r1"
+    (log / EXIT_RECORDS).mkdir(parents=True)
+    (log / EXIT_RECORDS / "rank-0").write_text("50.0 0 130 GPU1 SIGINT\n")
+    (log / "GPU2.exit").write_text("137 40.5\n")  # its torchrun was killed: no rank record
+    (log / "GPU1.exit").write_text("130 50.2\n")
+    (log / "gpu2.err").write_text("Killed\n")  # HPC Pack may spell the node in another case
+    cause = read_root_cause(LocalFolder(tmp_path), "logs/r1")
+    assert cause == RootCause(node="GPU2", exit_code=137, time=40.5, signal="SIGKILL", reason="Killed")
+    assert cause.describe() == "the task on GPU2, killed by SIGKILL (exit code 137): Killed"
+
+
+def test_python_missing_on_the_nodes_is_named_even_quietly(tmp_path: Path) -> None:
+    script = tmp_path / "code" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('never')\n")
+
+    def run(*options: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "hpcjob.cli", "run", "--local", "--quiet", *options]
+        where = ["--mount-point", str(tmp_path / "share"), "--python", "nosuchpython", str(script)]
+        return subprocess.run([*command, *where], capture_output=True, text=True, timeout=60)
+
+    result = run("--json", "-n", "2")
+    assert result.returncode == 127, result.stderr
+    cause = json.loads(result.stdout)["root_cause"]
+    assert cause["rank"] is None and cause["exit_code"] == 127
+    assert cause["reason"].endswith("nosuchpython: command not found")
+    lines = run("-n", "1").stdout.splitlines()
+    assert any(
+        line.startswith("  first failure: the task on LOCAL1, exit code 127: ")
+        and line.endswith("nosuchpython: command not found")
+        for line in lines
+    ), lines
