@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 import tomli_w
 
 from hpcjob.credentials import SMB_PASSWORD_ENV
-from hpcjob.spec import _GROUP_NAME, PLAIN_PATH, HpcjobError, SpecError, parse_share
+from hpcjob.spec import GROUP_NAME, PLAIN_PATH, HpcjobError, SpecError, parse_share
 
 KEYRING_SERVICE = "hpcjob"
 CLUSTER_ENV = "HPCJOB_CLUSTER"
@@ -134,7 +134,7 @@ class ClusterProfile:
                 f"{where}: mount_point {self.mount_point!r} must be an absolute path on the nodes, of "
                 "letters, digits and . _ - /"
             )
-        if self.node_group is not None and not _GROUP_NAME.fullmatch(self.node_group):
+        if self.node_group is not None and not GROUP_NAME.fullmatch(self.node_group):
             raise SpecError(
                 f"{where}: node_group {self.node_group!r} must be a node group name (letters, digits, "
                 "space and . _ -, at most 64)"

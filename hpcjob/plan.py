@@ -51,6 +51,9 @@ class JobPlan:
     tasks: tuple[TaskPlan, ...]
     mount: MountStep | None
     command_limit: int
+    runtime_s: int | None = None
+    priority: str | None = None
+    job_template: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -137,6 +140,9 @@ def make_plan(
         tasks=tasks,
         mount=mount,
         command_limit=spec.command_limit,
+        runtime_s=spec.runtime_s,
+        priority=spec.priority,
+        job_template=spec.job_template,
     )
 
 

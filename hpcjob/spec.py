@@ -21,13 +21,15 @@ DEFAULT_MOUNT_POINT = "/app"
 DEFAULT_RDZV_PORT = 29400
 # Credentials come from a root-only file on each node, never from the mount command line.
 DEFAULT_MOUNT_OPTIONS = "vers=3.0,credentials=/etc/hpcjob/smb-credentials,dir_mode=0777,file_mode=0777"
+# The scheduler's priority names (facts/hpcpack-jobs.md section 1), lowest first.
+PRIORITIES = ("Lowest", "BelowNormal", "Normal", "AboveNormal", "Highest")
 
 # A host-name label: HPC Pack node names are short computer names, never FQDNs.
 _NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,57}")
 # The run id names the HPC Pack job, whose name may be 80 characters long.
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
-_GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PATH_PART = re.compile(r"[A-Za-z0-9._-]+")
 # A path that bash and cmd.exe take as it is, unquoted (the mount step needs one).
@@ -35,7 +37,7 @@ PLAIN_PATH = re.compile(r"/[A-Za-z0-9._/-]*")
 _SHARE_PART = re.compile(r"[A-Za-z0-9._$-]+")
 _MOUNT_OPTIONS = re.compile(r"[A-Za-z0-9_]+(=[A-Za-z0-9._/:-]*)?(,[A-Za-z0-9_]+(=[A-Za-z0-9._/:-]*)?)*")
 # Characters an XML 1.0 job file cannot carry, even escaped.
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL", re.I)
 
 
@@ -104,6 +106,26 @@ def parse_node_names(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
+def parse_duration(text: str) -> int:
+    """A run-time limit in seconds: `90m`, `12h`, `1d12h30m`, `45s`, or the scheduler's own
+    `[[DD:]HH:]MM` form (`job submit /runtime:`)."""
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    compact = re.fullmatch(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text.strip().lower())
+    if compact and any(compact.groups()):
+        seconds = sum(
+            int(value) * units[unit] for value, unit in zip(compact.groups(), "dhms", strict=True) if value
+        )
+    elif re.fullmatch(r"\d+(:\d+){0,2}", text.strip()):
+        fields = [int(part) for part in text.strip().split(":")]
+        units_of_fields = (60, 3600, 86400)[: len(fields)]  # MM, HH:MM, DD:HH:MM
+        seconds = sum(value * unit for value, unit in zip(reversed(fields), units_of_fields, strict=True))
+    else:
+        raise SpecError(f"--runtime {text!r} must be a duration such as 90m, 12h, 1d12h or DD:HH:MM")
+    if not 1 <= seconds <= 2**31 - 1:
+        raise SpecError(f"--runtime {text!r} must be at least a second and less than 68 years")
+    return seconds
+
+
 def check_run_id(run_id: str) -> str:
     if not _RUN_ID.fullmatch(run_id):
         raise SpecError(f"run id {run_id!r} may use only letters, digits and . _ - (at most 80)")
@@ -136,6 +158,10 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     python: str = "python3"
     command_limit: int = DEFAULT_COMMAND_LIMIT
+    runtime_s: int | None = None  # the job's run-time limit; None: the scheduler's (or template's)
+    priority: str | None = None
+    job_template: str | None = None
+    exclude_nodes: tuple[str, ...] = ()  # never chosen for the job
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem
@@ -168,7 +194,7 @@ class JobSpec:
         if not _PATH_PART.fullmatch(self.script_name):
             raise SpecError(f"script name {self.script_name!r} may use only letters, digits and . _ -")
         for arg in self.script_args:
-            if _NOT_XML.search(arg):
+            if NOT_XML.search(arg):
                 raise SpecError(f"script argument {arg!r} holds a control character a job file cannot carry")
         if not _JOB_NAME.fullmatch(self.name):
             raise SpecError(f"job name {self.name!r} may use only letters, digits and . _ - (at most 58)")
@@ -187,8 +213,17 @@ class JobSpec:
                 f"{len(self.node_names)} node(s) named with --node, {fewer} than the {self.nodes} asked "
                 "for with --nodes"
             )
-        if self.node_group is not None and not _GROUP_NAME.fullmatch(self.node_group):
+        if self.node_group is not None and not GROUP_NAME.fullmatch(self.node_group):
             raise SpecError(f"node group {self.node_group!r} is not a valid group name")
+        excluded = {name.upper() for name in parse_node_names(self.exclude_nodes)}
+        both = [name for name in self.node_names if name.upper() in excluded]
+        if both:
+            raise SpecError(f"node {both[0]!r} is both named with --node and excluded with --exclude-node")
+        _positive("--runtime", self.runtime_s)
+        if self.priority is not None and self.priority not in PRIORITIES:
+            raise SpecError(f"--priority {self.priority!r} must be one of {', '.join(PRIORITIES)}")
+        if self.job_template is not None and not GROUP_NAME.fullmatch(self.job_template):
+            raise SpecError(f"--job-template {self.job_template!r} is not a valid template name")
         if not PLAIN_PATH.fullmatch(self.mount_point):
             raise SpecError(
                 f"--mount-point {self.mount_point!r} must be an absolute path on the nodes, of letters, "
@@ -223,7 +258,7 @@ class JobSpec:
                     f"--env {name}: looks like a secret, and job environment variables are stored in "
                     "clear in the job; read it from a file on the nodes instead"
                 )
-            if _NOT_XML.search(value):
+            if NOT_XML.search(value):
                 raise SpecError(f"--env {name}: the value holds a control character a job file cannot carry")
             total += len(name) + len(value) + 2
         if total > TASK_ENV_LIMIT:

@@ -117,6 +117,10 @@ class LocalBackend:
                 if all(n.result.state.ended for n in nodes):
                     state = State.FINISHED
                     break
+                if plan.runtime_s is not None and time.monotonic() - start > plan.runtime_s:
+                    # As the scheduler does with a job past its run-time limit: cancel it.
+                    progress(f"the job exceeded its run-time limit of {plan.runtime_s} s: canceling it")
+                    raise KeyboardInterrupt
                 time.sleep(self.poll_interval_s)
         except KeyboardInterrupt:
             state = State.CANCELED

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from hpcjob.spec import PRIORITIES
+
 if TYPE_CHECKING:
     from hpcjob.share import SmbFolder
     from hpcjob.spec import JobSpec, Share
@@ -92,6 +94,27 @@ def job_options(command: F) -> F:
             "--run-id",
             help="Unique id of this run: HPC Pack job name, rendezvous id, log folder [default: generated].",
         ),
+        click.option(
+            "--runtime",
+            metavar="DURATION",
+            help="Run-time limit, e.g. 90m, 12h, 1d12h or DD:HH:MM; the job is canceled past it "
+            "[default: the cluster's].",
+        ),
+        click.option(
+            "--priority",
+            type=click.Choice(PRIORITIES),
+            help="Job priority [default: the cluster's, Normal].",
+        ),
+        click.option(
+            "--job-template", metavar="NAME", help="HPC Pack job template [default: the cluster's]."
+        ),
+        click.option(
+            "--exclude-node",
+            "exclude_nodes",
+            multiple=True,
+            metavar="NAME",
+            help="Never choose this node, repeatable (when hpcjob chooses the nodes).",
+        ),
         click.argument("script", type=click.Path(dir_okay=False)),
         click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -127,6 +150,7 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
         DEFAULT_MOUNT_OPTIONS,
         JobSpec,
         SpecError,
+        parse_duration,
         parse_env,
         parse_share,
     )
@@ -151,6 +175,10 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
         "env": parse_env(params["env_items"]),
         "python": params["python"],
         "command_limit": params["command_limit"] or DEFAULT_COMMAND_LIMIT,
+        "runtime_s": parse_duration(params["runtime"]) if params["runtime"] else None,
+        "priority": params["priority"],
+        "job_template": params["job_template"],
+        "exclude_nodes": tuple(params["exclude_nodes"]),
     }
     if params["mount_point"]:
         fields["mount_point"] = params["mount_point"]

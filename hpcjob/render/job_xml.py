@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from hpcjob.plan import JobPlan
-from hpcjob.spec import _NOT_XML, SpecError
+from hpcjob.spec import NOT_XML, SpecError
 
 JOB_NAMESPACE = "http://schemas.microsoft.com/HPCS2008R2/scheduler/"
 JOB_VERSION = "3.000"
@@ -30,22 +30,32 @@ def _bool(value: bool) -> str:
 
 
 def _job(
-    name: str, nodes: Sequence[str], node_group: str | None, exclusive: bool, env: Sequence[tuple[str, str]]
+    name: str,
+    plan: JobPlan,
+    exclusive: bool,
+    env: Sequence[tuple[str, str]],
+    runtime_s: int | None,
 ) -> tuple[ET.Element, ET.Element]:
-    n = str(len(nodes))
+    n = str(len(plan.nodes))
     job = ET.Element("Job")
     job.set("Version", JOB_VERSION)
     job.set("Name", name)
+    if plan.job_template:
+        job.set("JobTemplate", plan.job_template)
     job.set("IsExclusive", _bool(exclusive))
     job.set("UnitType", "Node")
     job.set("AutoCalculateMax", _bool(False))
     job.set("AutoCalculateMin", _bool(False))
     job.set("FailOnTaskFailure", _bool(True))
+    if plan.priority:
+        job.set("Priority", plan.priority)
+    if runtime_s:
+        job.set("RuntimeSeconds", str(runtime_s))  # seconds: no ambiguity of the [[DD:]HH:]MM form
     job.set("MinNodes", n)
     job.set("MaxNodes", n)
-    job.set("RequestedNodes", ",".join(nodes))
-    if node_group:
-        job.set("NodeGroups", node_group)
+    job.set("RequestedNodes", ",".join(plan.nodes))
+    if plan.node_group:
+        job.set("NodeGroups", plan.node_group)
     job.set("xmlns", JOB_NAMESPACE)  # the exporter writes xmlns last; ElementTree keeps the order
     if env:
         variables = ET.SubElement(job, "EnvironmentVariables")
@@ -72,7 +82,7 @@ def _text(job: ET.Element) -> str:
     ET.indent(job, space="  ")
     body = ET.tostring(job, encoding="unicode")
     # The spec refuses these; this keeps a plan built any other way from giving a broken job file.
-    bad = _NOT_XML.search(body)
+    bad = NOT_XML.search(body)
     if bad:
         raise SpecError(f"the job holds {bad.group()!r}, a character a job file cannot carry")
     # ElementTree writes such characters only where a value holds them, in text or an attribute, and
@@ -83,7 +93,7 @@ def _text(job: ET.Element) -> str:
 
 def job_xml(plan: JobPlan) -> str:
     """The training job: exclusive nodes, one pinned torchrun task per node, logs on the share."""
-    job, tasks = _job(plan.run_id, plan.nodes, plan.node_group, True, plan.env)
+    job, tasks = _job(plan.run_id, plan, True, plan.env, plan.runtime_s)
     for task in plan.tasks:
         _task(
             tasks,
@@ -99,10 +109,11 @@ def job_xml(plan: JobPlan) -> str:
 
 def mount_job_xml(plan: JobPlan) -> str:
     """The mount step as a job, where only the REST API reaches the cluster (no clusrun): one pinned
-    task per node that runs the mount command as root (the submitter must be an HPC administrator)."""
+    task per node that runs the mount command as root (the submitter must be an HPC administrator).
+    Same template and priority as the job; not its run-time limit, which is for the training."""
     if plan.mount is None:
         raise SpecError("no share given: name it with --share //HEADNODE/CcpSpoolDir[/folder]")
-    job, tasks = _job(f"{plan.run_id}-mount", plan.nodes, plan.node_group, False, ROOT_ENV)
+    job, tasks = _job(f"{plan.run_id}-mount", plan, False, ROOT_ENV, None)
     for node in plan.nodes:
         _task(tasks, f"mount {node}", plan.mount.command, node)
     return _text(job)
