@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -54,3 +55,40 @@ def test_passwords_do_not_reach_the_tasks(tmp_path: Path) -> None:
     assert "KEEP_ME=visible" in seen and "CCP_NODES=1 LOCAL1 " in seen
     for secret in ("rest-secret-1", "smb-secret-2", "emu-secret-3"):
         assert secret not in seen
+
+
+def test_each_project_has_its_own_local_share(tmp_path: Path) -> None:
+    """Two checkouts with the same script name never share a job folder (nor its checkpoints)."""
+    python = tmp_path / "bin" / "quickpython"
+    python.parent.mkdir()
+    python.write_text("#!/bin/sh\ntrue\n")
+    python.chmod(0o755)
+
+    def job_dir(project: str) -> str:
+        script = tmp_path / project / "training" / "run_ddp.py"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text("")
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hpcjob.cli",
+                "run",
+                "--local",
+                "--json",
+                "--python",
+                str(python),
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        return str(json.loads(result.stdout)["job_dir"])
+
+    first, again, other = job_dir("clone-a"), job_dir("clone-a"), job_dir("clone-b")
+    assert first == again  # the same checkout resumes from its own checkpoint
+    assert first != other
+    assert Path(first).name == Path(other).name == "run_ddp"
+    assert Path(first).is_relative_to(Path(os.environ["XDG_DATA_HOME"]) / "hpcjob" / "local-share")

@@ -10,6 +10,7 @@ none outlives the job, not even when hpcjob itself is killed (a watchdog process
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -49,9 +50,13 @@ def free_port() -> int:
         return port
 
 
-def default_share_root() -> Path:
+def default_share_root(code_dir: Path) -> Path:
+    """The local stand-in for the share, one per project folder: two checkouts with the same script
+    name never resume from each other's checkpoints; the same checkout always finds its own."""
     data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data_home) / "hpcjob" / "local-share"
+    code_dir = code_dir.resolve()
+    digest = hashlib.sha256(str(code_dir).encode()).hexdigest()[:8]
+    return Path(data_home) / "hpcjob" / "local-share" / f"{code_dir.name}-{digest}"
 
 
 @dataclass

@@ -128,7 +128,8 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
         raise SpecError("run needs --local: this version runs jobs on this machine only")
     if importlib.util.find_spec("torch") is None:
         raise SpecError(f"run --local needs torch in {sys.executable}: pip install 'hpcjob[train]'")
-    share_root = Path(params["mount_point"] or default_share_root()).expanduser().resolve()
+    code_dir = Path(params["script"]).resolve().parent
+    share_root = Path(params["mount_point"] or default_share_root(code_dir)).expanduser().resolve()
     port = params["rdzv_port"] or free_port()
     # The local folder stands in for the share; it is the plan's mount point, not the spec's.
     spec = build_spec({**params, "mount_point": None, "share": None}, rdzv_port=port)
