@@ -106,6 +106,7 @@ def cluster_add(
 @cluster.command("list")
 def cluster_list() -> None:
     """List the cluster profiles; * marks the one used without --cluster."""
+    from hpcjob.cli.tables import table
     from hpcjob.config import config_path, load_config
 
     profiles, chosen = load_config()
@@ -115,14 +116,12 @@ def cluster_list() -> None:
             err=True,
         )
         return
-    rows = [("DEFAULT", "NAME", "URL", "USER", "SHARE", "NODE GROUP")]
-    rows += [
-        ("*" if p.name == chosen else "", p.name, p.api_base, p.user, p.share or "-", p.node_group or "-")
+    rows = [
+        ("*" if p.name == chosen else "", p.name, p.api_base, p.user, p.share, p.node_group)
         for p in sorted(profiles.values(), key=lambda p: p.name)
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for line in table(("DEFAULT", "NAME", "URL", "USER", "SHARE", "NODE GROUP"), rows):
+        click.echo(line)
 
 
 @cluster.command("remove")

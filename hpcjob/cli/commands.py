@@ -294,20 +294,18 @@ def _cancel_on_signals() -> None:
 
 
 def format_summary(summary: JobSummary) -> str:
+    """How every backend ends a job it followed: state, each node, the first failure, the metrics."""
+    from hpcjob.cli.tables import duration, metrics_line, table
+
     lines = [
-        f"job {summary.name} {summary.state} in {summary.wall_time_s:.1f} s, exit code {summary.exit_code} "
-        f"(run {summary.run_id})"
+        f"job {summary.name} {summary.state} in {duration(summary.wall_time_s)}, exit code "
+        f"{summary.exit_code} (run {summary.run_id})"
     ]
-    for node in summary.nodes:
-        lines.append(f"  {node.node:<16} {node.state:<9} exit code {node.exit_code}")
+    rows = [(node.node, node.state, node.exit_code) for node in summary.nodes]
+    lines += table(("NODE", "STATE", "EXIT CODE"), rows, indent="  ")
     if summary.root_cause:
         lines.append(f"  first failure: {summary.root_cause.describe()}")
     if summary.metrics:
-        shown = ", ".join(f"{k}={_short(v)}" for k, v in summary.metrics.items())
-        lines.append(f"  metrics: {shown}")
+        lines.append(f"  metrics: {metrics_line(summary.metrics)}")
     lines.append(f"  logs: {summary.log_dir}")
     return "\n".join(lines)
-
-
-def _short(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,50 @@
+"""How the CLI shows things to a person: aligned tables with headers, durations, rounded metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> list[str]:
+    """The lines of a table: the header, then each row, columns aligned; None shows as '-'."""
+    cells = [list(header)] + [["-" if cell is None else str(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return [
+        indent + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    ]
+
+
+def duration(seconds: float) -> str:
+    """9.5 s, 12 min 5 s, 3 h 20 min: as a person reads a time."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def number(value: object) -> str:
+    """Three significant digits, without an exponent; whole numbers from 100 up."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}" if abs(value) >= 0.001 or value == 0 else f"{value:.1e}"
+
+
+def metrics_line(metrics: Mapping[str, object]) -> str:
+    """The training program's metrics, rounded: `*_s` as durations, `*_fraction` as percentages."""
+    shown = []
+    for key, value in metrics.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if key.endswith("_s"):
+                shown.append(f"{key.removesuffix('_s')}={duration(float(value))}")
+                continue
+            if key.endswith("_fraction"):
+                shown.append(f"{key.removesuffix('_fraction')}={100 * value:.1f}%")
+                continue
+        shown.append(f"{key}={number(value)}")
+    return ", ".join(shown)
