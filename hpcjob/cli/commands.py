@@ -113,8 +113,10 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     """Run SCRIPT as a distributed job and wait for it; exit with the job's exit code.
 
     With --local, each node is a real `python3 -m torch.distributed.run` started the way HPC Pack
-    starts a task, with the rendezvous on loopback and a local folder as the share. The exit code is
-    0 when the job finished, the first failing rank's exit code when it failed, 130 when canceled.
+    starts a task, with the rendezvous on loopback and a local folder as the share (one per project
+    folder unless --mount-point). Ctrl-C, SIGTERM and SIGHUP cancel the job; no process of it outlives
+    hpcjob. The exit code is 0 when the job finished, the exit code of what failed first when it
+    failed, 130 when canceled.
     """
     from hpcjob.backends.local import LOOPBACK, LocalBackend, default_share_root, free_port, local_node_names
     from hpcjob.config import secret_variables
