@@ -1,14 +1,18 @@
 """A record of the runs this client started, so that `hpcjob logs RUN_ID` knows where to look.
 
 One JSON object a line in `$XDG_STATE_HOME/hpcjob/runs.jsonl` (default ~/.local/state). It holds
-where the run's files are (a local path, or a share and how to reach it), never a credential.
+where the run's files are (a local path, or a share and how to reach it), never a credential. A run
+on a cluster is recorded before its first job is created, and again at each step (`state`, the job
+ids): the latest record of a run id supersedes the earlier ones, so that no job hpcjob made is left
+without a record that points to it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +36,9 @@ class RunRecord:
     smb_user: str | None = None
     job_id: str | None = None
     cluster: str | None = None
+    # On a cluster: creating, mounting, created, submitted or canceled (rest.Submission); else None.
+    state: str | None = None
+    mount_job_id: str | None = None
 
     @classmethod
     def of(cls, plan: JobPlan, job_folder: str, backend: str, **where: Any) -> RunRecord:
@@ -62,18 +69,42 @@ def save_run(record: RunRecord) -> None:
         f.write(json.dumps(asdict(record)) + "\n")
 
 
-def find_run(run_id: str) -> RunRecord:
-    """The latest record of `run_id` (or of the job id a backend gave it)."""
+def _records_newest_first() -> Iterator[RunRecord]:
     path = runs_file()
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    known = {f.name for f in fields(RunRecord)}
     for line in reversed(lines):
         try:
             data = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if run_id in (data.get("run_id"), data.get("job_id")):
             data["nodes"] = tuple(data.get("nodes", ()))
-            return RunRecord(**data)
+            # Keys of a newer hpcjob are skipped, not fatal.
+            yield RunRecord(**{k: v for k, v in data.items() if k in known})
+        except (json.JSONDecodeError, TypeError, AttributeError):
+            continue
+
+
+def find_run(run_id: str) -> RunRecord:
+    """The latest record of `run_id` (or of the job id a backend gave it)."""
+    for record in _records_newest_first():
+        if run_id in (record.run_id, record.job_id):
+            return record
     raise SpecError(
         f"no run {run_id!r} recorded on this machine: give its --share or --mount-point and --job-folder"
     )
+
+
+def check_new_run_id(run_id: str) -> None:
+    """Refuse a run id this machine has recorded: it names the job on the cluster, the rendezvous and
+    the log folder, so a second run under it would mix with the first. Call it before anything is sent."""
+    for record in _records_newest_first():
+        if record.run_id == run_id:
+            if record.job_id is not None:
+                used = f"job {record.job_id} on cluster {record.cluster}"
+            elif record.cluster is not None:
+                used = f"a submission to cluster {record.cluster}"
+            else:
+                used = f"a {record.backend} run"
+            raise SpecError(
+                f"run id {run_id!r} is taken: {used} has it (see {runs_file()}); choose another "
+                "--run-id, or leave it out for a new one"
+            )

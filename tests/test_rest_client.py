@@ -18,12 +18,14 @@ import requests
 import yaml
 
 from hpcjob.backends.rest import (
+    CancelError,
     NodeInfo,
     PollPolicy,
     RestClient,
     RestError,
     RestUnsure,
     RetryPolicy,
+    check_new_job_names,
     choose_nodes,
     wait_for_job,
 )
@@ -248,7 +250,90 @@ def test_cancel_is_idempotent() -> None:
         return Response(200, props(Id=3, Name="run-1", State="Finished"))
 
     client, _, _ = client_with(handler)
-    assert client.cancel(3, "Canceled by hpcjob") is False
+    assert client.cancel(3, "Canceled by hpcjob") == "Finished"
+
+
+@pytest.mark.parametrize(
+    ("answer", "state", "outcome"),
+    [
+        # Someone canceled it already: the scheduler refuses a second cancel (unforced) while it stops.
+        (Response(400, "Jobs in the Canceling state cannot be canceled."), "Canceling", "Canceling"),
+        # Our cancel's answer was lost, but the job shows it worked.
+        (requests.ConnectionError("reset"), "Canceling", None),
+        (Response(502, "Bad Gateway"), "Canceled", None),
+    ],
+)
+def test_cancel_of_a_job_being_canceled_is_a_success(
+    answer: Response | Exception, state: str, outcome: str | None
+) -> None:
+    def handler(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if path.endswith("/cancel"):
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return Response(200, props(Id=3, Name="run-1", State=state))
+
+    client, _, _ = client_with(handler)
+    assert client.cancel(3, "Canceled by hpcjob") == outcome
+
+
+def test_a_failed_cancel_says_the_state_it_left() -> None:
+    def handler(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if path.endswith("/cancel"):
+            return Response(403, "Forbidden")
+        return Response(200, props(Id=3, Name="run-1", State="Running"))
+
+    client, _, _ = client_with(handler)
+    with pytest.raises(CancelError) as info:
+        client.cancel(3, "Canceled by hpcjob")
+    assert info.value.state == "Running"
+
+
+def test_the_exit_code_of_a_task_that_has_not_ended_is_unknown() -> None:
+    # The REST API reports ExitCode 0 for tasks that have not ended.
+    states = ["Queued", "Running", "Canceling", "Finished", "Failed", "Canceled"]
+
+    def handler(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        if path == "/jobs/5/tasks":
+            rows = [
+                props(
+                    TaskId=f"5.{i}", JobTaskId=i, State=state, ExitCode=0 if i < 5 else 1, AllocatedNodes="N1"
+                )
+                for i, state in enumerate(states, 1)
+            ]
+            return Response(200, [{"Properties": row} for row in rows])
+        return Response(200, props(Id=5, Name="r", State="Running"))
+
+    client, _, _ = client_with(handler)
+    info = client.job_with_tasks(5)
+    assert [(t.state, t.exit_code) for t in info.tasks] == [
+        ("Queued", None),
+        ("Running", None),
+        ("Canceling", None),
+        ("Finished", 0),
+        ("Failed", 1),
+        ("Canceled", 1),
+    ]
+
+
+def test_a_run_whose_job_names_are_taken_is_refused_in_one_request() -> None:
+    def handler(method: str, path: str, params: dict[str, str], body: Any) -> Response:
+        assert (params["owner"], params["sortJobsBy"], params["asc"]) == ("alice", "Id", "false")
+        rows = [props(Id=9, Name="exp-2-mount"), props(Id=8, Name="other"), props(Id=3, Name="exp-1")]
+        return Response(200, [{"Properties": row} for row in rows])
+
+    client, session, _ = client_with(handler)
+    assert client.find_jobs(["exp-1", "exp-2-mount", "new"]) == {"exp-2-mount": 9, "exp-1": 3}
+    with pytest.raises(SpecError) as info:
+        check_new_job_names(client, "exp-1", mount=False, cluster="prod")
+    assert str(info.value) == (
+        "job 3 on cluster prod is already named 'exp-1': the run id names the run's jobs and must be new; "
+        "choose another --run-id, or leave it out for a new one"
+    )
+    check_new_job_names(client, "exp-2", mount=False, cluster="prod")
+    with pytest.raises(SpecError, match=r"^job 9 on cluster prod is already named 'exp-2-mount'"):
+        check_new_job_names(client, "exp-2", mount=True, cluster="prod")
+    assert len(session.sent) == 4  # one listing each
 
 
 def test_status_of_a_128_node_job_is_two_requests() -> None:

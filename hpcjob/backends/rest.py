@@ -4,7 +4,9 @@ Contract: shared/reference/hpcpack-rest-api/hpcpack.yaml; behaviour: facts/hpcpa
 JSON: property lists `[{"Name": .., "Value": ..}]` with string values. A job is created from the
 generated job XML with `POST /jobs/jobFile`, then submitted; its state is polled. Reads are retried
 on connection errors, timeouts and 5xx, with backoff, within a deadline. A create is never blindly
-repeated: after a failure that may have reached the server, the job is looked up by its unique name.
+repeated: after a failure that may have reached the server, the job is looked up by its unique name
+(so names must be new: check_new_job_names). Nor is a submit: after a lost answer, the job's state
+says whether the scheduler has it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import random
 import ssl
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,10 +35,22 @@ TASK_PROPERTIES = (
 # Enough to list every task of a job in one request (the server's default page is 10 rows).
 ROWS_PER_READ = 1000
 ENDED_JOB_STATES = frozenset({"Finished", "Failed", "Canceled"})
+# Tasks end in the same three states; before that the REST API reports ExitCode 0, which means nothing.
+ENDED_TASK_STATES = ENDED_JOB_STATES
+CONFIGURING = "Configuring"
+CANCELING = "Canceling"
 
 
 class RestError(HpcjobError):
     """A request the head node refused or could not answer; one line."""
+
+
+class CancelError(RestError):
+    """A cancel that failed; `state` is the job's state read afterwards (None: it could not be read)."""
+
+    def __init__(self, message: str, state: str | None) -> None:
+        super().__init__(message)
+        self.state = state
 
 
 @dataclass(frozen=True)
@@ -216,7 +230,14 @@ class RestClient:
         raise AssertionError("unreachable")
 
     def find_job(self, name: str) -> int | None:
-        """The id of this user's job called `name`, if any (newest first)."""
+        """The id of this user's job called `name`, if any (the newest)."""
+        return self.find_jobs((name,)).get(name)
+
+    def find_jobs(self, names: Collection[str]) -> dict[str, int]:
+        """The ids of this user's jobs called one of `names` (the newest of each), from one listing:
+        one request per 1000 of the user's jobs, stopping once every name is found."""
+        wanted = set(names)
+        found: dict[str, int] = {}
         start = 0
         while True:
             params = {
@@ -230,24 +251,34 @@ class RestClient:
             rows = self.read("/jobs", params) or []
             for row in rows:
                 props = properties(row.get("Properties", []))
-                if props.get("name") == name:
-                    return int(props["id"])
-            if len(rows) < ROWS_PER_READ:
-                return None
+                name = props.get("name", "")
+                if name in wanted and name not in found:
+                    found[name] = int(props["id"])
+            if len(found) == len(wanted) or len(rows) < ROWS_PER_READ:
+                return found
             start += ROWS_PER_READ
 
     def submit(self, job_id: int) -> None:
         self.write("POST", f"/jobs/{job_id}/submit")
 
-    def cancel(self, job_id: int, message: str, forced: bool = False) -> bool:
-        """Cancel; False when the job had already ended (canceling it again is not an error)."""
+    def cancel(self, job_id: int, message: str, forced: bool = False) -> str | None:
+        """Cancel the job: None when this request did it, else the state that made it needless:
+        Canceling (on its way already; the scheduler refuses a second cancel unless forced) or an
+        ended state. Otherwise raises CancelError, with the state read after the failure."""
         try:
             self.write("POST", f"/jobs/{job_id}/cancel", body=message, params={"forced": str(forced).lower()})
+            return None
+        except RestError as exc:
+            failed = exc
+        try:
+            state = self.job(job_id).state
         except RestError:
-            if self.job(job_id).ended:
-                return False
-            raise
-        return True
+            raise CancelError(str(failed), None) from None
+        if isinstance(failed, RestUnsure) and state in (CANCELING, "Canceled"):
+            return None  # the answer was lost, not the cancel
+        if state == CANCELING or state in ENDED_JOB_STATES:
+            return state
+        raise CancelError(str(failed), state) from None
 
     def job(self, job_id: int) -> JobInfo:
         props = properties(self.read(f"/jobs/{job_id}", {"properties": ",".join(JOB_PROPERTIES)}) or [])
@@ -271,13 +302,14 @@ class RestClient:
         tasks = []
         for row in rows:
             p = properties(row.get("Properties", []))
-            exit_code = p.get("exitcode", "")
+            state = p.get("state", "")
+            exit_code = p.get("exitcode", "") if state in ENDED_TASK_STATES else ""
             node = (p.get("allocatednodes") or p.get("requirednodes") or "").split(",")[0].strip()
             tasks.append(
                 TaskInfo(
                     task_id=int(p.get("jobtaskid") or p.get("taskid", "0").split(".")[-1] or 0),
                     name=p.get("name", ""),
-                    state=p.get("state", ""),
+                    state=state,
                     exit_code=int(exit_code) if exit_code.lstrip("-").isdigit() else None,
                     node=node,
                     error=p.get("errormessage", ""),
@@ -393,22 +425,60 @@ def choose_nodes(nodes: Sequence[NodeInfo], count: int, busy: set[str], group: s
     return tuple(n.name for n in ordered[:count])
 
 
+def mount_job_name(run_id: str) -> str:
+    return f"{run_id}-mount"
+
+
+def check_new_job_names(client: RestClient, run_id: str, mount: bool, cluster: str = "") -> None:
+    """Refuse a run whose job names are taken on the cluster (one listing of the user's jobs): a create
+    whose answer was lost looks its job up by name, and must never find an older job."""
+    names = [run_id, mount_job_name(run_id)] if mount else [run_id]
+    found = client.find_jobs(names)
+    for name in names:
+        if name in found:
+            raise SpecError(
+                f"job {found[name]}{_on(cluster)} is already named {name!r}: the run id names the run's "
+                "jobs and must be new; choose another --run-id, or leave it out for a new one"
+            )
+
+
+@dataclass(frozen=True)
+class Submission:
+    """How far a submission got, reported before each next step so that the run's record always points
+    to every job made: creating (no job yet, but a create's lost answer may have made one), mounting
+    (the mount job exists), created (the job exists, not submitted), submitted, or canceled (hpcjob
+    canceled the job, or the mount job, whose submit failed)."""
+
+    state: str
+    job_id: int | None = None
+    mount_job_id: int | None = None
+
+
 def submit_job(
     client: RestClient,
     run_id: str,
     job_file: str,
     mount: tuple[str, str] | None,
     progress: Callable[[str], None],
+    *,
+    cluster: str = "",
+    record: Callable[[Submission], None] = lambda step: None,
 ) -> int:
     """Create and submit the job (after the mount job, if any, has finished); its id.
 
-    `job_file` and the mount job's file come rendered: a backend builds no command line. A job whose
-    submission fails is canceled, so that nothing half-made is left in the scheduler.
+    `job_file` and the mount job's file come rendered: a backend builds no command line. The names must
+    be new (check_new_job_names). `record` hears of each step before the next one starts; `cluster`
+    names the cluster in messages. A job whose submit fails is canceled, so that nothing half-made is
+    left in the scheduler; when that fails too, the error says so, and what is left where.
     """
+    step = Submission("creating")
+    record(step)
     if mount is not None:
         mount_file, mount_point = mount
-        mount_id = client.create_job(mount_file, f"{run_id}-mount")
-        _submit_or_cancel(client, mount_id)
+        mount_id = client.create_job(mount_file, mount_job_name(run_id))
+        step = Submission("mounting", mount_job_id=mount_id)
+        record(step)
+        _submit_or_cancel(client, mount_id, "the mount job", cluster, progress, step, record)
         progress(f"mounting the share at {mount_point} on the nodes (job {mount_id})")
         mounted = wait_for_job(client, mount_id, lambda line: None)
         if mounted.state != State.FINISHED:
@@ -420,18 +490,77 @@ def submit_job(
                 "administrator; or mount once with `hpcjob render --format clusrun`, then --no-mount-step)"
             )
     job_id = client.create_job(job_file, run_id)
-    _submit_or_cancel(client, job_id)
+    step = Submission("created", job_id=job_id, mount_job_id=step.mount_job_id)
+    record(step)
+    _submit_or_cancel(client, job_id, "job", cluster, progress, step, record)
+    record(Submission("submitted", job_id=job_id, mount_job_id=step.mount_job_id))
     return job_id
 
 
-def _submit_or_cancel(client: RestClient, job_id: int) -> None:
+def _on(cluster: str) -> str:
+    return f" on cluster {cluster}" if cluster else ""
+
+
+def _submit_or_cancel(
+    client: RestClient,
+    job_id: int,
+    what: str,
+    cluster: str,
+    progress: Callable[[str], None],
+    step: Submission,
+    record: Callable[[Submission], None],
+) -> None:
+    """Submit; when that fails, cancel the job. The error names both failures, if the cancel fails too,
+    and the job left behind, with the command that cancels it."""
     try:
-        client.submit(job_id)
-    except Exception:
+        _submit(client, job_id, what, progress)
+        return
+    except Exception as exc:  # whatever stopped the submit, the job must not stay half-made
+        failed = exc
+    unsure = isinstance(failed, RestUnsure)
+    # A lost answer explains itself (_submit); a refusal needs saying what was refused.
+    head = str(failed) if unsure else f"submitting {what} {job_id} failed: {failed or type(failed).__name__}"
+    try:
+        already = client.cancel(job_id, "submission by hpcjob failed")
+    except CancelError as cancel_failed:
+        where = f"{what} {job_id}"
+        if cancel_failed.state is None:
+            left = f"{where} may be left{_on(cluster)} (its state could not be read)"
+        else:
+            left = f"{where} was left in {cancel_failed.state}{_on(cluster)}"
+        command = f"hpcjob cancel {job_id}" + (f" --cluster {cluster}" if cluster else "")
+        raise RestError(
+            f"{head}; canceling it failed too: {cancel_failed}; {left}: cancel it with `{command}`"
+        ) from failed
+    record(Submission("canceled", job_id=step.job_id, mount_job_id=step.mount_job_id))
+    if already is None:
+        done = f"hpcjob canceled {what} {job_id}" + (" so that it does not run unseen" if unsure else "")
+    else:
+        done = f"{what} {job_id} is {already}"
+    raise RestError(f"{head}; {done}") from failed
+
+
+def _submit(client: RestClient, job_id: int, what: str, progress: Callable[[str], None]) -> None:
+    """Submit the job. When the answer is lost, its state tells whether the scheduler took the submit:
+    still Configuring means no, and the submit is sent once more (twice in all); any other state means
+    yes, and the job goes on. Raises RestUnsure, with the story, when the job is still Configuring."""
+    for attempt in (1, 2):
         try:
-            client.cancel(job_id, "submission by hpcjob failed")
-        finally:
-            raise
+            client.submit(job_id)
+            return
+        except RestUnsure as exc:
+            lost = exc
+        story = f"the submit request of {what} {job_id} got no answer" + (" twice" if attempt == 2 else "")
+        try:
+            state = client.job(job_id).state
+        except RestError as exc:
+            raise RestUnsure(f"{story} ({lost}), and its state could not be read ({exc})") from None
+        if state != CONFIGURING:
+            progress(f"{story}, but the scheduler has the job ({state})")
+            return
+        if attempt == 1:
+            progress(f"{story} and the job is still {state}: sending it once more")
+    raise RestUnsure(f"{story} (last: {lost}), and the job is still {CONFIGURING}")
 
 
 @dataclass(frozen=True)

@@ -183,17 +183,20 @@ def submit(
     folder to the share, mounts the share on the nodes, creates the job from the job XML and submits
     it. Prints the job id; with --wait, follows it to the end.
     """
-    from hpcjob.backends.rest import choose_nodes, submit_job, wait_for_job
+    from dataclasses import replace
+
+    from hpcjob.backends.rest import Submission, check_new_job_names, choose_nodes, submit_job, wait_for_job
     from hpcjob.config import get_profile, password_for
     from hpcjob.plan import make_plan
     from hpcjob.render import job_xml, mount_job_xml
-    from hpcjob.runs import RunRecord, save_run
+    from hpcjob.runs import RunRecord, check_new_run_id, save_run
     from hpcjob.spec import SpecError
     from hpcjob.staging import code_files, stage_run
 
     profile = get_profile(cluster_name)
     spec = _spec_with_profile(params, profile)
     run_id = params["run_id"] or new_run_id(spec.name)
+    check_new_run_id(run_id)
     code_dir = Path(spec.script).resolve().parent
     if dry_run:
         if not spec.node_names:
@@ -218,6 +221,8 @@ def submit(
     group = spec.node_group
     nodes = spec.node_names or choose_nodes(client.nodes(group), spec.node_count, client.busy_nodes(), group)
     plan = make_plan(spec, nodes, run_id)
+    mount = (mount_job_xml(plan), plan.mount.mount_point) if mount_step and plan.mount else None
+    check_new_job_names(client, plan.run_id, mount is not None, profile.name)  # before the upload
 
     def progress(line: str) -> None:
         click.echo(line, err=as_json)
@@ -237,20 +242,24 @@ def submit(
         progress(stage_run(code_dir, open_share(), spec.job_folder, plan.run_id))
     else:
         progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
-    mount = (mount_job_xml(plan), plan.mount.mount_point) if mount_step and plan.mount else None
-    job_id = submit_job(client, plan.run_id, job_xml(plan), mount, progress)
-    save_run(
-        RunRecord.of(
-            plan,
-            spec.job_folder,
-            "rest",
-            share=spec.share.unc if spec.share else None,
-            smb_server=params.get("smb_server"),
-            smb_port=params["smb_port"],
-            smb_user=params.get("smb_user") or profile.smb_user or profile.user,
-            job_id=str(job_id),
-            cluster=profile.name,
-        )
+    first = RunRecord.of(
+        plan,
+        spec.job_folder,
+        "rest",
+        share=spec.share.unc if spec.share else None,
+        smb_server=params.get("smb_server"),
+        smb_port=params["smb_port"],
+        smb_user=params.get("smb_user") or profile.smb_user or profile.user,
+        cluster=profile.name,
+    )
+
+    def record(step: Submission) -> None:
+        job, mount_job = (None if i is None else str(i) for i in (step.job_id, step.mount_job_id))
+        save_run(replace(first, state=step.state, job_id=job, mount_job_id=mount_job))
+
+    check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload
+    job_id = submit_job(
+        client, plan.run_id, job_xml(plan), mount, progress, cluster=profile.name, record=record
     )
     progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
     if not wait:
@@ -323,19 +332,30 @@ def rest_log_access(
 
 
 def _client_for(job: str, cluster_name: str | None) -> tuple[RestClient, int]:
+    """The cluster and job id of JOB: a job id, or a run id recorded on this machine."""
     from hpcjob.config import get_profile
     from hpcjob.runs import find_run
     from hpcjob.spec import SpecError
 
-    if not job.isdigit():
-        record = find_run(job)
-        if record.job_id is None:
-            raise SpecError(f"run {job} was not submitted to a cluster")
-        job, cluster_name = record.job_id, cluster_name or record.cluster
-    elif cluster_name is None:
-        with contextlib.suppress(SpecError):  # not submitted from here: the default cluster
-            cluster_name = find_run(job).cluster
-    return connect(get_profile(cluster_name)), int(job)
+    if job.isdigit():
+        if cluster_name is None:
+            with contextlib.suppress(SpecError):  # not submitted from here: the default cluster
+                cluster_name = find_run(job).cluster
+        return connect(get_profile(cluster_name)), int(job)
+    record = find_run(job)
+    if record.job_id is None and record.backend != "rest":
+        raise SpecError(f"run {job} was not submitted to a cluster")
+    profile = get_profile(cluster_name or record.cluster)
+    client = connect(profile)
+    if record.job_id is not None:
+        return client, int(record.job_id)
+    # Recorded before its job was created: a create whose answer was lost made it all the same.
+    found = client.find_job(record.run_id)
+    if found is None:
+        raise SpecError(
+            f"run {job} has no job on cluster {profile.name}: its submission stopped before the job was made"
+        )
+    return client, found
 
 
 @cli.command()
@@ -374,10 +394,17 @@ def _print_status(info: JobInfo, as_json: bool, exit_code: int | None = None) ->
     line = f"job {info.job_id} ({info.name}) {info.state}"
     if exit_code is not None:
         line += f", exit code {exit_code}"
-    click.echo(line + (f": {info.error}" if info.error else ""))
-    for task in info.tasks:
-        code = "" if task.exit_code is None else f"exit code {task.exit_code}"
-        click.echo(f"  {task.task_id:<4} {task.node:<16} {task.state:<10} {code} {task.error}".rstrip())
+    click.echo(line + (f": {' '.join(info.error.split())}" if info.error else ""))
+    if not info.tasks:
+        return
+    from hpcjob.cli.tables import table
+
+    # A task's exit code is None until it has ended (job_with_tasks): the API says 0 before.
+    rows = [
+        (t.task_id, t.node or t.name, t.state, t.exit_code, " ".join(t.error.split())) for t in info.tasks
+    ]
+    for row in table(("TASK", "NODE", "STATE", "EXIT CODE", "ERROR"), rows):
+        click.echo(row)
 
 
 @cli.command()
@@ -385,12 +412,15 @@ def _print_status(info: JobInfo, as_json: bool, exit_code: int | None = None) ->
 @cluster_option
 @click.option("--force", is_flag=True, help="Kill the tasks at once, without the grace period.")
 def cancel(job: str, cluster_name: str | None, force: bool) -> None:
-    """Cancel JOB. Canceling a job that has already ended is not an error."""
+    """Cancel JOB. Canceling a job that has already ended, or is being canceled, is not an error."""
     client, job_id = _client_for(job, cluster_name)
-    if client.cancel(job_id, "Canceled by hpcjob", forced=force):
+    already = client.cancel(job_id, "Canceled by hpcjob", forced=force)
+    if already is None:
         click.echo(f"job {job_id} canceled")
+    elif already == "Canceling":
+        click.echo(f"job {job_id} was already being canceled (Canceling)")
     else:
-        click.echo(f"job {job_id} had already ended ({client.job(job_id).state})")
+        click.echo(f"job {job_id} had already ended ({already})")
 
 
 @cli.command()
