@@ -74,6 +74,8 @@ class ClusterProfile:
     smb_port: int = 445
     mount_point: str | None = None
     node_group: str | None = None
+    # The share as mounted on this machine (a drive, a CIFS mount): uploads and logs use it, not SMB.
+    local_share: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -133,6 +135,12 @@ class ClusterProfile:
             raise SpecError(
                 f"{where}: mount_point {self.mount_point!r} must be an absolute path on the nodes, of "
                 "letters, digits and . _ - /"
+            )
+        if self.local_share is not None and not (
+            os.path.isabs(self.local_share) and os.path.isdir(self.local_share)
+        ):
+            raise SpecError(
+                f"{where}: local_share {self.local_share!r} must be an existing folder's absolute path"
             )
         if self.node_group is not None and not GROUP_NAME.fullmatch(self.node_group):
             raise SpecError(

@@ -19,20 +19,26 @@ import yaml
 
 from hpcjob.backends.rest import (
     CancelError,
+    JobInfo,
     NodeInfo,
     PollPolicy,
     RestClient,
     RestError,
     RestUnsure,
     RetryPolicy,
+    TaskInfo,
     check_new_job_names,
     choose_nodes,
+    job_summary,
     wait_for_job,
 )
+from hpcjob.cli.commands import format_summary
 from hpcjob.emulator.tls import make_certificate
+from hpcjob.plan import make_plan
+from hpcjob.share import LocalFolder
 from hpcjob.spec import SpecError
 
-from .conftest import REFERENCE
+from .conftest import REFERENCE, cluster_spec
 
 SPEC_2019 = yaml.safe_load((REFERENCE / "hpcpack-rest-api" / "hpcpack.yaml").read_text())
 SPEC_2016 = yaml.safe_load((REFERENCE / "hpcpack-rest-api" / "2016" / "hpcpack.yaml").read_text())
@@ -401,9 +407,13 @@ def test_choose_nodes_prefers_idle_healthy_online_nodes() -> None:
     with pytest.raises(SpecError) as info:
         choose_nodes(nodes, 4, set(), "GPUNodes")
     assert str(info.value) == (
-        "4 node(s) needed but only 3 online and healthy in group GPUNodes; found: GPU3 (Online, OK), "
-        "GPU1 (Online, OK), GPU2 (Offline, OK), GPU4 (Online, Error), GPU5 (Online, OK)"
+        "4 node(s) needed but only 3 online, healthy and not excluded in group GPUNodes; found: "
+        "GPU3 (Online, OK), GPU1 (Online, OK), GPU2 (Offline, OK), GPU4 (Online, Error), GPU5 (Online, OK)"
     )
+    # An excluded node is never chosen, however idle; the error says why it was passed over.
+    assert choose_nodes(nodes, 2, {"GPU1"}, "GPUNodes", exclude=("gpu3",)) == ("GPU5", "GPU1")
+    with pytest.raises(SpecError, match=r"only 2 online, healthy and not excluded .* GPU3 \(excluded\)"):
+        choose_nodes(nodes, 3, set(), "GPUNodes", exclude=("GPU3",))
 
 
 def test_waiting_backs_off_while_nothing_changes_and_reports_changes() -> None:
@@ -495,3 +505,39 @@ def test_a_certificate_that_fails_verification_is_reported_at_once(self_signed_h
     assert slept == [] and time.monotonic() - started < 5.0
     # The same server, trusted: the failure was the certificate's, nothing else.
     assert RestClient(url, "alice", "secret", verify=cert).version() == "6.3.8328.0"
+
+
+def test_a_submitted_job_ends_with_the_summary_of_a_local_run(tmp_path: Path) -> None:
+    """submit --wait prints what run --local prints: from the scheduler's states and the share's files."""
+    spec = cluster_spec(2)
+    plan = make_plan(spec, spec.node_names, "r-7")
+    logs = tmp_path / "hpcjob" / "run_ddp" / "logs" / "r-7"
+    (logs / ".hpcjob-exits").mkdir(parents=True)
+    (logs / ".hpcjob-exits" / "rank-5").write_text("10.5 5 137 GPUNODE002 SIGKILL\n")
+    (logs / "GPUNODE002.exit").write_text("137 10.9\n")
+    (logs / "GPUNODE001.out").write_text('epoch 1\nHPCJOB_METRICS {"accuracy": 0.91234}\n')
+    info = JobInfo(
+        job_id=42,
+        name="r-7",
+        state="Failed",
+        error="Task 2 failed",
+        tasks=(
+            TaskInfo(1, "torchrun GPUNODE001", "Canceled", 130, "GPUNODE001"),
+            TaskInfo(2, "torchrun GPUNODE002", "Failed", 1, "GPUNODE002", "exit code 1"),
+        ),
+    )
+    summary = job_summary(info, plan, 125.0, LocalFolder(tmp_path), "hpcjob/run_ddp/logs/r-7")
+    assert (summary.exit_code, summary.job_id, summary.metrics) == (137, "42", {"accuracy": 0.91234})
+    assert format_summary(summary).splitlines()[:5] == [
+        "job run_ddp Failed in 2 min 5 s, exit code 137 (run r-7)",
+        "  NODE        STATE     EXIT CODE",
+        "  GPUNODE001  Canceled  130",
+        "  GPUNODE002  Failed    1",
+        "  first failure: rank 5 on GPUNODE002, killed by SIGKILL (exit code 137)",
+    ]
+    # Without the share, the task the scheduler failed is the first failure, with its error.
+    alone = job_summary(info, plan, 125.0, None, "")
+    assert alone.root_cause is not None and alone.root_cause.describe() == (
+        "the task on GPUNODE002, exit code 1: exit code 1"
+    )
+    assert alone.exit_code == 1 and alone.metrics is None

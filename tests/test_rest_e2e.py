@@ -112,12 +112,13 @@ def test_submit_wait_trains_across_two_nodes_and_logs_come_back(cluster: Cluster
     result = cluster.submit("--wait", "--json", "-n", "2", str(TRAIN), "--epochs", "2", *SMALL)
     assert result.returncode == 0, result.stderr[-3000:]
     assert PASSWORD not in result.stdout + result.stderr and cluster.smb.password not in result.stderr
-    status = json.loads(result.stdout)
+    status = json.loads(result.stdout)  # the summary `run --local --json` prints, and the job id
     assert status["state"] == "Finished" and status["exit_code"] == 0
-    assert [(t["node"], t["state"], t["exit_code"]) for t in status["tasks"]] == [
+    assert [(n["node"], n["state"], n["exit_code"]) for n in status["nodes"]] == [
         ("LOCALHOST", "Finished", 0),
         ("NODE002", "Finished", 0),
     ]
+    assert status["metrics"]["epochs_completed"] == 2 and status["root_cause"] is None
     assert (
         f"mounting the share at {cluster.share_dir} on the nodes" in result.stderr
     )  # the mount job ran first
@@ -158,8 +159,9 @@ def test_a_failing_rank_fails_the_job_with_its_code_and_stops_the_other(
     assert result.returncode == 3, result.stderr[-3000:]
     status = json.loads(result.stdout)
     assert status["state"] == "Failed" and status["exit_code"] == 3
-    assert sorted(t["state"] for t in status["tasks"]) in (["Canceled", "Failed"], ["Failed", "Failed"])
-    assert "first failure: rank 1 on " in result.stderr and ", exit code 3" in result.stderr
+    assert sorted(n["state"] for n in status["nodes"]) in (["Canceled", "Failed"], ["Failed", "Failed"])
+    cause = status["root_cause"]
+    assert (cause["rank"], cause["exit_code"], cause["signal"]) == (1, 3, None)
 
 
 def test_cancel_stops_a_running_job_and_is_idempotent(cluster: Cluster) -> None:
@@ -188,8 +190,8 @@ def test_too_few_nodes_and_bad_credentials_are_one_line(cluster: Cluster) -> Non
     few = cluster.submit("-n", "3", str(TRAIN))
     assert few.returncode == 2
     assert few.stderr.strip() == (
-        "hpcjob: error: 3 node(s) needed but only 2 online and healthy in group GPUNodes; found: "
-        "LOCALHOST (Online, OK), NODE002 (Online, OK), NODE003 (Offline, OK)"
+        "hpcjob: error: 3 node(s) needed but only 2 online, healthy and not excluded in group GPUNodes; "
+        "found: LOCALHOST (Online, OK), NODE002 (Online, OK), NODE003 (Offline, OK)"
     )
     cluster.env["EMU_PW"] = "wrong"
     refused = cluster.hpcjob("nodes")
@@ -229,7 +231,8 @@ def test_logs_fall_back_to_the_schedulers_output_without_the_share(cluster: Clus
     logs = cluster.hpcjob("logs", job_id)
     assert logs.returncode == 0, logs.stderr
     assert (
-        "showing the scheduler's copy of each task's output, which holds only its first bytes" in logs.stderr
+        "showing the scheduler's copy of each task's output, which holds only its first 1500 bytes"
+        in logs.stderr
     )
     assert "[LOCALHOST] " in logs.stdout and "No such file or directory" in logs.stdout
     assert str(missing) in logs.stdout

@@ -80,6 +80,7 @@ class JobSummary:
     nodes: list[NodeResult] = field(default_factory=list)
     root_cause: RootCause | None = None
     metrics: dict[str, object] | None = None
+    job_id: str | None = None  # the scheduler's, for a submitted job
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)

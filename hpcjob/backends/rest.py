@@ -16,10 +16,21 @@ import ssl
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpcjob.backends.base import RootCause, State, job_exit_code
+from hpcjob.backends.base import (
+    JobSummary,
+    NodeResult,
+    RootCause,
+    State,
+    find_metrics,
+    job_exit_code,
+)
 from hpcjob.spec import HpcjobError, SpecError
+
+if TYPE_CHECKING:
+    from hpcjob.plan import JobPlan
+    from hpcjob.share import ShareFolder
 
 JOB_PROPERTIES = ("Id", "Name", "State", "ErrorMessage", "AllocatedNodes")
 TASK_PROPERTIES = (
@@ -76,6 +87,11 @@ class NodeInfo:
     state: str
     health: str
     groups: tuple[str, ...] = ()
+    cores: int | None = None
+    # The 2019 Node model has no GPU count. Linux agents register `GpuInfo` (one entry a GPU) with the
+    # head node; whether the API passes it on is UNVERIFIED (facts/hpcpack-rest.md section 6): None
+    # when the answer does not carry it.
+    gpus: int | None = None
 
     @property
     def usable(self) -> bool:
@@ -337,6 +353,8 @@ class RestClient:
                     state=str(r.get("State", "")),
                     health=str(r.get("Health", "")),
                     groups=tuple(r.get("Groups") or ()),
+                    cores=int(r["Cores"]) if isinstance(r.get("Cores"), int | float) else None,
+                    gpus=len(r["GpuInfo"]) if isinstance(r.get("GpuInfo"), list) else None,
                 )
                 for r in rows
             ]
@@ -346,7 +364,7 @@ class RestClient:
         names = None
         if group:
             names = {str(n).upper() for n in self.read(f"/nodes/groups/{group}") or []}
-        rows = self.read("/nodes", {"properties": "Name,State,Health"}) or []
+        rows = self.read("/nodes", {"properties": "Name,State,Health,NumCores"}) or []
         found = []
         for row in rows:
             p = properties(row.get("Properties", []))
@@ -357,6 +375,7 @@ class RestClient:
                         state=p.get("state", ""),
                         health=p.get("health", "OK"),
                         groups=(group,) if group else (),
+                        cores=int(p["numcores"]) if p.get("numcores", "").isdigit() else None,
                     )
                 )
         return found
@@ -412,15 +431,27 @@ def _verification_failure(exc: BaseException) -> str | None:
     return None
 
 
-def choose_nodes(nodes: Sequence[NodeInfo], count: int, busy: set[str], group: str | None) -> tuple[str, ...]:
-    """`count` usable nodes (Online, health OK), idle ones first, in name order within each kind."""
-    usable = [n for n in nodes if n.usable]
+def choose_nodes(
+    nodes: Sequence[NodeInfo],
+    count: int,
+    busy: set[str],
+    group: str | None,
+    exclude: Sequence[str] = (),
+) -> tuple[str, ...]:
+    """`count` usable nodes (Online, health OK, not excluded), idle ones first, in name order within
+    each kind."""
+    excluded = {name.upper() for name in exclude}
+    usable = [n for n in nodes if n.usable and n.name.upper() not in excluded]
     ordered = sorted(usable, key=lambda n: (n.name.upper() in busy, n.name.upper()))
     if len(ordered) < count:
         where = f"in group {group}" if group else "in the cluster"
-        found = ", ".join(f"{n.name} ({n.state}, {n.health})" for n in nodes) or "none"
+        found = ", ".join(
+            f"{n.name} ({'excluded' if n.name.upper() in excluded else f'{n.state}, {n.health}'})"
+            for n in nodes
+        )
         raise SpecError(
-            f"{count} node(s) needed but only {len(usable)} online and healthy {where}; found: {found}"
+            f"{count} node(s) needed but only {len(usable)} online, healthy and not excluded {where}; "
+            f"found: {found or 'none'}"
         )
     return tuple(n.name for n in ordered[:count])
 
@@ -570,6 +601,63 @@ class PollPolicy:
     first_wait_s: float = 1.0
     factor: float = 1.5
     max_wait_s: float = 15.0
+
+
+def job_summary(
+    info: JobInfo, plan: JobPlan, wall_time_s: float, folder: ShareFolder | None, log_folder: str
+) -> JobSummary:
+    """The end of a submitted job as every backend reports it (the summary `run --local` prints).
+
+    The scheduler knows the tasks' states; the share (`folder`, with the run's `log_folder` in it)
+    knows what failed first and the training program's metrics. Without the share, the task the
+    scheduler failed (the others it canceled, FailOnTaskFailure) is the first failure.
+    """
+    from hpcjob.logs import read_root_cause
+
+    by_node = {task.node.upper(): task for task in info.tasks}
+    nodes = []
+    for planned in plan.tasks:
+        task = by_node.get(planned.node.upper())
+        state = State(task.state) if task and task.state in set(State) else State.CANCELED
+        nodes.append(
+            NodeResult(
+                planned.node,
+                state,
+                task.exit_code if task else None,
+                stdout_path=planned.stdout_path,
+                stderr_path=planned.stderr_path,
+            )
+        )
+    cause = None
+    if info.state == State.FAILED:
+        cause = read_root_cause(folder, log_folder) if folder is not None else None
+        failed = [t for t in info.tasks if t.state == State.FAILED]
+        if cause is None and failed:
+            first = failed[0]
+            reason = " ".join(first.error.split())
+            cause = RootCause(node=first.node, exit_code=first.exit_code or 1, time=0.0, reason=reason)
+    lines: list[str] = []
+    if folder is not None:
+        for planned in plan.tasks:
+            try:
+                text = folder.read_bytes(f"{log_folder}/{planned.node}.out").decode("utf-8", "replace")
+            except FileNotFoundError:
+                continue
+            lines.extend(text.splitlines())
+    failed_codes = [t.exit_code for t in info.tasks if t.state == State.FAILED and t.exit_code]
+    return JobSummary(
+        name=plan.name,
+        run_id=plan.run_id,
+        state=State(info.state),
+        exit_code=job_exit_code(info.state, failed_codes[0] if failed_codes else None, cause),
+        wall_time_s=round(wall_time_s, 3),
+        job_dir=plan.job_dir,
+        log_dir=plan.log_dir,
+        nodes=nodes,
+        root_cause=cause,
+        metrics=find_metrics(lines),
+        job_id=str(info.job_id),
+    )
 
 
 def wait_for_job(

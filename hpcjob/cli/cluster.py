@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,12 @@ def cluster() -> None:
 @click.option("--smb-user", metavar="USER", help="SMB user for the share [default: --user].")
 @click.option("--smb-server", metavar="HOST", help="Reach the share here instead of its host name.")
 @click.option("--smb-port", type=int, default=445, show_default=True)
+@click.option(
+    "--local-share",
+    type=click.Path(exists=True, file_okay=False, resolve_path=True),
+    metavar="DIR",
+    help="The share as mounted on this machine (a drive, a CIFS mount): uploads and logs use it, not SMB.",
+)
 @click.option("--default", "make_default", is_flag=True, help="Make this the default cluster.")
 def cluster_add(
     name: str, password_env: str | None, use_keyring: bool, make_default: bool, **options: Any
@@ -153,8 +160,10 @@ def _open_share(
     share: Share, profile: ClusterProfile, rest_password: str, user: str | None, server: str | None, port: int
 ) -> ShareFolder:
     from hpcjob.credentials import smb_password
-    from hpcjob.share import SmbFolder
+    from hpcjob.share import LocalFolder, SmbFolder
 
+    if profile.local_share:  # mounted here: no SMB session, no password
+        return LocalFolder(Path(profile.local_share))
     user = user or profile.smb_user or profile.user
     # Usually the same domain account as the REST API's; ask only for another user's password.
     password = rest_password if user == profile.user else smb_password(user)
@@ -171,7 +180,12 @@ def _open_share(
     show_default=True,
     help="Mount the share on the nodes first, with an admin job (needs an HPC administrator).",
 )
-@click.option("--json", "as_json", is_flag=True, help="With --wait, print the final status as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="With --wait, print the summary as JSON (the fields of `run --local --json`); progress to stderr.",
+)
 @smb_options
 @job_options
 def submit(
@@ -219,7 +233,9 @@ def submit(
     rest_password = password_for(profile)
     client = connect(profile, rest_password)
     group = spec.node_group
-    nodes = spec.node_names or choose_nodes(client.nodes(group), spec.node_count, client.busy_nodes(), group)
+    nodes = spec.node_names or choose_nodes(
+        client.nodes(group), spec.node_count, client.busy_nodes(), group, spec.exclude_nodes
+    )
     plan = make_plan(spec, nodes, run_id)
     mount = (mount_job_xml(plan), plan.mount.mount_point) if mount_step and plan.mount else None
     check_new_job_names(client, plan.run_id, mount is not None, profile.name)  # before the upload
@@ -247,6 +263,7 @@ def submit(
         spec.job_folder,
         "rest",
         share=spec.share.unc if spec.share else None,
+        local_root=profile.local_share,
         smb_server=params.get("smb_server"),
         smb_port=params["smb_port"],
         smb_user=params.get("smb_user") or profile.smb_user or profile.user,
@@ -258,6 +275,7 @@ def submit(
         save_run(replace(first, state=step.state, job_id=job, mount_job_id=mount_job))
 
     check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload
+    started = time.monotonic()
     job_id = submit_job(
         client, plan.run_id, job_xml(plan), mount, progress, cluster=profile.name, record=record
     )
@@ -270,21 +288,26 @@ def submit(
     except KeyboardInterrupt:
         progress(f"stopped waiting; job {job_id} goes on (hpcjob cancel {job_id} ends it)")
         sys.exit(130)
-    code = info.exit_code()
-    if info.state == "Failed" and spec.share:
-        # The scheduler knows which task ended first, not which rank failed first: the share does.
-        from hpcjob.logs import read_root_cause
+    # The scheduler knows the tasks' states; the share which rank failed first, and the metrics.
+    from hpcjob.backends.rest import job_summary
+    from hpcjob.cli.commands import format_summary
+    from hpcjob.share import ShareError
 
-        folder = open_share()
+    folder = None
+    if spec.share:
         try:
-            cause = read_root_cause(folder, f"{spec.job_folder}/logs/{plan.run_id}")
-        finally:
+            folder = open_share()
+        except ShareError as exc:
+            progress(f"hpcjob: warning: {exc}: the summary has only what the scheduler knows")
+    try:
+        summary = job_summary(
+            info, plan, time.monotonic() - started, folder, f"{spec.job_folder}/logs/{plan.run_id}"
+        )
+    finally:
+        if folder is not None:
             folder.close()
-        if cause is not None:
-            progress(f"first failure: rank {cause.rank} on {cause.node}, exit code {cause.exit_code}")
-            code = info.exit_code(cause)
-    _print_status(info, as_json, code)
-    sys.exit(code)
+    click.echo(summary.to_json() if as_json else format_summary(summary))
+    sys.exit(summary.exit_code)
 
 
 def rest_log_access(
@@ -296,19 +319,34 @@ def rest_log_access(
     keeps only its first bytes: 1500 on Linux nodes) and returns no folder.
     """
     from hpcjob.config import get_profile, password_for
-    from hpcjob.share import ShareError
-    from hpcjob.spec import parse_share
+    from hpcjob.share import LocalFolder, ShareError
+    from hpcjob.spec import SpecError, parse_share
 
-    assert record.job_id is not None
     profile = get_profile(record.cluster)
     password = password_for(profile)
     client = connect(profile, password)
-    job_id = int(record.job_id)
+    job_id = int(record.job_id) if record.job_id is not None else client.find_job(record.run_id)
+    if job_id is None:
+        raise SpecError(
+            f"run {record.run_id} has no job on cluster {profile.name}: its submission stopped before "
+            "the job was made, so it has no logs"
+        )
 
     def scheduler_end() -> int | None:
+        assert job_id is not None
         return client.job_with_tasks(job_id).exit_code() if client.job(job_id).ended else None
 
-    if record.share:
+    if record.local_root:
+        return LocalFolder(Path(record.local_root)), scheduler_end
+    if not record.share:
+        click.echo(
+            f"hpcjob: warning: run {record.run_id} was submitted without a share, so hpcjob cannot read "
+            "its log files; showing the scheduler's copy of each task's output, which holds only its "
+            "first 1500 bytes (give the share with `hpcjob logs --share UNC --job-folder PATH`, or add "
+            f"it to cluster {profile.name})",
+            err=True,
+        )
+    else:
         try:
             folder = _open_share(
                 parse_share(record.share),
@@ -322,12 +360,16 @@ def rest_log_access(
         except ShareError as exc:
             click.echo(
                 f"hpcjob: warning: {exc}; showing the scheduler's copy of each task's output, "
-                "which holds only its first bytes",
+                "which holds only its first 1500 bytes",
                 err=True,
             )
+    printed = False
     for task in client.job_with_tasks(job_id).tasks:
         for line in client.task_output(job_id, task.task_id).splitlines():
             click.echo(f"[{task.node}] {line}")
+            printed = True
+    if not printed:
+        click.echo(f"hpcjob: job {job_id}: the scheduler holds no output of its tasks", err=True)
     return None, scheduler_end
 
 
@@ -429,7 +471,8 @@ def cancel(job: str, cluster_name: str | None, force: bool) -> None:
 @click.option("--all-groups", is_flag=True, help="All nodes, whatever the profile's group.")
 @click.option("--json", "as_json", is_flag=True, help="Print the nodes as JSON.")
 def nodes(cluster_name: str | None, group: str | None, all_groups: bool, as_json: bool) -> None:
-    """The cluster's nodes: state, health, and whether a running job holds them."""
+    """The cluster's nodes: state, health, whether a running job holds them, cores, GPUs (where the head
+    node reports them: HPC Pack 2019's node model has no GPU count) and groups."""
     from hpcjob.config import get_profile
 
     profile = get_profile(cluster_name)
@@ -444,6 +487,8 @@ def nodes(cluster_name: str | None, group: str | None, all_groups: bool, as_json
                         "name": n.name,
                         "state": n.state,
                         "health": n.health,
+                        "cores": n.cores,
+                        "gpus": n.gpus,
                         "groups": list(n.groups),
                         "busy": n.name.upper() in busy,
                     }
@@ -452,9 +497,22 @@ def nodes(cluster_name: str | None, group: str | None, all_groups: bool, as_json
             )
         )
         return
-    for node in found:
-        use = "busy" if node.name.upper() in busy else "idle"
-        click.echo(f"{node.name:<16} {node.state:<10} {node.health:<8} {use}")
+    from hpcjob.cli.tables import table
+
+    rows = [
+        (
+            n.name,
+            n.state,
+            n.health,
+            "busy" if n.name.upper() in busy else "idle",
+            n.cores,
+            n.gpus,
+            ",".join(n.groups),
+        )
+        for n in found
+    ]
+    for line in table(("NODE", "STATE", "HEALTH", "USE", "CORES", "GPUS", "GROUPS"), rows):
+        click.echo(line)
 
 
 @cli.command(
