@@ -93,11 +93,24 @@ def find_run(run_id: str) -> RunRecord:
     )
 
 
+# The state of a run id that `render` made up without staging anything: the job folder's current run,
+# which later renders of the same job folder reuse, so that the job file and the mount step agree.
+RENDERED = "rendered"
+
+
+def current_manual_run(job_folder: str, share: str | None) -> RunRecord | None:
+    """The newest run rendered or staged by hand (`render`) for this job folder of this share."""
+    for record in _records_newest_first():
+        if record.backend == "manual" and record.job_folder == job_folder and record.share == share:
+            return record
+    return None
+
+
 def check_new_run_id(run_id: str) -> None:
     """Refuse a run id this machine has recorded: it names the job on the cluster, the rendezvous and
     the log folder, so a second run under it would mix with the first. Call it before anything is sent."""
     for record in _records_newest_first():
-        if record.run_id == run_id:
+        if record.run_id == run_id and record.state != RENDERED:  # only rendered: nothing ran under it
             if record.job_id is not None:
                 used = f"job {record.job_id} on cluster {record.cluster}"
             elif record.cluster is not None:

@@ -63,12 +63,6 @@ def test_render_clusrun_and_json(script: Path) -> None:
     assert '"run_id": "r1"' in plan.stdout and '"world_size": 1' in plan.stdout
 
 
-def test_run_ids_are_unique_per_job(script: Path) -> None:
-    first = hpcjob("render", "--format", "json", "--node", "A", str(script)).stdout
-    second = hpcjob("render", "--format", "json", "--node", "A", str(script)).stdout
-    assert first != second
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -156,3 +150,42 @@ def test_render_copy_to_puts_code_and_node_files_in_the_job_folder(script: Path,
         "train.py",
     ]
     assert "sent 3 file(s)" in result.stderr
+
+
+def test_renders_of_one_job_folder_share_its_run_id_and_staging_starts_a_new_one(
+    script: Path, tmp_path: Path
+) -> None:
+    """The by-hand flow renders the job file and the mount step in two calls: they must agree."""
+    common = ["--node", "A", "--node", "B", "--share", "//HEAD/CcpSpoolDir/app", str(script)]
+
+    def name_of(xml: str) -> str:
+        return ET.fromstring(xml.encode()).get("Name") or ""
+
+    staged = hpcjob("render", "--copy-to", str(tmp_path / "mounted"), *common)
+    assert staged.returncode == 0, staged.stderr
+    run_id = name_of(staged.stdout)
+    assert (tmp_path / "mounted" / "hpcjob" / "train" / "logs" / run_id).is_dir()
+    mount = hpcjob("render", "--format", "clusrun", *common)
+    assert mount.returncode == 0, mount.stderr
+    assert f"/logs/{run_id}" in mount.stdout  # the mount step makes this run's log folder
+    assert f"hpcjob: run {run_id}, the current run of job folder hpcjob/train" in mount.stderr
+    again = hpcjob("render", "--copy-to", str(tmp_path / "mounted"), *common)
+    assert name_of(again.stdout) != run_id  # staged code is a new run
+    assert name_of(hpcjob("render", *common).stdout) == name_of(again.stdout)
+    other = hpcjob(
+        "render", "--node", "A", "--share", "//HEAD/CcpSpoolDir/app", "--name", "other", str(script)
+    )
+    assert name_of(other.stdout) not in (run_id, name_of(again.stdout))  # another job folder
+
+
+def test_a_run_id_that_ran_is_not_reused(script: Path, tmp_path: Path) -> None:
+    staged = hpcjob("render", "--copy-to", str(tmp_path / "m"), "--node", "A", "--run-id", "r-9", str(script))
+    assert staged.returncode == 0, staged.stderr
+    for args in (
+        ["render", "--copy-to", str(tmp_path / "m"), "--node", "A", "--run-id", "r-9", str(script)],
+        ["run", "--local", "--mount-point", str(tmp_path / "local"), "--run-id", "r-9", str(script)],
+    ):
+        again = hpcjob(*args)
+        assert again.returncode == 2
+        assert again.stderr.startswith("hpcjob: error: run id 'r-9' is taken: a manual run has it")
+        assert len(again.stderr.splitlines()) == 1

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpcjob.backends.local import free_port
-from hpcjob.backends.rest import RestClient
+from hpcjob.backends.rest import RestClient, wait_for_job
 from hpcjob.emulator import HeadNode
 from hpcjob.plan import make_plan
 from hpcjob.render import job_xml
@@ -236,3 +237,29 @@ def test_logs_fall_back_to_the_schedulers_output_without_the_share(cluster: Clus
     )
     assert "[LOCALHOST] " in logs.stdout and "No such file or directory" in logs.stdout
     assert str(missing) in logs.stdout
+
+
+def test_the_readme_flow_by_hand_runs_on_the_head_node(cluster: Cluster, tmp_path: Path) -> None:
+    """README "See the job before you run it": upload and render the job file, render the mount step
+    in a second call, submit the file on the head node (`job submit /jobfile:`; here its REST twin)."""
+    smb = ["--smb-user", cluster.smb.username, "--smb-server", cluster.smb.address]
+    job = ["--node", "LOCALHOST", "--node", "NODE002", "--share", "//HEADNODE/CcpSpoolDir/app"]
+    job += ["--mount-point", str(cluster.share_dir), "--python", sys.executable, "--env", "HPCJOB_IFNAME=lo"]
+    job += ["--rdzv-port", str(free_port()), str(TRAIN), "--epochs", "1", *SMALL]
+    uploaded = cluster.hpcjob("render", "--upload", *smb, "--smb-port", str(cluster.smb.port), *job)
+    assert uploaded.returncode == 0, uploaded.stderr
+    mount = cluster.hpcjob("render", "--format", "clusrun", *job)
+    assert mount.returncode == 0, mount.stderr
+    run_id = ET.fromstring(uploaded.stdout.encode()).get("Name")
+    assert f"hpcjob: run {run_id}: sent " in uploaded.stderr
+    assert f"/logs/{run_id}'" in mount.stdout or f'/logs/{run_id}"' in mount.stdout
+    # On the head node: the job file as it is.
+    client = RestClient(cluster.head.url, "alice", PASSWORD, verify=cluster.head.ca_file)
+    job_id = client.create_job(uploaded.stdout, str(run_id))
+    client.submit(job_id)
+    assert (
+        wait_for_job(client, job_id, lambda line: None, sleep=lambda s: time.sleep(0.5)).state == "Finished"
+    )
+    logs = cluster.hpcjob("logs", str(run_id))
+    assert logs.returncode == 0, logs.stderr
+    assert "epoch 1/1" in logs.stdout

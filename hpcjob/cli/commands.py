@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import signal
 import sys
@@ -50,11 +51,13 @@ if TYPE_CHECKING:
 def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> None:
     """Print the HPC Pack job for SCRIPT without contacting anything.
 
-    Name the nodes with --node (render asks no cluster which nodes are online).
+    Name the nodes with --node (render asks no cluster which nodes are online). Renders of the same job
+    folder share its current run id, so that the job file, the mount step and the script agree;
+    --upload and --copy-to start a new run (they stage its code), --run-id names one.
     """
     from hpcjob.plan import make_plan
     from hpcjob.render import clusrun_text, job_xml, plan_json, powershell_text
-    from hpcjob.runs import RunRecord, save_run
+    from hpcjob.runs import RENDERED, RunRecord, check_new_run_id, current_manual_run, save_run
     from hpcjob.share import LocalFolder, ShareFolder
     from hpcjob.spec import SpecError
     from hpcjob.staging import stage_run
@@ -64,31 +67,39 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
         raise SpecError("render needs the nodes: name each with --node (render contacts no cluster)")
     if upload_code and spec.share is None:
         raise SpecError("--upload needs --share //HEADNODE/CcpSpoolDir[/folder]")
-    plan = make_plan(spec, spec.node_names, params["run_id"] or new_run_id(spec.name))
+    staging = upload_code or copy_to is not None
+    share = spec.share.unc if spec.share else None
+    current = None if staging or params["run_id"] else current_manual_run(spec.job_folder, share)
+    run_id = params["run_id"] or (current.run_id if current else new_run_id(spec.name))
+    if staging:
+        check_new_run_id(run_id)
+    plan = make_plan(spec, spec.node_names, run_id)
     formats = {"xml": job_xml, "clusrun": clusrun_text, "powershell": powershell_text, "json": plan_json}
     text = formats[fmt](plan)
-    if upload_code or copy_to is not None:
+    record = RunRecord.of(
+        plan,
+        spec.job_folder,
+        "manual",
+        local_root=str(Path(copy_to).resolve()) if copy_to else None,
+        share=share,
+        smb_server=params["smb_server"],
+        smb_port=params["smb_port"],
+        smb_user=params["smb_user"],
+    )
+    if current is not None:
+        click.echo(f"hpcjob: run {run_id}, the current run of job folder {spec.job_folder}", err=True)
+    elif not staging and not params["run_id"]:
+        save_run(dataclasses.replace(record, state=RENDERED))  # later renders of the folder reuse it
+    if staging:
         folder: ShareFolder
         if copy_to is not None:
             folder = LocalFolder(Path(copy_to))
         else:
             assert spec.share is not None  # checked above
             folder = open_smb(spec.share, params)
-        click.echo(
-            stage_run(Path(spec.script).resolve().parent, folder, spec.job_folder, plan.run_id), err=True
-        )
-        save_run(
-            RunRecord.of(
-                plan,
-                spec.job_folder,
-                "manual",
-                local_root=str(Path(copy_to).resolve()) if copy_to else None,
-                share=spec.share.unc if spec.share else None,
-                smb_server=params["smb_server"],
-                smb_port=params["smb_port"],
-                smb_user=params["smb_user"],
-            )
-        )
+        staged = stage_run(Path(spec.script).resolve().parent, folder, spec.job_folder, plan.run_id)
+        click.echo(f"hpcjob: run {run_id}: {staged}", err=True)
+        save_run(record)
     click.echo(text, nl=False)
 
 
@@ -121,7 +132,7 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     from hpcjob.backends.local import LOOPBACK, LocalBackend, default_share_root, free_port, local_node_names
     from hpcjob.config import secret_variables
     from hpcjob.plan import make_plan
-    from hpcjob.runs import RunRecord, save_run
+    from hpcjob.runs import RunRecord, check_new_run_id, save_run
     from hpcjob.share import LocalFolder
     from hpcjob.spec import SpecError
     from hpcjob.staging import upload
@@ -142,6 +153,7 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
         rdzv_host=LOOPBACK,
         mount_point=str(share_root),
     )
+    check_new_run_id(plan.run_id)
 
     def progress(line: str) -> None:
         # A closed terminal (SIGHUP) makes writes fail: the job must still be stopped and summed up.
@@ -233,6 +245,10 @@ def logs(
             **params,
             "smb_server": params["smb_server"] or record.smb_server,
             "smb_user": params["smb_user"] or record.smb_user,
+            # The option's default gives way to the port the run was uploaded through.
+            "smb_port": record.smb_port
+            if record.smb_port and params["smb_port"] == 445
+            else params["smb_port"],
         }
         folder = open_smb(parse_share(record.share), params)
     else:
