@@ -39,6 +39,10 @@ class RunRecord:
     # On a cluster: creating, mounting, created, submitted or canceled (rest.Submission); else None.
     state: str | None = None
     mount_job_id: str | None = None
+    # A local run: the hpcjob process that runs it, as (pid, start time in clock ticks), so that
+    # `status` and `cancel` in another shell find it, and never a process that reused its pid.
+    pid: int | None = None
+    pid_start: int | None = None
 
     @classmethod
     def of(cls, plan: JobPlan, job_folder: str, backend: str, **where: Any) -> RunRecord:

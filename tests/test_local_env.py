@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -92,3 +93,42 @@ def test_each_project_has_its_own_local_share(tmp_path: Path) -> None:
     assert first != other
     assert Path(first).name == Path(other).name == "run_ddp"
     assert Path(first).is_relative_to(Path(os.environ["XDG_DATA_HOME"]) / "hpcjob" / "local-share")
+
+
+def test_status_and_cancel_of_a_local_run_from_another_shell(tmp_path: Path) -> None:
+    python = tmp_path / "bin" / "slowpython"  # a stand-in for the nodes' Python that runs until stopped
+    python.parent.mkdir()
+    python.write_text("#!/bin/sh\nexec sleep 60\n")
+    python.chmod(0o755)
+    script = tmp_path / "code" / "train.py"
+    script.parent.mkdir()
+    script.write_text("")
+    command = [sys.executable, "-m", "hpcjob.cli"]
+    run = subprocess.Popen(
+        [*command, "run", "--local", "-n", "2", "--run-id", "other-1", "--python", str(python), str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def hpcjob(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
+
+    deadline = time.monotonic() + 30
+    while (shown := hpcjob("status", "other-1", "--json")).returncode != 0 or '"Running"' not in shown.stdout:
+        assert time.monotonic() < deadline and run.poll() is None, (shown.stderr, run.communicate())
+        time.sleep(0.2)
+    assert json.loads(shown.stdout)["nodes"] == [
+        {"node": "LOCAL1", "state": "Running", "exit_code": None},
+        {"node": "LOCAL2", "state": "Running", "exit_code": None},
+    ]
+    text = hpcjob("status", "other-1").stdout.splitlines()
+    assert text[0].startswith("run other-1 (train, local, process ") and text[0].endswith(") Running")
+    assert text[1:] == ["  NODE    STATE    EXIT CODE", "  LOCAL1  Running  -", "  LOCAL2  Running  -"]
+    canceled = hpcjob("cancel", "other-1")
+    assert (canceled.returncode, canceled.stdout) == (0, "run other-1 canceled\n"), canceled.stderr
+    run.communicate(timeout=30)
+    assert run.returncode == 130
+    ended = json.loads(hpcjob("status", "other-1", "--json").stdout)
+    assert ended["state"] == "Canceled" and ended["exit_code"] == 130
+    assert hpcjob("cancel", "other-1").stdout == "run other-1 had already ended (Canceled)\n"

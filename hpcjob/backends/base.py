@@ -85,6 +85,15 @@ class JobSummary:
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
 
+    @classmethod
+    def from_json(cls, text: str) -> JobSummary:
+        data = json.loads(text)
+        data["state"] = State(data["state"])
+        data["nodes"] = [NodeResult(**{**n, "state": State(n["state"])}) for n in data.get("nodes", [])]
+        if data.get("root_cause") is not None:
+            data["root_cause"] = RootCause(**data["root_cause"])
+        return cls(**data)
+
 
 def parse_exit_records(lines: Iterable[str]) -> list[RootCause]:
     """The worker shim's `<time> <rank> <exit code> <node> [<signal>]` records, each a failed rank."""

@@ -32,7 +32,7 @@ from hpcjob.logs import SUMMARY_FILE, Tail, node_tails, read_root_cause
 from hpcjob.plan import JobPlan, TaskPlan
 from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code
 from hpcjob.share import LocalFolder
-from hpcjob.spec import JobSpec
+from hpcjob.spec import HpcjobError, JobSpec
 
 LOOPBACK = "127.0.0.1"
 Printer = Callable[[str], None]
@@ -238,6 +238,45 @@ class LocalBackend:
             root_cause=root_cause,
             metrics=find_metrics(lines),
         )
+
+
+def this_process() -> tuple[int, int]:
+    """This process as (pid, start time): what `running_process` checks a record against."""
+    from hpcjob.procs import process_table
+
+    return os.getpid(), process_table().get(os.getpid(), (0, -1, b""))[1]
+
+
+def running_process(pid: int | None, start: int | None) -> bool:
+    """Whether the process recorded as (pid, start time) still runs (not a later one with its pid)."""
+    from hpcjob.procs import process_table
+
+    entry = process_table().get(pid or -1)
+    return entry is not None and entry[1] == start and entry[2] not in (b"Z", b"X")
+
+
+def local_status(
+    log_dir: Path, nodes: Sequence[str], pid: int | None, start: int | None
+) -> JobSummary | None:
+    """A local run seen from another shell: its summary once it has ended; None while it runs."""
+    summary = log_dir / SUMMARY_FILE
+    if summary.is_file():
+        return JobSummary.from_json(summary.read_text(encoding="utf-8"))
+    if running_process(pid, start):
+        return None
+    raise HpcjobError(
+        f"the run in {log_dir} ended without a summary: hpcjob was killed while it ran (its tasks were "
+        "stopped with it)"
+    )
+
+
+def cancel_local(pid: int | None, start: int | None) -> bool:
+    """Cancel a local run from another shell, as Ctrl-C in its own does; False when it had ended."""
+    if not running_process(pid, start):
+        return False
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    return True
 
 
 def _echo(nodes: Sequence[_Node], progress: Printer, final: bool = False) -> None:

@@ -405,9 +405,62 @@ def _client_for(job: str, cluster_name: str | None) -> tuple[RestClient, int]:
 @cluster_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(job: str, cluster_name: str | None, as_json: bool) -> None:
-    """The state of JOB (an HPC Pack job id or a run id) and of each of its tasks."""
+    """The state of JOB and of each of its tasks: an HPC Pack job id, or a run id (of a job submitted
+    from this machine, or of a `run --local` in another shell)."""
+    local = _local_run(job)
+    if local is not None:
+        _print_local_status(local, as_json)
+        return
     client, job_id = _client_for(job, cluster_name)
     _print_status(client.job_with_tasks(job_id), as_json)
+
+
+def _local_run(job: str) -> RunRecord | None:
+    from hpcjob.runs import find_run
+    from hpcjob.spec import SpecError
+
+    if job.isdigit():
+        return None
+    try:
+        record = find_run(job)
+    except SpecError:
+        return None
+    return record if record.backend == "local" else None
+
+
+def _print_local_status(record: RunRecord, as_json: bool) -> None:
+    from hpcjob.backends.local import local_status
+    from hpcjob.cli.commands import format_summary
+    from hpcjob.cli.tables import table
+    from hpcjob.logs import RunLogs
+    from hpcjob.share import LocalFolder
+
+    assert record.local_root is not None
+    log_dir = Path(record.local_root) / record.log_folder
+    summary = local_status(log_dir, record.nodes, record.pid, record.pid_start)
+    if summary is not None:
+        click.echo(summary.to_json() if as_json else format_summary(summary))
+        return
+    ended = RunLogs(LocalFolder(log_dir), "", record.nodes).exit_codes()
+    nodes = [(node, *_node_state(ended.get(node.upper()))) for node in record.nodes]
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "run_id": record.run_id,
+                    "state": "Running",
+                    "nodes": [{"node": n, "state": s, "exit_code": c} for n, s, c in nodes],
+                }
+            )
+        )
+        return
+    click.echo(f"run {record.run_id} ({record.name}, local, process {record.pid}) Running")
+    for line in table(("NODE", "STATE", "EXIT CODE"), nodes, indent="  "):
+        click.echo(line)
+
+
+def _node_state(code: int | None) -> tuple[str, int | None]:
+    return ("Running", None) if code is None else ("Finished" if code == 0 else "Failed", code)
 
 
 def _print_status(info: JobInfo, as_json: bool, exit_code: int | None = None) -> None:
@@ -454,7 +507,12 @@ def _print_status(info: JobInfo, as_json: bool, exit_code: int | None = None) ->
 @cluster_option
 @click.option("--force", is_flag=True, help="Kill the tasks at once, without the grace period.")
 def cancel(job: str, cluster_name: str | None, force: bool) -> None:
-    """Cancel JOB. Canceling a job that has already ended, or is being canceled, is not an error."""
+    """Cancel JOB (a job id, or a run id, also of a `run --local` in another shell). Canceling a job
+    that has already ended, or is being canceled, is not an error."""
+    local = _local_run(job)
+    if local is not None:
+        _cancel_local_run(local)
+        return
     client, job_id = _client_for(job, cluster_name)
     already = client.cancel(job_id, "Canceled by hpcjob", forced=force)
     if already is None:
@@ -463,6 +521,23 @@ def cancel(job: str, cluster_name: str | None, force: bool) -> None:
         click.echo(f"job {job_id} was already being canceled (Canceling)")
     else:
         click.echo(f"job {job_id} had already ended ({already})")
+
+
+def _cancel_local_run(record: RunRecord) -> None:
+    """As Ctrl-C in the run's own shell: SIGTERM to its hpcjob, which stops the nodes; wait for it."""
+    from hpcjob.backends.local import cancel_local, local_status, running_process
+
+    if not cancel_local(record.pid, record.pid_start):
+        assert record.local_root is not None
+        summary = local_status(
+            Path(record.local_root) / record.log_folder, record.nodes, record.pid, record.pid_start
+        )
+        click.echo(f"run {record.run_id} had already ended ({summary.state if summary else 'unknown'})")
+        return
+    click.echo(f"run {record.run_id}: stopping its nodes (process {record.pid})", err=True)
+    while running_process(record.pid, record.pid_start):
+        time.sleep(0.2)
+    click.echo(f"run {record.run_id} canceled")
 
 
 @cli.command()

@@ -129,7 +129,14 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     hpcjob. The exit code is 0 when the job finished, the exit code of what failed first when it
     failed, 130 when canceled.
     """
-    from hpcjob.backends.local import LOOPBACK, LocalBackend, default_share_root, free_port, local_node_names
+    from hpcjob.backends.local import (
+        LOOPBACK,
+        LocalBackend,
+        default_share_root,
+        free_port,
+        local_node_names,
+        this_process,
+    )
     from hpcjob.config import secret_variables
     from hpcjob.plan import make_plan
     from hpcjob.runs import RunRecord, check_new_run_id, save_run
@@ -165,7 +172,10 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
         f"rendezvous {plan.rdzv_endpoint}, folder {plan.job_dir}"
     )
     upload(Path(spec.script).resolve().parent, LocalFolder(share_root), spec.job_folder)
-    save_run(RunRecord.of(plan, spec.job_folder, "local", local_root=str(share_root)))
+    pid, pid_start = this_process()
+    save_run(
+        RunRecord.of(plan, spec.job_folder, "local", local_root=str(share_root), pid=pid, pid_start=pid_start)
+    )
     _cancel_on_signals()
     backend = LocalBackend(grace_period_s=grace_period, hidden_env=secret_variables())
     summary = backend.run(plan, progress=progress, echo_output=not quiet)
