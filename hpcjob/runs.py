@@ -87,13 +87,15 @@ def _records_newest_first() -> Iterator[RunRecord]:
             continue
 
 
-def find_run(run_id: str) -> RunRecord:
-    """The latest record of `run_id` (or of the job id a backend gave it)."""
+def find_run(run_id: str, cluster: str | None = None) -> RunRecord:
+    """The latest record of `run_id` (or of the job id a backend gave it, on `cluster` if named)."""
     for record in _records_newest_first():
-        if run_id in (record.run_id, record.job_id):
+        if run_id in (record.run_id, record.job_id) and cluster in (None, record.cluster):
             return record
+    where = f" for cluster {cluster}" if cluster else ""
     raise SpecError(
-        f"no run {run_id!r} recorded on this machine: give its --share or --mount-point and --job-folder"
+        f"no run {run_id!r} recorded on this machine{where}: give its --share or --mount-point and "
+        "--job-folder"
     )
 
 

@@ -188,6 +188,9 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
 @click.argument("run_id", metavar="RUN")
 @click.option("--node", "only_node", metavar="NAME", help="Only this node's output.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
+@click.option(
+    "--cluster", "cluster_name", metavar="NAME", help="The cluster of a job id, when several have one."
+)
 @click.option("--share", metavar="UNC", help="The share, if this machine did not start the run.")
 @click.option("--mount-point", metavar="DIR", help="Where the share is mounted here (instead of SMB).")
 @click.option("--job-folder", metavar="PATH", help="The job folder on the share [default: as recorded].")
@@ -208,6 +211,7 @@ def logs(
     run_id: str,
     only_node: str | None,
     follow: bool,
+    cluster_name: str | None,
     share: str | None,
     mount_point: str | None,
     job_folder: str | None,
@@ -241,7 +245,7 @@ def logs(
             share=share,
         )
     else:
-        record = find_run(run_id)
+        record = find_run(run_id, cluster_name)
     scheduler_end: Callable[[], int | None] | None = None
     folder: ShareFolder | None
     if record.backend == "rest":

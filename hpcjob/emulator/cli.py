@@ -1,7 +1,12 @@
 """``python -m hpcjob.emulator``: run an emulated head node until SIGINT or SIGTERM.
 
-Prints the API URL on the first line and the CA file (PEM) on the second, then serves. The password of
-``--user`` comes from the environment variable HPCJOB_EMULATOR_PASSWORD, never from the command line.
+Prints the API URL on the first line and the CA file (PEM) on the second, then the `hpcjob cluster add`
+command that makes a profile for it, then serves. The password of ``--user`` comes from the environment
+variable HPCJOB_EMULATOR_PASSWORD, never from the command line.
+
+Its nodes are processes of this machine: the share is a folder here (``--share-dir``), "mounted" on every
+node at the same path, and ``python3`` on the nodes is the emulator's own Python (its folder comes first
+in the nodes' PATH), the one that has torch.
 """
 
 from __future__ import annotations
@@ -9,8 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from types import FrameType
@@ -35,7 +42,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--domain", default="HPC", help="domain of job owners (DOMAIN\\user); '' for none")
     parser.add_argument("--step-delay", type=float, default=0.0, help="minimum seconds in each queue state")
     parser.add_argument("--command-line-limit", type=int, default=480, help="0 for no limit (default 480)")
+    parser.add_argument(
+        "--share-dir",
+        help="the folder that stands in for the head node's CcpSpoolDir share (default: a new temporary one)",
+    )
+    parser.add_argument("--profile", default="emulator", help="the profile name in the printed command")
     return parser
+
+
+def profile_command(
+    profile: str, url: str, user: str, ca_file: str, share_dir: str, group: str | None
+) -> str:
+    """The `hpcjob cluster add` line for this head node: its URL, CA, and the share as a folder here."""
+    words = ["hpcjob", "cluster", "add", profile, "--url", url.removesuffix("/hpc"), "--user", user]
+    words += ["--password-env", PASSWORD_ENV, "--ca-bundle", ca_file, "--share", "//HEADNODE/CcpSpoolDir"]
+    words += ["--local-share", share_dir, "--mount-point", share_dir]
+    return shlex.join(words + (["--node-group", group] if group else []))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,6 +77,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError, TypeError) as err:
             print(f"error: {args.nodes_file}: {err}", file=sys.stderr)
             return 2
+    share_dir = os.path.abspath(args.share_dir or tempfile.mkdtemp(prefix="hpcjob-emulator-share-"))
+    if not os.path.isdir(share_dir):
+        print(f"error: --share-dir {share_dir}: no such folder", file=sys.stderr)
+        return 2
+    # The nodes are this machine: `python3` on them is this Python, which has what hpcjob needs.
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -71,9 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             domain=args.domain or None,
             step_delay=args.step_delay,
             command_line_limit=args.command_line_limit or None,
+            env=env,
         ) as head:
             print(head.url, flush=True)
             print(head.ca_file, flush=True)
+            group = "GPUNodes" if nodes is None else None  # a nodes file names its own groups
+            command = profile_command(args.profile, head.url, args.user, head.ca_file, share_dir, group)
+            print(f"# a cluster profile for it (the password stays in ${PASSWORD_ENV}):", flush=True)
+            print(command, flush=True)
             while not stop.wait(0.5):
                 pass
     except (OSError, RuntimeError, ValueError) as err:
