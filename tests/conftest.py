@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,3 +59,31 @@ def cluster_spec(nodes: int, **overrides: object) -> JobSpec:
     }
     fields.update(overrides)
     return JobSpec(**fields)  # type: ignore[arg-type]
+
+
+def stand_in_python(folder: Path, shell: str) -> Path:
+    """A stand-in for the nodes' Python (`--python`): a shell script that a task's command line runs
+    in its place, so that a local run tests hpcjob's side in a second, without torch."""
+    path = folder / "bin" / "python-stand-in"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{shell}\n")
+    path.chmod(0o755)
+    return path
+
+
+def empty_script(folder: Path, relative: str = "code/train.py") -> Path:
+    path = folder / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    return path
+
+
+def run_local(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`hpcjob run --local ARGS` in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "run", "--local", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -16,7 +14,7 @@ from hpcjob.plan import make_plan
 from hpcjob.render import job_xml, mount_job_xml
 from hpcjob.spec import SpecError, parse_duration
 
-from .conftest import cluster_spec
+from .conftest import cluster_spec, empty_script, run_local, stand_in_python
 
 
 @pytest.mark.parametrize(
@@ -84,37 +82,11 @@ def test_bad_job_options(fields: dict[str, object], message: str) -> None:
 
 
 def test_run_local_cancels_a_job_past_its_run_time_limit(tmp_path: Path) -> None:
-    python = tmp_path / "bin" / "slowpython"  # a stand-in for the nodes' Python that never ends
-    python.parent.mkdir()
-    python.write_text("#!/bin/sh\nexec sleep 60\n")
-    python.chmod(0o755)
-    script = tmp_path / "code" / "train.py"
-    script.parent.mkdir()
-    script.write_text("")
+    python = stand_in_python(tmp_path, "exec sleep 60")  # never ends by itself
     started = time.monotonic()
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpcjob.cli",
-            "run",
-            "--local",
-            "--json",
-            "-n",
-            "2",
-            "--runtime",
-            "2s",
-            "--grace-period",
-            "1",
-            "--mount-point",
-            str(tmp_path / "share"),
-            "--python",
-            str(python),
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_local(
+        *("--json", "-n", "2", "--runtime", "2s", "--grace-period", "1"),
+        *("--mount-point", str(tmp_path / "share"), "--python", str(python), str(empty_script(tmp_path))),
     )
     assert result.returncode == 130, result.stderr
     assert json.loads(result.stdout)["state"] == "Canceled"

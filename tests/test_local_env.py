@@ -1,4 +1,7 @@
-"""What a local task's environment holds: the agent's variables, and none of hpcjob's passwords."""
+"""A local run's environment and folders, and how another shell sees it.
+
+The nodes' Python is a stand-in shell script: these test hpcjob's side in seconds, without torch.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+from .conftest import empty_script, run_local, stand_in_python
+
 
 def test_passwords_do_not_reach_the_tasks(tmp_path: Path) -> None:
-    # A stand-in for the nodes' Python that prints its environment: the task's command runs it.
-    python = tmp_path / "bin" / "fakepython"
-    python.parent.mkdir()
-    python.write_text("#!/bin/sh\nenv\n")
-    python.chmod(0o755)
-    script = tmp_path / "code" / "train.py"
-    script.parent.mkdir()
-    script.write_text("")
+    python = stand_in_python(tmp_path, "env")  # prints the task's environment
     config = tmp_path / "clusters.toml"
     config.write_text('[clusters.prod]\nurl = "https://head"\nuser = "alice"\npassword = "env:PROD_PW"\n')
     env = {
@@ -30,27 +28,8 @@ def test_passwords_do_not_reach_the_tasks(tmp_path: Path) -> None:
         "KEEP_ME": "visible",
     }
     share = tmp_path / "share"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpcjob.cli",
-            "run",
-            "--local",
-            "--quiet",
-            "--run-id",
-            "env-1",
-            "--mount-point",
-            str(share),
-            "--python",
-            str(python),
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    where = ["--mount-point", str(share), "--python", str(python)]
+    result = run_local("--quiet", "--run-id", "env-1", *where, str(empty_script(tmp_path)), env=env)
     assert result.returncode == 0, result.stderr
     seen = (share / "hpcjob" / "train" / "logs" / "env-1" / "LOCAL1.out").read_text()
     assert "KEEP_ME=visible" in seen and "CCP_NODES=1 LOCAL1 " in seen
@@ -60,31 +39,11 @@ def test_passwords_do_not_reach_the_tasks(tmp_path: Path) -> None:
 
 def test_each_project_has_its_own_local_share(tmp_path: Path) -> None:
     """Two checkouts with the same script name never share a job folder (nor its checkpoints)."""
-    python = tmp_path / "bin" / "quickpython"
-    python.parent.mkdir()
-    python.write_text("#!/bin/sh\ntrue\n")
-    python.chmod(0o755)
+    python = stand_in_python(tmp_path, "true")
 
     def job_dir(project: str) -> str:
-        script = tmp_path / project / "training" / "run_ddp.py"
-        script.parent.mkdir(parents=True, exist_ok=True)
-        script.write_text("")
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "hpcjob.cli",
-                "run",
-                "--local",
-                "--json",
-                "--python",
-                str(python),
-                str(script),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        script = empty_script(tmp_path, f"{project}/training/run_ddp.py")
+        result = run_local("--json", "--python", str(python), str(script))
         assert result.returncode == 0, result.stderr
         return str(json.loads(result.stdout)["job_dir"])
 
@@ -96,16 +55,11 @@ def test_each_project_has_its_own_local_share(tmp_path: Path) -> None:
 
 
 def test_status_and_cancel_of_a_local_run_from_another_shell(tmp_path: Path) -> None:
-    python = tmp_path / "bin" / "slowpython"  # a stand-in for the nodes' Python that runs until stopped
-    python.parent.mkdir()
-    python.write_text("#!/bin/sh\nexec sleep 60\n")
-    python.chmod(0o755)
-    script = tmp_path / "code" / "train.py"
-    script.parent.mkdir()
-    script.write_text("")
+    python = stand_in_python(tmp_path, "exec sleep 60")  # runs until it is stopped
     command = [sys.executable, "-m", "hpcjob.cli"]
+    job = ["-n", "2", "--run-id", "other-1", "--python", str(python), str(empty_script(tmp_path))]
     run = subprocess.Popen(
-        [*command, "run", "--local", "-n", "2", "--run-id", "other-1", "--python", str(python), str(script)],
+        [*command, "run", "--local", *job],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
