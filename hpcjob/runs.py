@@ -75,7 +75,8 @@ def save_run(record: RunRecord) -> None:
 
 def _records_newest_first() -> Iterator[RunRecord]:
     path = runs_file()
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    # A line torn or garbled by hand is skipped, not fatal: the others still find their runs.
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
     known = {f.name for f in fields(RunRecord)}
     for line in reversed(lines):
         try:

@@ -19,6 +19,9 @@ DEFAULT_COMMAND_LIMIT = 480
 TASK_ENV_LIMIT = 2048
 DEFAULT_MOUNT_POINT = "/app"
 DEFAULT_RDZV_PORT = 29400
+# Beyond any cluster; they keep a typo (a huge -n) from reaching the scheduler, or a local run.
+MAX_NODES = 10_000
+MAX_PROCS_PER_NODE = 1024
 # Credentials come from a root-only file on each node, never from the mount command line.
 DEFAULT_MOUNT_OPTIONS = "vers=3.0,credentials=/etc/hpcjob/smb-credentials,dir_mode=0777,file_mode=0777"
 # The scheduler's priority names (facts/hpcpack-jobs.md section 1), lowest first.
@@ -69,6 +72,11 @@ class Share:
 
 def parse_share(text: str) -> Share:
     """Parse `//HOST/SHARE[/folder...]` or `\\\\HOST\\SHARE[\\folder...]`."""
+    if "@" in text:  # user[:password]@host: refused without showing it
+        raise SpecError(
+            "share must not name a user or password (user@host): the SMB user comes from --smb-user, "
+            "the password from the environment or a prompt"
+        )
     if not (text.startswith("//") or text.startswith("\\\\")):
         raise SpecError(f"share {text!r} must look like //HEADNODE/CcpSpoolDir[/folder]")
     parts = [p for p in re.split(r"[/\\]", text[2:]) if p]
@@ -124,6 +132,14 @@ def parse_duration(text: str) -> int:
     if not 1 <= seconds <= 2**31 - 1:
         raise SpecError(f"--runtime {text!r} must be at least a second and less than 68 years")
     return seconds
+
+
+def check_job_folder(job_folder: str) -> str:
+    """A folder below the share's root: a relative path of plain names, never `..`."""
+    parts = job_folder.split("/")
+    if any(not _PATH_PART.fullmatch(p) or p in (".", "..") for p in parts):
+        raise SpecError(f"job folder {job_folder!r} must be a relative path of plain names")
+    return job_folder
 
 
 def check_run_id(run_id: str) -> str:
@@ -198,9 +214,9 @@ class JobSpec:
                 raise SpecError(f"script argument {arg!r} holds a control character a job file cannot carry")
         if not _JOB_NAME.fullmatch(self.name):
             raise SpecError(f"job name {self.name!r} may use only letters, digits and . _ - (at most 58)")
-        _positive("--nodes", self.nodes)
-        _positive("--nproc-per-node", self.nproc_per_node)
-        _positive("--gpus-per-node", self.gpus_per_node)
+        _positive("--nodes", self.nodes, MAX_NODES)
+        _positive("--nproc-per-node", self.nproc_per_node, MAX_PROCS_PER_NODE)
+        _positive("--gpus-per-node", self.gpus_per_node, MAX_PROCS_PER_NODE)
         if self.gpus_per_node is not None and self.procs_per_node > self.gpus_per_node:
             raise SpecError(
                 f"--nproc-per-node {self.nproc_per_node} is more than the {self.gpus_per_node} GPUs "
@@ -229,13 +245,12 @@ class JobSpec:
                 f"--mount-point {self.mount_point!r} must be an absolute path on the nodes, of letters, "
                 "digits and . _ - /"
             )
+        # First, and without the value: an error message must not show a password to the screen.
+        if re.search(r"(^|,)\s*(password|pass|password2)\s*=", self.mount_options, re.I):
+            raise SpecError("--mount-options must not hold a password: use credentials=FILE on the nodes")
         if not _MOUNT_OPTIONS.fullmatch(self.mount_options):
             raise SpecError(f"--mount-options {self.mount_options!r} must be a comma-separated option list")
-        if re.search(r"(^|,)(password|pass)=", self.mount_options):
-            raise SpecError("--mount-options must not hold a password: use credentials=FILE on the nodes")
-        parts = self.job_folder.split("/")
-        if any(not _PATH_PART.fullmatch(p) or p in (".", "..") for p in parts):
-            raise SpecError(f"job folder {self.job_folder!r} must be a relative path of plain names")
+        check_job_folder(self.job_folder)
         if not 1 <= self.rdzv_port <= 65535:
             raise SpecError(f"--rdzv-port {self.rdzv_port} must be between 1 and 65535")
         _positive("--rdzv-timeout", self.rdzv_join_timeout)
@@ -267,6 +282,8 @@ class JobSpec:
             )
 
 
-def _positive(option: str, value: int | None) -> None:
+def _positive(option: str, value: int | None, most: int | None = None) -> None:
     if value is not None and value < 1:
         raise SpecError(f"{option} {value} must be at least 1")
+    if value is not None and most is not None and value > most:
+        raise SpecError(f"{option} {value} must be at most {most}")

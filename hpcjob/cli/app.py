@@ -34,5 +34,15 @@ def main() -> None:
         click.echo("hpcjob: aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
-        click.echo(f"hpcjob: error: {exc.format_message()}", err=True)
+        message = exc.format_message()
+        if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+            # The message is the whole help: one line instead, and where the help is.
+            context = getattr(exc, "ctx", None)
+            path = context.command_path if context else "hpcjob"
+            message = f"missing command: see `{path} --help`"
+        click.echo(f"hpcjob: error: {' '.join(message.split())}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # a file or folder the checks before could not foresee
+        where = f": {exc.filename}" if exc.filename else ""
+        click.echo(f"hpcjob: error: {exc.strerror or exc}{where}", err=True)
+        sys.exit(1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from hpcjob.cli.app import cli
-from hpcjob.cli.options import PASS_THROUGH, build_spec, job_options, new_run_id, smb_options
+from hpcjob.cli.options import PASS_THROUGH, TEXT, build_spec, job_options, new_run_id, smb_options
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 cluster_option = click.option(
     "--cluster",
     "cluster_name",
+    type=TEXT,
     metavar="NAME",
     help="Cluster profile [default: $HPCJOB_CLUSTER, else the configured default].",
 )
@@ -71,7 +73,7 @@ def cluster() -> None:
 @click.option("--mount-point", metavar="PATH", help="Where the nodes mount the share [default: /app].")
 @click.option("--smb-user", metavar="USER", help="SMB user for the share [default: --user].")
 @click.option("--smb-server", metavar="HOST", help="Reach the share here instead of its host name.")
-@click.option("--smb-port", type=int, default=445, show_default=True)
+@click.option("--smb-port", type=int, default=445, show_default=True)  # checked by the profile
 @click.option(
     "--local-share",
     type=click.Path(exists=True, file_okay=False, resolve_path=True),
@@ -373,13 +375,26 @@ def rest_log_access(
     return None, scheduler_end
 
 
+def _job_id(job: str) -> int | None:
+    """JOB as an HPC Pack job id (ASCII digits, at least 1), or None when it is a run id."""
+    from hpcjob.spec import SpecError
+
+    if not re.fullmatch(r"[0-9]+", job):
+        if job.isdigit():  # '²' is a digit to Python, and no job id
+            raise SpecError(f"job {job!r} is neither a job id (0-9) nor a run id")
+        return None
+    if int(job) < 1:
+        raise SpecError(f"job id {job} must be at least 1")
+    return int(job)
+
+
 def _client_for(job: str, cluster_name: str | None) -> tuple[RestClient, int]:
     """The cluster and job id of JOB: a job id, or a run id recorded on this machine."""
     from hpcjob.config import get_profile
     from hpcjob.runs import find_run
     from hpcjob.spec import SpecError
 
-    if job.isdigit():
+    if _job_id(job) is not None:
         if cluster_name is None:
             with contextlib.suppress(SpecError):  # not submitted from here: the default cluster
                 cluster_name = find_run(job).cluster
@@ -419,7 +434,7 @@ def _local_run(job: str) -> RunRecord | None:
     from hpcjob.runs import find_run
     from hpcjob.spec import SpecError
 
-    if job.isdigit():
+    if _job_id(job) is not None:
         return None
     try:
         record = find_run(job)
@@ -549,10 +564,13 @@ def nodes(cluster_name: str | None, group: str | None, all_groups: bool, as_json
     """The cluster's nodes: state, health, whether a running job holds them, cores, GPUs (where the head
     node reports them: HPC Pack 2019's node model has no GPU count) and groups."""
     from hpcjob.config import get_profile
+    from hpcjob.spec import GROUP_NAME, SpecError
 
     profile = get_profile(cluster_name)
-    client = connect(profile)
     group = None if all_groups else group or profile.node_group
+    if group is not None and not GROUP_NAME.fullmatch(group):
+        raise SpecError(f"--group {group!r} is not a valid node group name")
+    client = connect(profile)
     found, busy = client.nodes(group), client.busy_nodes()
     if as_json:
         click.echo(

@@ -16,7 +16,17 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from hpcjob.cli.app import cli
-from hpcjob.cli.options import PASS_THROUGH, build_spec, job_options, new_run_id, open_smb, smb_options
+from hpcjob.cli.options import (
+    PASS_THROUGH,
+    TEXT,
+    Seconds,
+    build_spec,
+    job_options,
+    local_folder,
+    new_run_id,
+    open_smb,
+    smb_options,
+)
 
 if TYPE_CHECKING:
     from hpcjob.backends.base import JobSummary
@@ -41,7 +51,7 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--copy-to",
-    type=click.Path(file_okay=False),
+    type=TEXT,
     metavar="DIR",
     help="Also copy the code and hpcjob's node files into DIR/<job folder>: DIR is the share as "
     "mounted here (a drive or a CIFS mount).",
@@ -67,6 +77,10 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
         raise SpecError("render needs the nodes: name each with --node (render contacts no cluster)")
     if upload_code and spec.share is None:
         raise SpecError("--upload needs --share //HEADNODE/CcpSpoolDir[/folder]")
+    if upload_code and copy_to is not None:
+        raise SpecError("choose one of --upload (over SMB) and --copy-to DIR (the share mounted here)")
+    if copy_to is not None:
+        copy_to = str(local_folder(copy_to, "--copy-to"))
     staging = upload_code or copy_to is not None
     share = spec.share.unc if spec.share else None
     current = None if staging or params["run_id"] else current_manual_run(spec.job_folder, share)
@@ -113,7 +127,7 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
 @click.option("--quiet", is_flag=True, help="Show node states and the summary, not the nodes' output.")
 @click.option(
     "--grace-period",
-    type=float,
+    type=Seconds(),
     default=10.0,
     show_default=True,
     metavar="SECONDS",
@@ -149,7 +163,11 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     if importlib.util.find_spec("torch") is None:
         raise SpecError(f"run --local needs torch in {sys.executable}: pip install 'hpcjob[train]'")
     code_dir = Path(params["script"]).resolve().parent
-    share_root = Path(params["mount_point"] or default_share_root(code_dir)).expanduser().resolve()
+    share_root = (
+        local_folder(params["mount_point"], "--mount-point")
+        if params["mount_point"]
+        else default_share_root(code_dir)
+    )
     port = params["rdzv_port"] or free_port()
     # The local folder stands in for the share; it is the plan's mount point, not the spec's.
     spec = build_spec({**params, "mount_point": None, "share": None}, rdzv_port=port)
@@ -186,20 +204,36 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
 
 @cli.command()
 @click.argument("run_id", metavar="RUN")
-@click.option("--node", "only_node", metavar="NAME", help="Only this node's output.")
+@click.option("--node", "only_node", type=TEXT, metavar="NAME", help="Only this node's output.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
 @click.option(
-    "--cluster", "cluster_name", metavar="NAME", help="The cluster of a job id, when several have one."
+    "--cluster",
+    "cluster_name",
+    type=TEXT,
+    metavar="NAME",
+    help="The cluster of a job id, when several have one.",
 )
-@click.option("--share", metavar="UNC", help="The share, if this machine did not start the run.")
-@click.option("--mount-point", metavar="DIR", help="Where the share is mounted here (instead of SMB).")
-@click.option("--job-folder", metavar="PATH", help="The job folder on the share [default: as recorded].")
+@click.option("--share", type=TEXT, metavar="UNC", help="The share, if this machine did not start the run.")
 @click.option(
-    "--poll", type=float, default=1.0, show_default=True, metavar="SECONDS", help="How often to look."
+    "--mount-point",
+    type=click.Path(exists=True, file_okay=False),
+    metavar="DIR",
+    help="Where the share is mounted here (instead of SMB).",
+)
+@click.option(
+    "--job-folder", type=TEXT, metavar="PATH", help="The job folder on the share [default: as recorded]."
+)
+@click.option(
+    "--poll",
+    type=Seconds(above=True),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often to look.",
 )
 @click.option(
     "--idle-timeout",
-    type=float,
+    type=Seconds(),
     default=60.0,
     show_default=True,
     metavar="SECONDS",
@@ -229,9 +263,11 @@ def logs(
     from hpcjob.logs import RunLogs
     from hpcjob.runs import RunRecord, find_run
     from hpcjob.share import LocalFolder, ShareFolder
-    from hpcjob.spec import SpecError, check_run_id, parse_share
+    from hpcjob.spec import SpecError, check_job_folder, check_run_id, parse_share
 
     check_run_id(run_id)
+    if job_folder is not None:
+        check_job_folder(job_folder)
     if share or mount_point:
         if not job_folder:
             raise SpecError("give --job-folder with --share or --mount-point")
@@ -269,13 +305,14 @@ def logs(
         raise SpecError(f"run {record.run_id} has no share recorded")
     if folder is None:
         return  # the scheduler's copy of the output was printed instead
-    nodes = record.nodes
+    run_logs = RunLogs(folder, f"{job_folder or record.job_folder}/logs/{record.run_id}", record.nodes)
     if only_node:
-        match = [n for n in nodes if n.upper() == only_node.upper()] if nodes else [only_node]
+        match = [n for n in run_logs.nodes if n.upper() == only_node.upper()]
         if not match:
-            raise SpecError(f"run {record.run_id} has no node {only_node!r}; its nodes: {', '.join(nodes)}")
-        nodes = tuple(match)
-    run_logs = RunLogs(folder, f"{job_folder or record.job_folder}/logs/{record.run_id}", nodes)
+            folder.close()
+            known = ", ".join(run_logs.nodes) or f"none yet in {folder.describe()}/{run_logs.log_folder}"
+            raise SpecError(f"run {record.run_id} has no node {only_node!r}; its nodes: {known}")
+        run_logs = RunLogs(folder, run_logs.log_folder, match)
     try:
         exit_code = _print_logs(run_logs, follow, poll, idle_timeout, scheduler_end)
     finally:

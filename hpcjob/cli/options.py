@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -20,18 +21,69 @@ PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+if TYPE_CHECKING:  # ParamType is generic in click's newer type hints, not at run time in click 8.1
+    _TextType = click.ParamType[str]
+    _SecondsType = click.ParamType[float]
+else:
+    _TextType = _SecondsType = click.ParamType
+
+
+class Text(_TextType):
+    """A string option that must say something: `--name ''` is a mistake, never "the default"."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text.strip():
+            self.fail("must not be empty", param, ctx)
+        return text
+
+
+class Seconds(_SecondsType):
+    """A time in seconds: a finite number, at least `minimum` (above it when `above`)."""
+
+    name = "seconds"
+
+    def __init__(self, minimum: float = 0.0, above: bool = False) -> None:
+        self.minimum = minimum
+        self.above = above
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        low = seconds <= self.minimum if self.above else seconds < self.minimum
+        if not math.isfinite(seconds) or low:
+            word = "more than" if self.above else "at least"
+            self.fail(f"{value} must be a number of seconds, {word} {self.minimum:g}", param, ctx)
+        return seconds
+
+
+TEXT = Text()
+PORT = click.IntRange(1, 65535)
+
+
 def job_options(command: F) -> F:
     """The options that describe a job, shared by every command that builds one."""
     options = [
         click.option(
-            "-n", "--nodes", type=int, help="Number of nodes [default: the number of --node names]."
+            "-n",
+            "--nodes",
+            type=click.IntRange(1),
+            help="Number of nodes [default: the number of --node names].",
         ),
         click.option(
             "--nproc-per-node",
-            type=int,
+            type=click.IntRange(1),
             help="Processes per node, one per GPU [default: --gpus-per-node, else 1].",
         ),
-        click.option("--gpus-per-node", type=int, help="GPUs per node, to check --nproc-per-node against."),
+        click.option(
+            "--gpus-per-node",
+            type=click.IntRange(1),
+            help="GPUs per node, to check --nproc-per-node against.",
+        ),
         click.option(
             "--node",
             "node_names",
@@ -40,36 +92,45 @@ def job_options(command: F) -> F:
             help="An HPC Pack node to run on, repeatable, in order; the first hosts the rendezvous.",
         ),
         click.option(
-            "--node-group", metavar="GROUP", help="HPC Pack node group the nodes belong to (GPU nodes)."
+            "--node-group",
+            type=TEXT,
+            metavar="GROUP",
+            help="HPC Pack node group the nodes belong to (GPU nodes).",
         ),
         click.option(
-            "--name", help="Job name: its folder's and the run id's start [default: the script's name]."
+            "--name",
+            type=TEXT,
+            help="Job name: its folder's and the run id's start [default: the script's name].",
         ),
         click.option(
             "--share",
+            type=TEXT,
             metavar="UNC",
             help="Share folder mounted on the nodes, e.g. //HEADNODE/CcpSpoolDir/app.",
         ),
         click.option(
             "--mount-point",
+            type=TEXT,
             metavar="PATH",
             help="Where the share is mounted on the nodes [default: /app]; with --local, the "
             "local folder that stands in for the share.",
         ),
         click.option(
             "--mount-options",
+            type=TEXT,
             metavar="OPTS",
             help="mount.cifs options; credentials come from a file on the nodes, never a password.",
         ),
         click.option(
             "--job-folder",
+            type=TEXT,
             metavar="PATH",
             help="The job's folder under the mount point [default: hpcjob/NAME].",
         ),
-        click.option("--rdzv-port", type=int, help="Rendezvous port on the first node [default: 29400]."),
+        click.option("--rdzv-port", type=PORT, help="Rendezvous port on the first node [default: 29400]."),
         click.option(
             "--rdzv-timeout",
-            type=int,
+            type=click.IntRange(1),
             metavar="SECONDS",
             help="How long torchrun waits for all nodes to join [default: torchrun's, 900].",
         ),
@@ -78,24 +139,28 @@ def job_options(command: F) -> F:
         ),
         click.option(
             "--max-restarts",
-            type=int,
+            type=click.IntRange(0),
             default=0,
             show_default=True,
             help="torchrun restarts of the worker group after a failure.",
         ),
-        click.option("--python", default="python3", show_default=True, help="Python on the nodes."),
+        click.option(
+            "--python", type=TEXT, default="python3", show_default=True, help="Python on the nodes."
+        ),
         click.option(
             "--command-limit",
-            type=int,
+            type=click.IntRange(1),
             metavar="CHARS",
             help="The scheduler's CommandLine length limit [default: 480].",
         ),
         click.option(
             "--run-id",
+            type=TEXT,
             help="Unique id of this run: HPC Pack job name, rendezvous id, log folder [default: generated].",
         ),
         click.option(
             "--runtime",
+            type=TEXT,
             metavar="DURATION",
             help="Run-time limit, e.g. 90m, 12h, 1d12h or DD:HH:MM; the job is canceled past it "
             "[default: the cluster's].",
@@ -106,7 +171,10 @@ def job_options(command: F) -> F:
             help="Job priority [default: the cluster's, Normal].",
         ),
         click.option(
-            "--job-template", metavar="NAME", help="HPC Pack job template [default: the cluster's]."
+            "--job-template",
+            type=TEXT,
+            metavar="NAME",
+            help="HPC Pack job template [default: the cluster's].",
         ),
         click.option(
             "--exclude-node",
@@ -126,13 +194,28 @@ def job_options(command: F) -> F:
 def smb_options(command: F) -> F:
     """How to reach the share over SMB; the password comes from HPCJOB_SMB_PASSWORD or a prompt."""
     options = [
-        click.option("--smb-user", metavar="USER", help="SMB user [default: $HPCJOB_SMB_USER]."),
-        click.option("--smb-server", metavar="HOST", help="Connect here instead of the share's host name."),
-        click.option("--smb-port", type=int, default=445, show_default=True, help="SMB port."),
+        click.option("--smb-user", type=TEXT, metavar="USER", help="SMB user [default: $HPCJOB_SMB_USER]."),
+        click.option(
+            "--smb-server", type=TEXT, metavar="HOST", help="Connect here instead of the share's host name."
+        ),
+        click.option("--smb-port", type=PORT, default=445, show_default=True, help="SMB port."),
     ]
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def local_folder(path: str, option: str) -> Path:
+    """A folder here that hpcjob may create: not a file, and not below one."""
+    from hpcjob.spec import SpecError
+
+    folder = Path(path).expanduser().resolve()
+    for step in (folder, *folder.parents):
+        if step.exists():
+            if not step.is_dir():
+                raise SpecError(f"{option} {path}: {step} is a file, not a folder")
+            return folder
+    return folder
 
 
 def open_smb(share: Share, params: dict[str, Any]) -> SmbFolder:
@@ -161,20 +244,24 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
     fields: dict[str, Any] = {
         "script": str(script),
         "script_args": tuple(params["script_args"]),
-        "name": params["name"] or "",
+        "name": params["name"] or "",  # TEXT: never an empty string, only None
         "nodes": params["nodes"],
         "node_names": tuple(params["node_names"]),
         "node_group": params["node_group"],
         "nproc_per_node": params["nproc_per_node"],
         "gpus_per_node": params["gpus_per_node"],
         "share": parse_share(params["share"]) if params["share"] else None,
-        "mount_options": params["mount_options"] or DEFAULT_MOUNT_OPTIONS,
+        "mount_options": DEFAULT_MOUNT_OPTIONS
+        if params["mount_options"] is None
+        else params["mount_options"],
         "job_folder": params["job_folder"] or "",
         "rdzv_join_timeout": params["rdzv_timeout"],
         "max_restarts": params["max_restarts"],
         "env": parse_env(params["env_items"]),
         "python": params["python"],
-        "command_limit": params["command_limit"] or DEFAULT_COMMAND_LIMIT,
+        "command_limit": DEFAULT_COMMAND_LIMIT
+        if params["command_limit"] is None
+        else params["command_limit"],
         "runtime_s": parse_duration(params["runtime"]) if params["runtime"] else None,
         "priority": params["priority"],
         "job_template": params["job_template"],

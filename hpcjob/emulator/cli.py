@@ -16,23 +16,46 @@ import json
 import os
 import shlex
 import signal
+import socket
 import sys
 import tempfile
 import threading
 from collections.abc import Sequence
 from types import FrameType
+from typing import NoReturn
 
 from hpcjob.emulator.cluster import NodeSpec
 from hpcjob.emulator.headnode import PASSWORD_ENV, HeadNode
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors as every hpcjob command gives them: one line, exit 2, and no argument echoed back (an
+    unknown `--password ...` would otherwise be printed)."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments"):
+            message = "unrecognized arguments (the password comes only from the environment); see --help"
+        _fail(message, 2)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    print(f"hpcjob: error: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m hpcjob.emulator",
         description="An HPC Pack 2019 REST head node on this machine; tasks run as local processes.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0, help="port (default 0: any free port)")
+    parser.add_argument("--port", type=_port, default=0, help="port (default 0: any free port)")
     parser.add_argument(
         "--nodes-file",
         help="JSON list of nodes as GET /cluster/nodes returns them: Name, State, Health, Cores, Groups...",
@@ -64,8 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     password = os.environ.pop(PASSWORD_ENV, None)  # tasks inherit the environment: drop it at once
     if not password:
-        print(f"error: set {PASSWORD_ENV} to the password of {args.user}", file=sys.stderr)
-        return 2
+        _fail(f"set {PASSWORD_ENV} to the password of {args.user}", 2)
     nodes: list[NodeSpec] | None = None
     if args.nodes_file:
         try:
@@ -75,12 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError("the nodes file must hold a JSON list of nodes")
             nodes = [NodeSpec.from_json(item) for item in data]
         except (OSError, ValueError, TypeError) as err:
-            print(f"error: {args.nodes_file}: {err}", file=sys.stderr)
-            return 2
+            _fail(f"{args.nodes_file}: {err}", 2)
+    try:
+        socket.getaddrinfo(args.host, args.port)
+    except (OSError, UnicodeError):
+        _fail(f"--host {args.host!r} is not an address or a name of this machine", 2)
     share_dir = os.path.abspath(args.share_dir or tempfile.mkdtemp(prefix="hpcjob-emulator-share-"))
     if not os.path.isdir(share_dir):
-        print(f"error: --share-dir {share_dir}: no such folder", file=sys.stderr)
-        return 2
+        _fail(f"--share-dir {share_dir}: no such folder", 2)
     # The nodes are this machine: `python3` on them is this Python, which has what hpcjob needs.
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
@@ -111,8 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             while not stop.wait(0.5):
                 pass
     except (OSError, RuntimeError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        _fail(str(err), 1)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
