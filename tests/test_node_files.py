@@ -169,6 +169,13 @@ def test_worker_records_a_rank_killed_by_a_signal_and_dies_of_it(
     assert before <= float(when) <= time.time()
 
 
+def test_the_script_s_own_code_wins_over_an_abort_at_teardown(job_dir: Path) -> None:
+    # A process group left undestroyed can abort the interpreter after sys.exit(3): 3 says why.
+    result = run_worker(job_dir, "import atexit, os, sys\natexit.register(os.abort)\nsys.exit(3)\n")
+    assert result.returncode == 3
+    assert (job_dir / "exits" / "rank-3").read_text().split()[2:] == ["3", "N1", "-"]
+
+
 def test_worker_records_os_exit(job_dir: Path) -> None:
     result = run_worker(job_dir, "import os\nos._exit(5)\n")
     assert result.returncode == 5
