@@ -30,8 +30,9 @@ PRIORITIES = ("Lowest", "BelowNormal", "Normal", "AboveNormal", "Highest")
 # A host-name label: HPC Pack node names are short computer names, never FQDNs.
 _NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,57}")
-# The run id names the HPC Pack job, whose name may be 80 characters long.
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+# The run id names the HPC Pack job, whose name may be 80 characters long, and its mount job
+# (`<run id>-mount`): 74 characters at most.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,73}")
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PATH_PART = re.compile(r"[A-Za-z0-9._-]+")
@@ -144,7 +145,7 @@ def check_job_folder(job_folder: str) -> str:
 
 def check_run_id(run_id: str) -> str:
     if not _RUN_ID.fullmatch(run_id):
-        raise SpecError(f"run id {run_id!r} may use only letters, digits and . _ - (at most 80)")
+        raise SpecError(f"run id {run_id!r} may use only letters, digits and . _ - (at most 74)")
     return run_id
 
 

@@ -75,3 +75,12 @@ def test_parse_share_accepts_both_slash_styles() -> None:
 
 def test_node_names_keep_their_order_and_case() -> None:
     assert parse_node_names(["gpu2", "GPU1"]) == ("gpu2", "GPU1")
+
+
+def test_a_run_id_leaves_room_for_its_mount_job_name() -> None:
+    """HPC Pack job names hold 80 characters; the mount job is `<run id>-mount`."""
+    from hpcjob.spec import check_run_id
+
+    assert check_run_id("r" * 74) == "r" * 74
+    with pytest.raises(SpecError, match="at most 74"):
+        check_run_id("r" * 75)

@@ -28,7 +28,7 @@ from typing import Any
 
 from hpcjob.emulator import props as P
 from hpcjob.emulator.jobxml import parse_job_xml
-from hpcjob.procs import MARKER_VAR, TaskProcess, exit_code, marked_processes, process_table
+from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code, marked_processes, process_table
 
 OUTPUT_LIMIT = 1500  # bytes of un-redirected stdout/stderr the agent reports (head -c 1500)
 NODE_STATES = (
@@ -212,11 +212,14 @@ class Cluster:
         self._next_task_system_id = 1
         self._closing = False
         self._runners: list[threading.Thread] = []
+        self._watchdog: Watchdog | None = None
         self._thread = threading.Thread(target=self._loop, name="hpcjob-emulator-scheduler", daemon=True)
 
     # ----------------------------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
+        # If this process is killed (SIGKILL), no task it started outlives it.
+        self._watchdog = Watchdog(f"{self.token}-")
         self._thread.start()
 
     def close(self) -> None:
@@ -237,6 +240,8 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        if self._watchdog is not None:
+            self._watchdog.close()
 
     def marker_prefix(self) -> bytes:
         return f"{MARKER_VAR}={self.token}-".encode()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import requests
@@ -99,3 +100,44 @@ def test_the_password_must_come_from_the_environment() -> None:
     assert result.returncode == 2
     assert "HPCJOB_EMULATOR_PASSWORD" in result.stderr
     assert result.stdout == ""
+
+
+def test_no_task_outlives_an_emulator_killed_with_sigkill() -> None:
+    env = dict(os.environ, HPCJOB_EMULATOR_PASSWORD=PASSWORD)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpcjob.emulator", "--user", "alice"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        ca_file = process.stdout.readline().strip()
+        session = requests.Session()
+        session.trust_env = False
+        job = session.post(
+            url + "/jobs/jobFile",
+            json='<Job><Tasks><Task CommandLine="sleep 613"/></Tasks></Job>',
+            auth=("alice", PASSWORD),
+            verify=ca_file,
+            timeout=5,
+        ).json()
+        session.post(f"{url}/jobs/{job}/submit", auth=("alice", PASSWORD), verify=ca_file, timeout=5)
+        deadline = time.monotonic() + 15
+        while not _sleepers("613") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sleepers("613"), "the task never started"
+    finally:
+        process.kill()  # as the OOM killer does: no handler of the emulator runs
+        process.wait()
+    deadline = time.monotonic() + 10
+    while _sleepers("613") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _sleepers("613") == []
+
+
+def _sleepers(seconds: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", f"^sleep {seconds}$"], capture_output=True, text=True, check=False)
+    return [pid for pid in found.stdout.split() if _environ_has(pid, "HPCJOB_TASK_MARKER=")]
