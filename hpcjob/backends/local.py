@@ -30,7 +30,7 @@ from hpcjob.backends.base import (
 )
 from hpcjob.logs import SUMMARY_FILE, Tail, node_tails, read_root_cause
 from hpcjob.plan import JobPlan, TaskPlan
-from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code
+from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code, process_table
 from hpcjob.share import LocalFolder
 from hpcjob.spec import HpcjobError, JobSpec
 
@@ -242,22 +242,16 @@ class LocalBackend:
 
 def this_process() -> tuple[int, int]:
     """This process as (pid, start time): what `running_process` checks a record against."""
-    from hpcjob.procs import process_table
-
     return os.getpid(), process_table().get(os.getpid(), (0, -1, b""))[1]
 
 
 def running_process(pid: int | None, start: int | None) -> bool:
     """Whether the process recorded as (pid, start time) still runs (not a later one with its pid)."""
-    from hpcjob.procs import process_table
-
     entry = process_table().get(pid or -1)
     return entry is not None and entry[1] == start and entry[2] not in (b"Z", b"X")
 
 
-def local_status(
-    log_dir: Path, nodes: Sequence[str], pid: int | None, start: int | None
-) -> JobSummary | None:
+def local_status(log_dir: Path, pid: int | None, start: int | None) -> JobSummary | None:
     """A local run seen from another shell: its summary once it has ended; None while it runs."""
     summary = log_dir / SUMMARY_FILE
     if summary.is_file():

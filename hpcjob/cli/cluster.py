@@ -452,7 +452,7 @@ def _print_local_status(record: RunRecord, as_json: bool) -> None:
 
     assert record.local_root is not None
     log_dir = Path(record.local_root) / record.log_folder
-    summary = local_status(log_dir, record.nodes, record.pid, record.pid_start)
+    summary = local_status(log_dir, record.pid, record.pid_start)
     if summary is not None:
         click.echo(summary.to_json() if as_json else format_summary(summary))
         return
@@ -544,9 +544,7 @@ def _cancel_local_run(record: RunRecord) -> None:
 
     if not cancel_local(record.pid, record.pid_start):
         assert record.local_root is not None
-        summary = local_status(
-            Path(record.local_root) / record.log_folder, record.nodes, record.pid, record.pid_start
-        )
+        summary = local_status(Path(record.local_root) / record.log_folder, record.pid, record.pid_start)
         click.echo(f"run {record.run_id} had already ended ({summary.state if summary else 'unknown'})")
         return
     click.echo(f"run {record.run_id}: stopping its nodes (process {record.pid})", err=True)
