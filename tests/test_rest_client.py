@@ -32,7 +32,7 @@ from hpcjob.backends.rest import (
     job_summary,
     wait_for_job,
 )
-from hpcjob.cli.commands import format_summary
+from hpcjob.cli.tables import format_summary
 from hpcjob.emulator.tls import make_certificate
 from hpcjob.plan import make_plan
 from hpcjob.share import LocalFolder

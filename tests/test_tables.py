@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcjob.backends.base import JobSummary, NodeResult, RootCause, State
-from hpcjob.cli.commands import format_summary
-from hpcjob.cli.tables import duration, number, table
+from hpcjob.cli.tables import duration, format_summary, number, table
 
 
 def test_table_aligns_columns_under_the_header() -> None:

@@ -292,7 +292,7 @@ def submit(
         sys.exit(130)
     # The scheduler knows the tasks' states; the share which rank failed first, and the metrics.
     from hpcjob.backends.rest import job_summary
-    from hpcjob.cli.commands import format_summary
+    from hpcjob.cli.tables import format_summary
     from hpcjob.share import ShareError
 
     folder = None
@@ -445,8 +445,7 @@ def _local_run(job: str) -> RunRecord | None:
 
 def _print_local_status(record: RunRecord, as_json: bool) -> None:
     from hpcjob.backends.local import local_status
-    from hpcjob.cli.commands import format_summary
-    from hpcjob.cli.tables import table
+    from hpcjob.cli.tables import format_summary, table
     from hpcjob.logs import RunLogs
     from hpcjob.share import LocalFolder
 

@@ -29,7 +29,6 @@ from hpcjob.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from hpcjob.backends.base import JobSummary
     from hpcjob.logs import RunLogs
 
 
@@ -151,6 +150,7 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
         local_node_names,
         this_process,
     )
+    from hpcjob.cli.tables import format_summary
     from hpcjob.config import secret_variables
     from hpcjob.plan import make_plan
     from hpcjob.runs import RunRecord, check_new_run_id, save_run
@@ -360,21 +360,3 @@ def _cancel_on_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGHUP, handler)
-
-
-def format_summary(summary: JobSummary) -> str:
-    """How every backend ends a job it followed: state, each node, the first failure, the metrics."""
-    from hpcjob.cli.tables import duration, metrics_line, table
-
-    lines = [
-        f"job {summary.name} {summary.state} in {duration(summary.wall_time_s)}, exit code "
-        f"{summary.exit_code} (run {summary.run_id})"
-    ]
-    rows = [(node.node, node.state, node.exit_code) for node in summary.nodes]
-    lines += table(("NODE", "STATE", "EXIT CODE"), rows, indent="  ")
-    if summary.root_cause:
-        lines.append(f"  first failure: {summary.root_cause.describe()}")
-    if summary.metrics:
-        lines.append(f"  metrics: {metrics_line(summary.metrics)}")
-    lines.append(f"  logs: {summary.log_dir}")
-    return "\n".join(lines)

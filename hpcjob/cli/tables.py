@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcjob.backends.base import JobSummary
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> list[str]:
@@ -48,3 +52,19 @@ def metrics_line(metrics: Mapping[str, object]) -> str:
                 continue
         shown.append(f"{key}={number(value)}")
     return ", ".join(shown)
+
+
+def format_summary(summary: JobSummary) -> str:
+    """How every backend ends a job it followed: state, each node, the first failure, the metrics."""
+    lines = [
+        f"job {summary.name} {summary.state} in {duration(summary.wall_time_s)}, exit code "
+        f"{summary.exit_code} (run {summary.run_id})"
+    ]
+    rows = [(node.node, node.state, node.exit_code) for node in summary.nodes]
+    lines += table(("NODE", "STATE", "EXIT CODE"), rows, indent="  ")
+    if summary.root_cause:
+        lines.append(f"  first failure: {summary.root_cause.describe()}")
+    if summary.metrics:
+        lines.append(f"  metrics: {metrics_line(summary.metrics)}")
+    lines.append(f"  logs: {summary.log_dir}")
+    return "\n".join(lines)
