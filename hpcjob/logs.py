@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hpcjob.backends.base import RootCause, TaskEnd, first_failure, parse_exit_records, signal_of_exit_code
+from hpcjob.results import RootCause, TaskEnd, first_failure, parse_exit_records, signal_of_exit_code
 from hpcjob.share import ShareFolder
 
 SUMMARY_FILE = "summary.json"

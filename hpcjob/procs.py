@@ -32,15 +32,22 @@ Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
 # Run in front of every task's command: ignored signals survive exec, and a script's background job
 # ignores SIGINT and SIGQUIT, nohup SIGHUP, and Python itself SIGPIPE and SIGXFSZ. A task that ignored
 # SIGINT could not be stopped gracefully, so each is reset to the default, then the task's program
-# replaces this Python (same pid).
+# replaces this Python (same pid). The stopping signals are blocked meanwhile: one that came while
+# this Python held its own SIGINT handler would otherwise be lost at exec; blocked, it waits in the
+# kernel and ends the process as soon as the default is back.
 DEFAULT_SIGNALS = (
     "import os, signal, sys\n"
+    "stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, stops)\n"
     "for s in signal.valid_signals():\n"
     "    try:\n"
-    "        if s not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(s) is signal.SIG_IGN:\n"
+    "        if s not in (signal.SIGKILL, signal.SIGSTOP) and (\n"
+    "            s == signal.SIGINT or signal.getsignal(s) is signal.SIG_IGN\n"
+    "        ):\n"
     "            signal.signal(s, signal.SIG_DFL)\n"
     "    except (OSError, ValueError):\n"
     "        pass\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
 

@@ -19,14 +19,11 @@ import yaml
 
 from hpcjob.backends.rest import (
     CancelError,
-    JobInfo,
-    NodeInfo,
     PollPolicy,
     RestClient,
     RestError,
     RestUnsure,
     RetryPolicy,
-    TaskInfo,
     check_new_job_names,
     choose_nodes,
     job_summary,
@@ -35,6 +32,7 @@ from hpcjob.backends.rest import (
 from hpcjob.cli.tables import format_summary
 from hpcjob.emulator.tls import make_certificate
 from hpcjob.plan import make_plan
+from hpcjob.results import JobInfo, NodeInfo, TaskInfo
 from hpcjob.share import LocalFolder
 from hpcjob.spec import SpecError
 

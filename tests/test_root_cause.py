@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.backends.base import (
+from hpcjob.logs import EXIT_RECORDS, read_root_cause, reason_line
+from hpcjob.results import (
     CANCELED_EXIT_CODE,
     RootCause,
     State,
@@ -18,7 +19,6 @@ from hpcjob.backends.base import (
     job_exit_code,
     parse_exit_records,
 )
-from hpcjob.logs import EXIT_RECORDS, read_root_cause, reason_line
 from hpcjob.share import LocalFolder
 
 

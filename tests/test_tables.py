@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpcjob.backends.base import JobSummary, NodeResult, RootCause, State
 from hpcjob.cli.tables import duration, format_summary, number, table
+from hpcjob.results import JobSummary, NodeResult, RootCause, State
 
 
 def test_table_aligns_columns_under_the_header() -> None:

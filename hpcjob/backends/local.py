@@ -20,7 +20,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcjob.backends.base import (
+from hpcjob.logs import SUMMARY_FILE, Tail, node_tails, read_root_cause
+from hpcjob.plan import JobPlan, TaskPlan
+from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code, process_table
+from hpcjob.results import (
     JobSummary,
     NodeResult,
     State,
@@ -28,9 +31,6 @@ from hpcjob.backends.base import (
     find_metrics,
     job_exit_code,
 )
-from hpcjob.logs import SUMMARY_FILE, Tail, node_tails, read_root_cause
-from hpcjob.plan import JobPlan, TaskPlan
-from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code, process_table
 from hpcjob.share import LocalFolder
 from hpcjob.spec import HpcjobError, JobSpec
 

@@ -15,14 +15,18 @@ import random
 import ssl
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.backends.base import (
+from hpcjob.results import (
+    ENDED_JOB_STATES,
+    JobInfo,
     JobSummary,
+    NodeInfo,
     NodeResult,
     RootCause,
     State,
+    TaskInfo,
     find_metrics,
     job_exit_code,
 )
@@ -45,7 +49,6 @@ TASK_PROPERTIES = (
 )
 # Enough to list every task of a job in one request (the server's default page is 10 rows).
 ROWS_PER_READ = 1000
-ENDED_JOB_STATES = frozenset({"Finished", "Failed", "Canceled"})
 # Tasks end in the same three states; before that the REST API reports ExitCode 0, which means nothing.
 ENDED_TASK_STATES = ENDED_JOB_STATES
 CONFIGURING = "Configuring"
@@ -79,52 +82,6 @@ class RetryPolicy:
         while True:
             yield wait * random.uniform(0.8, 1.2)  # jitter: many clients do not retry in step
             wait = min(wait * self.factor, self.max_wait_s)
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    name: str
-    state: str
-    health: str
-    groups: tuple[str, ...] = ()
-    cores: int | None = None
-    # The 2019 Node model has no GPU count. Linux agents register `GpuInfo` (one entry a GPU) with the
-    # head node; whether the API passes it on is UNVERIFIED (facts/hpcpack-rest.md section 6): None
-    # when the answer does not carry it.
-    gpus: int | None = None
-
-    @property
-    def usable(self) -> bool:
-        return self.state == "Online" and self.health == "OK"
-
-
-@dataclass(frozen=True)
-class TaskInfo:
-    task_id: int
-    name: str
-    state: str
-    exit_code: int | None
-    node: str
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    job_id: int
-    name: str
-    state: str
-    error: str
-    tasks: tuple[TaskInfo, ...] = field(default_factory=tuple)
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ENDED_JOB_STATES
-
-    def exit_code(self, root_cause: RootCause | None = None) -> int:
-        """As every backend reports it (job_exit_code); the scheduler knows the failed tasks, the share
-        (`root_cause`) which rank failed first."""
-        failed = [t.exit_code for t in self.tasks if t.state == State.FAILED and t.exit_code]
-        return job_exit_code(self.state, failed[0] if failed else None, root_cause)
 
 
 def properties(items: Iterable[Mapping[str, Any]]) -> dict[str, str]:

@@ -18,8 +18,9 @@ from hpcjob.cli.options import PASS_THROUGH, TEXT, build_spec, job_options, new_
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from hpcjob.backends.rest import JobInfo, RestClient
+    from hpcjob.backends.rest import RestClient
     from hpcjob.config import ClusterProfile
+    from hpcjob.results import JobInfo
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
     from hpcjob.spec import JobSpec, Share

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpcjob.backends.base import JobSummary
+    from hpcjob.results import JobSummary
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> list[str]:

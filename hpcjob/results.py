@@ -1,4 +1,7 @@
-"""What every backend reports: job and task states (HPC Pack's names), the summary, the root cause."""
+"""What every backend reports: job and task states (HPC Pack's names), nodes, the summary, the root cause.
+
+Shared by the backends, the logs and the CLI, below all of them: it imports nothing of hpcjob.
+"""
 
 from __future__ import annotations
 
@@ -169,3 +172,53 @@ def job_exit_code(state: str, failed_task_code: int | None, root_cause: RootCaus
         if code and code != CANCELED_EXIT_CODE:
             return code
     return 1
+
+
+# The scheduler's states of a job or task that has ended (it has more than State names while it runs).
+ENDED_JOB_STATES = frozenset({"Finished", "Failed", "Canceled"})
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    state: str
+    health: str
+    groups: tuple[str, ...] = ()
+    cores: int | None = None
+    # The 2019 Node model has no GPU count. Linux agents register `GpuInfo` (one entry a GPU) with the
+    # head node; whether the API passes it on is UNVERIFIED (facts/hpcpack-rest.md section 6): None
+    # when the answer does not carry it.
+    gpus: int | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.state == "Online" and self.health == "OK"
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    task_id: int
+    name: str
+    state: str
+    exit_code: int | None
+    node: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: int
+    name: str
+    state: str
+    error: str
+    tasks: tuple[TaskInfo, ...] = field(default_factory=tuple)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_JOB_STATES
+
+    def exit_code(self, root_cause: RootCause | None = None) -> int:
+        """As every backend reports it (job_exit_code); the scheduler knows the failed tasks, the share
+        (`root_cause`) which rank failed first."""
+        failed = [t.exit_code for t in self.tasks if t.state == State.FAILED and t.exit_code]
+        return job_exit_code(self.state, failed[0] if failed else None, root_cause)

@@ -1,0 +1,56 @@
+"""A task's processes start as the node agent starts them: default signals, stoppable at any moment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from hpcjob.procs import TaskProcess, exit_code
+
+
+@pytest.mark.parametrize("delay_ms", range(0, 80, 8))
+def test_a_sigint_at_any_moment_of_the_start_stops_the_task(delay_ms: int) -> None:
+    """The start passes through a Python that resets the signals: a SIGINT caught there must not be
+    lost at exec (the task would then run on until SIGKILL)."""
+    task = TaskProcess(
+        ["/bin/sleep", "30"],
+        cwd="/",
+        env=os.environ,
+        marker=f"race-{delay_ms}-{os.getpid()}",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(delay_ms / 1000)
+    os.kill(task.pid, signal.SIGINT)
+    try:
+        code = exit_code(task.popen.wait(timeout=5))
+    finally:
+        task.kill()
+    assert code == 130
+
+
+def test_a_task_starts_with_the_signals_its_starter_ignored_at_their_default() -> None:
+    ignored = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # a background job under nohup
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignored}
+    try:
+        task = TaskProcess(
+            ["/bin/sh", "-c", "grep -E '^Sig(Ign|Blk):' /proc/self/status"],
+            cwd="/",
+            env=os.environ,
+            marker=f"ign-{os.getpid()}",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert task.popen.stdout is not None
+    shown = task.popen.stdout.read().decode()
+    task.popen.wait()
+    masks = dict(line.split(":\t") for line in shown.splitlines())
+    assert int(masks["SigBlk"], 16) == 0  # nothing left blocked by the start
+    assert int(masks["SigIgn"], 16) == 0  # nothing ignored, SIGPIPE included
