@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 import tomli_w
 
+from hpcjob.backends import CLUSTER_BACKENDS, WINRM_TRANSPORTS
 from hpcjob.credentials import SMB_PASSWORD_ENV
 from hpcjob.spec import GROUP_NAME, PLAIN_PATH, HpcjobError, SpecError, parse_share
 
@@ -56,6 +57,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9.:-]{0,252}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TOP_LEVEL_KEYS = ("clusters", "default")
+_FINGERPRINT = re.compile(r"[0-9A-Fa-f]{64}")
+WINRM_PORT = 5986
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,14 @@ class ClusterProfile:
     node_group: str | None = None
     # The share as mounted on this machine (a drive, a CIFS mount): uploads and logs use it, not SMB.
     local_share: str | None = None
+    # How hpcjob reaches the head node: "rest" (the HPC Pack REST API at url) or "winrm" (PowerShell
+    # on the head node over WS-Management at winrm_url, default https://<url's host>:5986/wsman).
+    backend: str = "rest"
+    winrm_url: str | None = None
+    winrm_transport: str | None = None  # default ntlm
+    # The SHA-256 fingerprint of the head node's certificate (hex, colons allowed): trusted instead of a
+    # CA, for the self-signed certificates WinRM listeners often have.
+    cert_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -126,6 +137,24 @@ class ClusterProfile:
                 raise SpecError(f"{where}: {exc}") from None
         if self.smb_user is not None:
             _check_user(where, "smb_user", self.smb_user)
+        if self.backend not in CLUSTER_BACKENDS:
+            raise SpecError(
+                f"{where}: backend must be one of {', '.join(CLUSTER_BACKENDS)}, not {self.backend!r}"
+            )
+        if self.winrm_url is not None:
+            _check_url(where, self.winrm_url, "winrm_url")
+        if self.winrm_transport is not None and self.winrm_transport not in WINRM_TRANSPORTS:
+            raise SpecError(
+                f"{where}: winrm_transport must be one of {', '.join(WINRM_TRANSPORTS)}, not "
+                f"{self.winrm_transport!r}"
+            )
+        if self.cert_fingerprint is not None:
+            if not _FINGERPRINT.fullmatch(self.cert_fingerprint.replace(":", "")):
+                raise SpecError(f"{where}: cert_fingerprint must be a SHA-256 fingerprint: 64 hex digits")
+            if self.insecure or self.ca_bundle:
+                raise SpecError(f"{where}: cert_fingerprint replaces ca_bundle and insecure: give only one")
+            if self.backend != "winrm":
+                raise SpecError(f"{where}: cert_fingerprint is for the winrm backend only")
         if self.smb_server is not None and not _HOST.fullmatch(self.smb_server):
             raise SpecError(f"{where}: smb_server {self.smb_server!r} must be a host name or an address")
         if not 1 <= self.smb_port <= 65535:
@@ -153,6 +182,19 @@ class ClusterProfile:
         """The REST API root: the URL with /hpc, as HPC Pack 2016 Update 1 and later serve it."""
         url = self.url.rstrip("/")
         return url if url.endswith("/hpc") else f"{url}/hpc"
+
+    @property
+    def wsman_url(self) -> str:
+        """The head node's WinRM endpoint: winrm_url, else HTTPS on 5986 of the url's host."""
+        if self.winrm_url:
+            return self.winrm_url
+        host = urlsplit(self.url).hostname or ""
+        return f"https://{f'[{host}]' if ':' in host else host}:{WINRM_PORT}/wsman"
+
+    @property
+    def endpoint(self) -> str:
+        """Where the profile's backend reaches the head node."""
+        return self.wsman_url if self.backend == "winrm" else self.api_base
 
     @property
     def verify(self) -> bool | str:
@@ -200,24 +242,24 @@ def _check_name(name: object) -> None:
         )
 
 
-def _check_url(where: str, url: str) -> None:
+def _check_url(where: str, url: str, key: str = "url") -> None:
     # Never echo the URL: it may carry a password.
     if _CONTROL.search(url) or " " in url:
-        raise SpecError(f"{where}: url must not contain spaces or control characters")
+        raise SpecError(f"{where}: {key} must not contain spaces or control characters")
     try:
         parts = urlsplit(url)
         _ = parts.port  # urlsplit checks the port only when asked for it
     except ValueError:
-        raise SpecError(f"{where}: url is not a valid URL: give https://HEADNODE[:PORT][/hpc]") from None
+        raise SpecError(f"{where}: {key} is not a valid URL: give https://HEADNODE[:PORT][/PATH]") from None
     if "@" in parts.netloc:
         raise SpecError(
-            f"{where}: url must not hold a user or password (user@host): give the user with --user and "
+            f"{where}: {key} must not hold a user or password (user@host): give the user with --user and "
             "the password with --password-env or --keyring"
         )
     if parts.scheme.lower() != "https":
-        raise SpecError(f"{where}: url must start with https:// (the API needs TLS)")
+        raise SpecError(f"{where}: {key} must start with https:// (the password travels in it: TLS only)")
     if not parts.hostname:
-        raise SpecError(f"{where}: url names no host: give https://HEADNODE[:PORT][/hpc]")
+        raise SpecError(f"{where}: {key} names no host: give https://HEADNODE[:PORT][/PATH]")
     if "?" in url or "#" in url:
         raise SpecError(f"{where}: url must not have a ?query or #fragment: give https://HEADNODE[/hpc]")
 

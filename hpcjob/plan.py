@@ -7,8 +7,9 @@ RequiredNodes, all with the same torchrun CommandLine whose rendezvous endpoint 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 from hpcjob.spec import PLAIN_PATH, JobSpec, SpecError, check_run_id, parse_node_names
 from hpcjob.torchrun import TorchrunCommand, bash_join, bash_quote, command_line
@@ -26,14 +27,28 @@ class TaskPlan:
     stderr_path: str
 
 
+# The job environment variable that asks hpcjob's execution filter (hpcjob/node/mount_filter.py) to
+# mount a share on the node before the task starts, with the job owner's credentials.
+MOUNT_VAR = "HPCJOB_MOUNT"
+# What the filter did, in the task's environment: mounted, already mounted, or "failed: <why>".
+MOUNT_RESULT_VAR = "HPCJOB_MOUNT_RESULT"
+
+
 @dataclass(frozen=True)
 class MountStep:
-    """The cluster-run step, run as root on every node before the job: mount the share, idempotently."""
+    """The share on the nodes. `filter_request` is the HPCJOB_MOUNT value that makes hpcjob's execution
+    filter mount it, as root with the job owner's credentials; `command` mounts it by hand (clusrun as
+    an administrator, with a credentials file on the node), idempotently."""
 
     nodes: tuple[str, ...]
     share_unc: str
     mount_point: str
     command: str
+    filter_request: str = ""
+
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]:
+        return ((MOUNT_VAR, self.filter_request),)
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,19 @@ class JobPlan:
     @property
     def world_size(self) -> int:
         return len(self.nodes) * self.nproc_per_node
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobPlan:
+        """The plan back from its JSON form (render's plan_json): env as an object, lists for tuples."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        env = data.get("env") or {}
+        values["env"] = tuple(env.items()) if isinstance(env, Mapping) else tuple(map(tuple, env))
+        values["nodes"] = tuple(data["nodes"])
+        values["tasks"] = tuple(TaskPlan(**task) for task in data["tasks"])
+        mount = data.get("mount")
+        values["mount"] = None if mount is None else MountStep(**{**mount, "nodes": tuple(mount["nodes"])})
+        return cls(**values)
 
 
 def make_plan(
@@ -114,18 +142,15 @@ def make_plan(
         for node in nodes
     )
     mount = None
+    env = spec.env
     if spec.share is not None:
-        mount = MountStep(
-            nodes=nodes,
-            share_unc=spec.share.unc,
-            mount_point=root,
-            command=mount_command(spec.share.unc, root, spec.mount_options, log_dir),
-        )
+        mount = mount_step(spec.share.unc, root, spec.mount_options, nodes, log_dir)
         if len(mount.command) > spec.command_limit:
             raise SpecError(
                 f"the mount command is {len(mount.command)} characters, more than the scheduler's limit of "
                 f"{spec.command_limit}: use a shorter --mount-point or job folder"
             )
+        env = (*env, *mount.env)  # a node that lost the mount gets it back before the task starts
     return JobPlan(
         name=spec.name,
         run_id=run_id,
@@ -136,7 +161,7 @@ def make_plan(
         job_dir=job_dir,
         log_dir=log_dir,
         command_line=line,
-        env=spec.env,
+        env=env,
         tasks=tasks,
         mount=mount,
         command_limit=spec.command_limit,
@@ -146,7 +171,27 @@ def make_plan(
     )
 
 
-def mount_command(share_unc: str, mount_point: str, options: str, log_dir: str) -> str:
+def mount_job_name(run_id: str) -> str:
+    """The name of a run's mount job: the run id names its jobs, so that each can be found again."""
+    return f"{run_id}-mount"
+
+
+def mount_step(
+    share_unc: str, mount_point: str, options: str, nodes: Sequence[str], log_dir: str | None = None
+) -> MountStep:
+    """The share at `mount_point` on `nodes`; `log_dir`: a run's log folder, made once mounted."""
+    # The filter brings its own credentials file: a credentials= option would name one nobody wrote.
+    kept = ",".join(o for o in options.split(",") if o and not o.strip().lower().startswith("credentials="))
+    return MountStep(
+        nodes=tuple(nodes),
+        share_unc=share_unc,
+        mount_point=mount_point,
+        command=mount_command(share_unc, mount_point, options, log_dir),
+        filter_request=f"{share_unc}|{mount_point}|{kept}",
+    )
+
+
+def mount_command(share_unc: str, mount_point: str, options: str, log_dir: str | None = None) -> str:
     """Bash, run as root on each node: mount the share unless mounted, then make this run's log folder.
 
     The task's stdout/stderr files go to the log folder, and the agent checks that it can write them
@@ -157,8 +202,8 @@ def mount_command(share_unc: str, mount_point: str, options: str, log_dir: str) 
     if not PLAIN_PATH.fullmatch(mount_point):
         raise SpecError(f"mount point {mount_point!r} may use only letters, digits and . _ - /")
     mount = bash_join(["mount", "-t", "cifs", share_unc, "MP", "-o", options]).replace(" MP ", " $m ")
-    logs = log_dir.removeprefix(mount_point.rstrip("/"))
     # $m unquoted: the path is plain, and the clusrun line carries the command in double quotes.
-    return (
-        f"m={mount_point}; mkdir -p $m && {{ mountpoint -q $m || {mount}; }} && mkdir -p $m{bash_quote(logs)}"
-    )
+    command = f"m={mount_point}; mkdir -p $m && {{ mountpoint -q $m || {mount}; }}"
+    if log_dir is None:
+        return command
+    return f"{command} && mkdir -p $m{bash_quote(log_dir.removeprefix(mount_point.rstrip('/')))}"

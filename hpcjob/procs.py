@@ -117,6 +117,7 @@ class TaskProcess:
         table = process_table()
         start = table.get(self.popen.pid, (0, -1, b""))[1]
         self._seen: set[Proc] = {(self.popen.pid, start)}
+        self._interrupted: set[Proc] = set()
         self.refresh(table)
 
     @property
@@ -161,14 +162,24 @@ class TaskProcess:
                 os.kill(pid, sig)
         return len(live)
 
+    def interrupt(self) -> bool:
+        """SIGINT to each live process of the task that has not had one yet; whether any is live.
+
+        Called again and again while the task stops: a process forked just after the first SIGINT (a
+        shell starting its next command) gets its own when it is seen. A shell waits for its
+        foreground child, so a child that missed the signal would hold the task until the SIGKILL."""
+        live = self.live(deep=not self._interrupted)  # the marker search is needed only once
+        for pid, start in live - self._interrupted:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGINT)
+            self._interrupted.add((pid, start))
+        return bool(live)
+
     def stop(self, grace_period: float, kill_now: threading.Event) -> None:
         """SIGINT to every process, SIGKILL to whatever is left after the grace period (or at once)."""
         if grace_period > 0 and not kill_now.is_set():
-            self.signal(signal.SIGINT)
             deadline = time.monotonic() + grace_period
-            while time.monotonic() < deadline and not kill_now.is_set():
-                if not self.live(deep=False):  # the marker search already ran when SIGINT went out
-                    break
+            while self.interrupt() and time.monotonic() < deadline and not kill_now.is_set():
                 kill_now.wait(0.1)
         self.kill()
 

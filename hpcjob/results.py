@@ -207,11 +207,14 @@ class TaskInfo:
 
 @dataclass(frozen=True)
 class JobInfo:
-    job_id: int
+    """A job as a backend sees it: the scheduler's job id (a local run's: its run id)."""
+
+    job_id: str
     name: str
     state: str
     error: str
     tasks: tuple[TaskInfo, ...] = field(default_factory=tuple)
+    root_cause: RootCause | None = None  # where the backend knows it (a local run's summary)
 
     @property
     def ended(self) -> bool:
@@ -219,6 +222,39 @@ class JobInfo:
 
     def exit_code(self, root_cause: RootCause | None = None) -> int:
         """As every backend reports it (job_exit_code); the scheduler knows the failed tasks, the share
-        (`root_cause`) which rank failed first."""
+        (`root_cause`, else the one the job carries) which rank failed first."""
         failed = [t.exit_code for t in self.tasks if t.state == State.FAILED and t.exit_code]
-        return job_exit_code(self.state, failed[0] if failed else None, root_cause)
+        return job_exit_code(self.state, failed[0] if failed else None, root_cause or self.root_cause)
+
+
+@dataclass(frozen=True)
+class Submission:
+    """How far a submission got, reported before each next step so that the run's record always points
+    to every job made: creating (no job yet, but a create's lost answer may have made one), mounting
+    (the mount job exists), created (the job exists, not submitted), submitted, or canceled (hpcjob
+    canceled the job, or the mount job, whose submit failed). A local job names the process that
+    runs it, (pid, start time)."""
+
+    state: str
+    job_id: str | None = None
+    mount_job_id: str | None = None
+    process: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class MountResult:
+    """The share on one node after a mount: mounted, already mounted, or failed with the node's words."""
+
+    node: str
+    outcome: str
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in (MOUNTED, ALREADY_MOUNTED)
+
+
+# What hpcjob's execution filter says it did (hpcjob/node/mount_filter.py), and a failure.
+MOUNTED = "mounted"
+ALREADY_MOUNTED = "already mounted"
+MOUNT_FAILED = "failed"

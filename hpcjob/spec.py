@@ -100,6 +100,20 @@ def parse_env(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
     return tuple(env.items())
 
 
+def check_mount(mount_point: str, options: str) -> None:
+    """A mount point on the nodes and mount.cifs options, as every mount of the share needs them."""
+    if not PLAIN_PATH.fullmatch(mount_point):
+        raise SpecError(
+            f"--mount-point {mount_point!r} must be an absolute path on the nodes, of letters, digits and "
+            ". _ - /"
+        )
+    # First, and without the value: an error message must not show a password to the screen.
+    if re.search(r"(^|,)\s*(password|pass|password2)\s*=", options, re.I):
+        raise SpecError("--mount-options must not hold a password: use credentials=FILE on the nodes")
+    if not _MOUNT_OPTIONS.fullmatch(options):
+        raise SpecError(f"--mount-options {options!r} must be a comma-separated option list")
+
+
 def parse_node_names(names: Iterable[str]) -> tuple[str, ...]:
     """Validate HPC Pack node names: short names, no domain, no duplicates (names ignore case)."""
     seen: dict[str, str] = {}
@@ -241,16 +255,7 @@ class JobSpec:
             raise SpecError(f"--priority {self.priority!r} must be one of {', '.join(PRIORITIES)}")
         if self.job_template is not None and not GROUP_NAME.fullmatch(self.job_template):
             raise SpecError(f"--job-template {self.job_template!r} is not a valid template name")
-        if not PLAIN_PATH.fullmatch(self.mount_point):
-            raise SpecError(
-                f"--mount-point {self.mount_point!r} must be an absolute path on the nodes, of letters, "
-                "digits and . _ - /"
-            )
-        # First, and without the value: an error message must not show a password to the screen.
-        if re.search(r"(^|,)\s*(password|pass|password2)\s*=", self.mount_options, re.I):
-            raise SpecError("--mount-options must not hold a password: use credentials=FILE on the nodes")
-        if not _MOUNT_OPTIONS.fullmatch(self.mount_options):
-            raise SpecError(f"--mount-options {self.mount_options!r} must be a comma-separated option list")
+        check_mount(self.mount_point, self.mount_options)
         check_job_folder(self.job_folder)
         if not 1 <= self.rdzv_port <= 65535:
             raise SpecError(f"--rdzv-port {self.rdzv_port} must be between 1 and 65535")

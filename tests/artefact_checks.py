@@ -21,6 +21,7 @@ import tree_sitter_powershell
 
 from hpcjob.plan import JobPlan
 from hpcjob.render import JOB_NAMESPACE, clusrun_text, job_xml, mount_job_xml, plan_json, powershell_text
+from hpcjob.render.job_xml import MOUNT_CHECK
 
 NS = {"j": JOB_NAMESPACE}
 # The PowerShell language specification, 2.3.5.2: single-quote-character.
@@ -84,13 +85,17 @@ def check_mount_job_xml(plan: JobPlan, text: str) -> None:
     no_invisible(text, "\n\t")
     root = ET.fromstring(text.encode("utf-8"))
     assert root.get("Name") == f"{plan.run_id}-mount"
+    # Every node reports its mount: one node's failure does not cancel the others' tasks.
+    assert (root.get("FailOnTaskFailure"), root.get("IsExclusive")) == ("false", "false")
     variables = root.findall("j:EnvironmentVariables/j:Variable", NS)
+    # The user's own job: the execution filter mounts what HPCJOB_MOUNT names; the task says what it did.
     assert [
         (v.findtext("j:Name", namespaces=NS), v.findtext("j:Value", namespaces=NS)) for v in variables
-    ] == [("CCP_MAP_ADMIN_USER", "0")]
+    ] == [("HPCJOB_MOUNT", plan.mount.filter_request)]
+    assert plan.mount.filter_request.startswith(f"{plan.mount.share_unc}|{plan.mount.mount_point}|")
     tasks = root.findall("j:Tasks/j:Task", NS)
     assert [(t.get("RequiredNodes"), t.get("CommandLine")) for t in tasks] == [
-        (node, plan.mount.command) for node in plan.nodes
+        (node, MOUNT_CHECK) for node in plan.nodes
     ]
 
 

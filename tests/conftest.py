@@ -1,4 +1,5 @@
-"""Shared fixtures: the repository layout, golden files, a job spec like the README's."""
+"""Shared fixtures: the repository layout, golden files, a job spec like the README's, the CLI run in this
+process with a cluster profile."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hpcjob.spec import JobSpec, parse_share
+
+PROFILE_PASSWORD_ENV = "EMU_PW"
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -87,3 +92,45 @@ def run_local(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         timeout=60,
         env=env,
     )
+
+
+@dataclass
+class Result:
+    """What `hpcjob ARGS` did: its exit code, stdout and stderr."""
+
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli_with_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., Callable[..., Result]]:
+    """`cli_with_profile(password, **profile)`: saves the cluster profile `emu` (the default, its
+    password in $EMU_PW) and returns a runner of `hpcjob ARGS` in this process."""
+    from hpcjob.cli.app import main
+    from hpcjob.config import ClusterProfile, save_profile
+
+    def make(password: str, **profile: Any) -> Callable[..., Result]:
+        monkeypatch.setenv("HPCJOB_CONFIG", str(tmp_path / "clusters.toml"))
+        monkeypatch.setenv(PROFILE_PASSWORD_ENV, password)
+        monkeypatch.delenv("HPCJOB_CLUSTER", raising=False)
+        save_profile(
+            ClusterProfile(name="emu", password=f"env:{PROFILE_PASSWORD_ENV}", **profile), make_default=True
+        )
+
+        def run(*args: str) -> Result:
+            capsys.readouterr()
+            monkeypatch.setattr(sys, "argv", ["hpcjob", *args])
+            try:
+                main()
+                code = 0
+            except SystemExit as exc:
+                code = int(exc.code or 0)
+            out, err = capsys.readouterr()
+            return Result(code, out, err)
+
+        return run
+
+    return make

@@ -74,7 +74,7 @@ def test_cluster_add_writes_a_profile_without_a_password(config_file: Path) -> N
     assert text == (
         'default = "prod"\n\n[clusters.prod]\nurl = "https://head.contoso.com"\nuser = "CONTOSO\\\\alice"\n'
         'password = "env:PROD_PW"\ninsecure = false\nshare = "//HEAD/CcpSpoolDir/app"\nsmb_port = 445\n'
-        'node_group = "GPUNodes"\n'
+        'node_group = "GPUNodes"\nbackend = "rest"\n'
     )
     profile = get_profile(None)
     assert (profile.user, profile.api_base, profile.verify) == (
@@ -148,9 +148,11 @@ def test_cluster_list_is_a_table_that_marks_the_default(config_file: Path) -> No
     listed = hpcjob("cluster", "list")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines() == [
-        "DEFAULT  NAME  URL                           USER           SHARE                   NODE GROUP",
-        "         lab   https://lab:8443/hpc          bob            -                       -",
-        "*        prod  https://head.contoso.com/hpc  CONTOSO\\alice  //HEAD/CcpSpoolDir/app  GPU Nodes",
+        "DEFAULT  NAME  BACKEND  URL                           USER           SHARE                   "
+        "NODE GROUP",
+        "         lab   rest     https://lab:8443/hpc          bob            -                       -",
+        "*        prod  rest     https://head.contoso.com/hpc  CONTOSO\\alice  //HEAD/CcpSpoolDir/app  "
+        "GPU Nodes",
     ]
     # $HPCJOB_CLUSTER chooses another for the commands, and the list says so.
     chosen = hpcjob("cluster", "list", env={**os.environ, "HPCJOB_CLUSTER": "lab"})
@@ -187,12 +189,18 @@ BASE = {"url": '"https://head"', "user": '"alice"'}
         ('smb_server = "head node"', "smb_server 'head node' must be a host name or an address"),
         ('user = ""', "user must be a user name such as CONTOSO\\alice"),
         ('smb_user = "a\\nb"', "smb_user must be a user name such as CONTOSO\\alice"),
-        ('url = "http://head"', "url must start with https:// (the API needs TLS)"),
+        ('url = "http://head"', "url must start with https:// (the password travels in it: TLS only)"),
         ('url = "https://"', "url names no host"),
         ('url = "https://head:99999"', "url is not a valid URL"),
         ('url = "https://head/hpc?api-version=2"', "url must not have a ?query or #fragment"),
         ('password = "env:"', "password must be 'prompt', 'keyring' or 'env:VARIABLE'"),
         ('password = "env:A B"', "password must be 'prompt', 'keyring' or 'env:VARIABLE'"),
+        ('backend = "ssh"', "backend must be one of rest, winrm, not 'ssh'"),
+        ('winrm_url = "http://head:5985/wsman"', "winrm_url must start with https://"),
+        ('winrm_url = "https://bob:secret@head/wsman"', "winrm_url must not hold a user or password"),
+        ('winrm_transport = "digest"', "winrm_transport must be one of ntlm, kerberos, credssp, basic"),
+        ('cert_fingerprint = "nothex"', "cert_fingerprint must be a SHA-256 fingerprint: 64 hex digits"),
+        (f'cert_fingerprint = "{"ab" * 32}"', "cert_fingerprint is for the winrm backend only"),
     ],
 )
 def test_a_bad_value_in_the_file_is_one_line_naming_file_cluster_and_key(

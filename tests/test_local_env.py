@@ -72,13 +72,17 @@ def test_status_and_cancel_of_a_local_run_from_another_shell(tmp_path: Path) -> 
     while (shown := hpcjob("status", "other-1", "--json")).returncode != 0 or '"Running"' not in shown.stdout:
         assert time.monotonic() < deadline and run.poll() is None, (shown.stderr, run.communicate())
         time.sleep(0.2)
-    assert json.loads(shown.stdout)["nodes"] == [
-        {"node": "LOCAL1", "state": "Running", "exit_code": None},
-        {"node": "LOCAL2", "state": "Running", "exit_code": None},
+    assert [(t["node"], t["state"], t["exit_code"]) for t in json.loads(shown.stdout)["tasks"]] == [
+        ("LOCAL1", "Running", None),
+        ("LOCAL2", "Running", None),
     ]
     text = hpcjob("status", "other-1").stdout.splitlines()
-    assert text[0].startswith("run other-1 (train, local, process ") and text[0].endswith(") Running")
-    assert text[1:] == ["  NODE    STATE    EXIT CODE", "  LOCAL1  Running  -", "  LOCAL2  Running  -"]
+    assert text[0] == "job other-1 (train) Running"
+    assert [line.split() for line in text[1:]] == [
+        ["TASK", "NODE", "STATE", "EXIT", "CODE", "ERROR"],
+        ["1", "LOCAL1", "Running", "-"],
+        ["2", "LOCAL2", "Running", "-"],
+    ]
     canceled = hpcjob("cancel", "other-1")
     assert (canceled.returncode, canceled.stdout) == (0, "run other-1 canceled\n"), canceled.stderr
     run.communicate(timeout=30)

@@ -54,3 +54,34 @@ def test_a_task_starts_with_the_signals_its_starter_ignored_at_their_default() -
     masks = dict(line.split(":\t") for line in shown.splitlines())
     assert int(masks["SigBlk"], 16) == 0  # nothing left blocked by the start
     assert int(masks["SigIgn"], 16) == 0  # nothing ignored, SIGPIPE included
+
+
+def test_a_process_forked_after_the_sigint_gets_its_own() -> None:
+    """A shell that starts its next command just after the SIGINT went out waits for that command: the
+    command must be interrupted too, not left to run until the SIGKILL at the end of the grace period
+    (the emulator once reported a canceled `sleep` task as killed, 137, for this reason)."""
+    import sys
+    import threading
+
+    # Forks only once the SIGINT arrived: no list of processes taken at that moment can hold the child.
+    late_fork = (
+        "import signal, subprocess, sys\n"
+        "signal.signal(signal.SIGINT, lambda *a: sys.exit(subprocess.call(['sleep', '30'])))\n"
+        "print('ready', flush=True)\n"
+        "signal.pause()\n"
+    )
+    task = TaskProcess(
+        [sys.executable, "-c", late_fork],
+        cwd="/",
+        env=os.environ,
+        marker=f"late-{os.getpid()}",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert task.popen.stdout is not None
+    assert task.popen.stdout.readline() == b"ready\n"
+    started = time.monotonic()
+    task.stop(grace_period=10.0, kill_now=threading.Event())
+    took = time.monotonic() - started
+    assert exit_code(task.popen.wait()) != 137
+    assert took < 3, f"the late child waited for the SIGKILL ({took:.1f} s)"

@@ -1,4 +1,4 @@
-"""README "Try the whole REST path on this machine": its commands, exactly as written, work."""
+"""README "Try the whole REST and WinRM paths on this machine": its commands, exactly as written, work."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from .conftest import REPO
 
 pytestmark = pytest.mark.slow
-HEADING = "### Try the whole REST path on this machine"
+HEADING = "### Try the whole REST and WinRM paths on this machine"
 
 
 def walkthrough() -> str:
@@ -36,8 +36,9 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     out = result.stdout
     assert "job run_ddp Finished in " in out and ", exit code 0 (run run_ddp-" in out  # submit --wait
-    assert re.search(r"^job 1 \(run_ddp-\S+\) Finished, exit code 0$", out, re.M)  # status
+    # status, through each front door: the same job
+    assert len(re.findall(r"^job 1 \(run_ddp-\S+\) Finished, exit code 0$", out, re.M)) == 2
     assert "] epoch 2/2" in out  # logs, from the share (a folder here)
     assert "job 2 canceled" in out
-    assert "cluster emulator saved in" in out
+    assert "cluster emulator saved in" in out and "cluster emulator-winrm saved in" in out
     assert "try-it-1" not in out + result.stderr  # the password never shows

@@ -112,7 +112,11 @@ def test_job_xml_root_namespace_version_and_shape() -> None:
     variables = root.findall("j:EnvironmentVariables/j:Variable", NS)
     assert [
         (v.findtext("j:Name", namespaces=NS), v.findtext("j:Value", namespaces=NS)) for v in variables
-    ] == [("NCCL_DEBUG", "WARN")]
+    ] == [
+        ("NCCL_DEBUG", "WARN"),
+        # A node that lost the share gets it back from hpcjob's execution filter before the task starts.
+        ("HPCJOB_MOUNT", "//HEADNODE/CcpSpoolDir/app|/app|vers=3.0,dir_mode=0777,file_mode=0777"),
+    ]
 
 
 def test_plan_json_is_the_whole_plan() -> None:
@@ -121,6 +125,9 @@ def test_plan_json_is_the_whole_plan() -> None:
     data = json.loads(plan_json(plan))
     assert data["run_id"] == RUN_ID
     assert data["world_size"] == 8
-    assert data["env"] == {"NCCL_DEBUG": "WARN"}
+    assert data["env"] == {
+        "NCCL_DEBUG": "WARN",
+        "HPCJOB_MOUNT": plan.mount.filter_request if plan.mount else "",
+    }
     assert [t["node"] for t in data["tasks"]] == ["GPUNODE001", "GPUNODE002"]
     assert data["mount"]["command"] == plan.mount.command if plan.mount else False

@@ -19,15 +19,18 @@ import yaml
 
 from hpcjob.backends.rest import (
     CancelError,
-    PollPolicy,
     RestClient,
     RestError,
     RestUnsure,
     RetryPolicy,
-    check_new_job_names,
+    wait_for_job,
+)
+from hpcjob.backends.scheduler import (
+    PollPolicy,
     choose_nodes,
     job_summary,
-    wait_for_job,
+    refuse_taken_names,
+    run_job_names,
 )
 from hpcjob.cli.tables import format_summary
 from hpcjob.emulator.tls import make_certificate
@@ -328,6 +331,11 @@ def test_a_run_whose_job_names_are_taken_is_refused_in_one_request() -> None:
 
     client, session, _ = client_with(handler)
     assert client.find_jobs(["exp-1", "exp-2-mount", "new"]) == {"exp-2-mount": 9, "exp-1": 3}
+
+    def check_new_job_names(client: RestClient, run_id: str, mount: bool, cluster: str) -> None:
+        names = run_job_names(run_id, mount)
+        refuse_taken_names(names, client.find_jobs(names), cluster)
+
     with pytest.raises(SpecError) as info:
         check_new_job_names(client, "exp-1", mount=False, cluster="prod")
     assert str(info.value) == (
@@ -515,7 +523,7 @@ def test_a_submitted_job_ends_with_the_summary_of_a_local_run(tmp_path: Path) ->
     (logs / "GPUNODE002.exit").write_text("137 10.9\n")
     (logs / "GPUNODE001.out").write_text('epoch 1\nHPCJOB_METRICS {"accuracy": 0.91234}\n')
     info = JobInfo(
-        job_id=42,
+        job_id="42",
         name="r-7",
         state="Failed",
         error="Task 2 failed",

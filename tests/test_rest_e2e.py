@@ -101,8 +101,15 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
                 str(share_dir),
                 "--node-group",
                 "GPUNodes",
+                "--winrm-url",  # for --backend winrm: the same head node's other front door
+                head.wsman_url,
             )
             assert added.returncode == 0, added.stderr
+            # hpcjob's execution filter on every node, once (alice is an administrator): the mount job of
+            # each submit has it mount the share (bind-mounted here already: "already mounted").
+            nodes = [f"--node={n}" for n in ("LOCALHOST", "NODE002", "NODE003")]
+            installed = cluster.hpcjob("mount", "--install", "--backend", "winrm", *nodes)
+            assert installed.returncode == 0, installed.stderr
             yield cluster
             assert cluster.leftovers() == []
     finally:
@@ -135,6 +142,27 @@ def test_submit_wait_trains_across_two_nodes_and_logs_come_back(cluster: Cluster
     assert "[NODE002 err] hpcjob: node NODE002, store host 0" in logs.stdout
     shown = cluster.hpcjob("status", job_id)
     assert shown.stdout.startswith(f"job {job_id} (run_ddp-") and "Finished, exit code 0" in shown.stdout
+
+
+def test_the_same_job_over_winrm_trains_mounts_and_logs(cluster: Cluster) -> None:
+    """`submit --backend winrm --wait`: the mount job and the training job through PowerShell on the
+    head node (pywinrm, NTLM), over one shell; then logs and status of the job it made."""
+    shells = cluster.head.wsman.shells_created  # the fixture's mount --install had one
+    result = cluster.submit(
+        "--backend", "winrm", "--wait", "--json", "-n", "2", str(TRAIN), "--epochs", "1", *SMALL
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert PASSWORD not in result.stdout + result.stderr
+    status = json.loads(result.stdout)
+    assert (status["state"], status["exit_code"], status["metrics"]["epochs_completed"]) == ("Finished", 0, 1)
+    assert f"mounting the share at {cluster.share_dir} on the nodes" in result.stderr
+    assert cluster.head.requests.count("POST", r"/jobs/jobFile$") == 0  # nothing went over REST
+    assert cluster.head.wsman.shells_created == shells + 1  # one shell for the submit and its wait
+    logs = cluster.hpcjob("logs", str(status["job_id"]))
+    assert logs.returncode == 0, logs.stderr
+    assert "[LOCALHOST] epoch 1/1" in logs.stdout or "[NODE002] epoch 1/1" in logs.stdout
+    shown = cluster.hpcjob("status", str(status["job_id"]))
+    assert "Finished, exit code 0" in shown.stdout.splitlines()[0]
 
 
 FAILING = """
@@ -205,8 +233,9 @@ def test_too_few_nodes_and_bad_credentials_are_one_line(cluster: Cluster) -> Non
 def test_dry_run_sends_nothing(cluster: Cluster) -> None:
     result = cluster.hpcjob("submit", "--dry-run", "--node", "LOCALHOST", "--node", "NODE002", str(TRAIN))
     assert result.returncode == 0, result.stderr
-    assert "# would create the mount job: POST https://127.0.0.1" in result.stdout
-    assert '<Job Version="3.000"' in result.stdout
+    mount, job = result.stdout.split("# would create and submit the job:\n")
+    assert mount.startswith("# would upload ") and "# would mount the share on the nodes first" in mount
+    assert job.startswith('<?xml version="1.0"') and 'Name="run_ddp-' in job
     assert len(cluster.head.requests) == 0
 
 

@@ -5,31 +5,23 @@ at once, or are plain shell commands made here; the CLI runs in this process (it
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
 import pytest
 
-from hpcjob.backends.rest import RestClient, RestError, Submission, submit_job
-from hpcjob.cli.app import main
-from hpcjob.config import ClusterProfile, save_profile
+from hpcjob.backends.rest import RestClient, RestError, submit_job
 from hpcjob.emulator import HeadNode
+from hpcjob.results import Submission
 from hpcjob.runs import RunRecord, find_run, runs_file, save_run
+
+from .conftest import Result
 
 PASSWORD = "emu-Pw-2"
 SUBMIT = r"/jobs/\d+/submit$"
 CANCEL = r"/jobs/\d+/cancel$"
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
 
 
 @pytest.fixture
@@ -45,35 +37,15 @@ def client(head: HeadNode) -> RestClient:
 
 
 @pytest.fixture
-def hpcjob(
-    head: HeadNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> Callable[..., Result]:
+def hpcjob(head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]]) -> Callable[..., Result]:
     """The CLI with a profile `emu` for the head node (default cluster, group GPUNodes)."""
-    monkeypatch.setenv("HPCJOB_CONFIG", str(tmp_path / "clusters.toml"))
-    monkeypatch.setenv("EMU_PW", PASSWORD)
-    monkeypatch.delenv("HPCJOB_CLUSTER", raising=False)
-    profile = ClusterProfile(
-        name="emu",
+    return cli_with_profile(
+        PASSWORD,
         url=head.url,
         user="alice",
-        password="env:EMU_PW",
         ca_bundle=head.ca_file,
         node_group="GPUNodes",
     )
-    save_profile(profile, make_default=True)
-
-    def run(*args: str) -> Result:
-        capsys.readouterr()
-        monkeypatch.setattr(sys, "argv", ["hpcjob", *args])
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return Result(code, out, err)
-
-    return run
 
 
 @pytest.fixture
@@ -213,7 +185,7 @@ def test_a_run_recorded_before_its_job_was_made_is_found_by_name(
     job = client.create_job(job_file("exp-1", "true"), "exp-1")
     shown = hpcjob("status", "exp-1")
     assert shown.code == 0 and shown.out.startswith(f"job {job} (exp-1) Configuring\n")
-    assert (hpcjob("cancel", "exp-1").out, client.job(job).state) == (f"job {job} canceled\n", "Canceled")
+    assert (hpcjob("cancel", "exp-1").out, client.job(job).state) == ("run exp-1 canceled\n", "Canceled")
 
 
 def test_status_shows_exit_codes_of_ended_tasks_only_and_a_canceling_job_cancels_fine(
@@ -283,8 +255,8 @@ def test_each_step_is_recorded_before_the_next(head: HeadNode, client: RestClien
     mount_job = the_job(client, "exp-1-mount")
     assert steps == [
         Submission("creating"),
-        Submission("mounting", mount_job_id=mount_job),
-        Submission("created", job_id=job, mount_job_id=mount_job),
-        Submission("submitted", job_id=job, mount_job_id=mount_job),
+        Submission("mounting", mount_job_id=str(mount_job)),
+        Submission("created", job_id=str(job), mount_job_id=str(mount_job)),
+        Submission("submitted", job_id=str(job), mount_job_id=str(mount_job)),
     ]
     assert head.wait_job(job) == "Finished"

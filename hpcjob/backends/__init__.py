@@ -1,1 +1,104 @@
-"""Backends run a JobPlan somewhere and report on it. They never build command lines themselves."""
+"""The one interface to every place a job can run, and the registry of the backends that implement it.
+
+The CLI talks to a `Backend` and to nothing behind it: it never asks which kind it holds. A backend is
+one module under hpcjob/backends/ with a function `open_backend(profile, password)`; adding one is that
+module and one line in BACKENDS. Modules are imported only when used, so `hpcjob --help` stays fast.
+
+A run is named to a backend by its RunRecord (hpcjob.runs): the record of a run started here, or one
+made for a bare job id of the cluster. Everything a backend returns is a shared type of hpcjob.results.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from hpcjob.config import ClusterProfile
+    from hpcjob.plan import JobPlan, MountStep
+    from hpcjob.render import JobShape
+    from hpcjob.results import JobInfo, MountResult, NodeInfo, Submission
+    from hpcjob.runs import RunRecord
+    from hpcjob.spec import JobSpec
+
+Progress = Callable[[str], None]
+
+# name -> module; the module's open_backend(profile, password) returns the Backend.
+BACKENDS = {
+    "local": "hpcjob.backends.local",
+    "rest": "hpcjob.backends.rest",
+    "winrm": "hpcjob.backends.winrm",
+}
+# The backends that reach a cluster, as a cluster profile may name them.
+CLUSTER_BACKENDS = ("rest", "winrm")
+# How WinRM may authenticate (pywinrm's transports that a head node accepts).
+WINRM_TRANSPORTS = ("ntlm", "kerberos", "credssp", "basic")
+
+
+class Backend(Protocol):
+    """Where jobs run: this machine, or a cluster's head node (over its REST API or WinRM)."""
+
+    kind: str
+
+    def nodes(self, group: str | None) -> list[NodeInfo]:
+        """The nodes (of `group`), with their state, health, cores and GPUs where known."""
+        ...
+
+    def busy_nodes(self) -> set[str]:
+        """The nodes (upper case) that running jobs hold now."""
+        ...
+
+    def plan(self, spec: JobSpec, run_id: str) -> JobPlan:
+        """The job for `spec` on nodes this backend chooses (the spec's, else idle usable ones). Refuses
+        a run id whose jobs exist already (a lost answer is recovered by looking the job up by name)."""
+        ...
+
+    def submit(
+        self, plan: JobPlan, *, mount: bool, progress: Progress, record: Callable[[Submission], None]
+    ) -> str:
+        """Start the job (after mounting the share on its nodes when `mount`); its job id. `record` hears
+        of each step before the next starts, so that no job made is ever left unrecorded."""
+        ...
+
+    def status(self, run: RunRecord) -> JobInfo:
+        """The job's state and each task's (node, state, exit code once ended)."""
+        ...
+
+    def wait(self, run: RunRecord, progress: Progress) -> JobInfo:
+        """Follow the job until it ends, reporting each change of state; its final status."""
+        ...
+
+    def cancel(self, run: RunRecord, *, force: bool) -> str | None:
+        """Cancel the job: None when this did it, else the state that made it needless (Canceling, or
+        an ended state)."""
+        ...
+
+    def task_outputs(self, run: RunRecord) -> list[tuple[str, str]]:
+        """(node, output) of each task as the scheduler keeps it: for logs when the share is out of reach."""
+        ...
+
+    def mount(self, name: str, step: MountStep, shape: JobShape, progress: Progress) -> list[MountResult]:
+        """Have each node of `shape` mount the share (`step`) with a job named `name` of the user's own,
+        through hpcjob's execution filter; what each node did."""
+        ...
+
+    def install_filter(self, command: str, shape: JobShape, progress: Progress) -> tuple[bool, str]:
+        """Run the filter's install `command` as root on the nodes of `shape` (an administrator's right):
+        whether every node succeeded, and what they printed."""
+        ...
+
+    def close(self) -> None:
+        """Let go of connections."""
+        ...
+
+
+def open_backend(kind: str, profile: ClusterProfile | None, password: str | None) -> Backend:
+    """The backend `kind`, for `profile` (None for local) with its password."""
+    from hpcjob.spec import SpecError
+
+    if kind not in BACKENDS:
+        raise SpecError(f"unknown backend {kind!r}: one of {', '.join(BACKENDS)}")
+    module = importlib.import_module(BACKENDS[kind])
+    backend: Backend = module.open_backend(profile, password)
+    return backend

@@ -10,31 +10,51 @@ none outlives the job, not even when hpcjob itself is killed (a watchdog process
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
-from hpcjob.logs import SUMMARY_FILE, Tail, node_tails, read_root_cause
-from hpcjob.plan import JobPlan, TaskPlan
+from hpcjob.backends.scheduler import PollPolicy, follow_job
+from hpcjob.gpus import share_gpus, visible_gpus
+from hpcjob.logs import SUMMARY_FILE, RunLogs, Tail, node_tails, read_root_cause
+from hpcjob.plan import JobPlan, MountStep, TaskPlan, make_plan
 from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code, process_table
 from hpcjob.results import (
+    ALREADY_MOUNTED,
+    JobInfo,
     JobSummary,
+    MountResult,
+    NodeInfo,
     NodeResult,
     State,
+    Submission,
     TaskEnd,
+    TaskInfo,
     find_metrics,
     job_exit_code,
 )
 from hpcjob.share import LocalFolder
 from hpcjob.spec import HpcjobError, JobSpec
 
+if TYPE_CHECKING:
+    from hpcjob.config import ClusterProfile
+    from hpcjob.render import JobShape
+    from hpcjob.runs import RunRecord
+
 LOOPBACK = "127.0.0.1"
+# A submitted local job's own output (its progress), in its log folder.
+SUPERVISOR_LOG = "hpcjob.log"
 Printer = Callable[[str], None]
 
 
@@ -72,17 +92,148 @@ class _Node:
 
 
 class LocalBackend:
+    """The Backend of this machine (hpcjob.backends.Backend). `run` runs a job in this process;
+    `submit` starts one in a process of its own, which status, wait and cancel then find by its
+    record, from any shell."""
+
+    kind = "local"
+
     def __init__(
         self,
         *,
         grace_period_s: float = 10.0,
         poll_interval_s: float = 0.2,
         hidden_env: Collection[str] = (),
+        share_root: Path | None = None,
+        gpu_devices: Sequence[str | None] = (),
     ) -> None:
-        """`hidden_env`: variables of this environment the tasks must not see (passwords)."""
+        """`hidden_env`: variables of this environment the tasks must not see (passwords).
+        `share_root`: the local folder that stands in for the share [default: one per project].
+        `gpu_devices`: each node's CUDA_VISIBLE_DEVICES (hpcjob.gpus; `plan` sets them)."""
         self.grace_period_s = grace_period_s
         self.poll_interval_s = poll_interval_s
         self.hidden_env = frozenset(hidden_env)
+        self.share_root = share_root
+        self.gpu_devices = tuple(gpu_devices)
+        self.gpu_note: str | None = None
+
+    # -- the Backend interface -------------------------------------------------------------------
+
+    def nodes(self, group: str | None) -> list[NodeInfo]:
+        """This machine, which holds every local node."""
+        return [NodeInfo(socket.gethostname(), "Online", "OK", cores=os.cpu_count())]
+
+    def busy_nodes(self) -> set[str]:
+        return set()
+
+    def plan(self, spec: JobSpec, run_id: str) -> JobPlan:
+        """LOCAL1..n (or the spec's names) with the rendezvous on loopback and a local folder for
+        the share; the spec's share and mount point do not apply here."""
+        from hpcjob.runs import check_new_run_id
+
+        check_new_run_id(run_id)
+        root = self.share_root or default_share_root(Path(spec.script).resolve().parent)
+        share = share_gpus(visible_gpus(os.environ), spec.node_count, spec.procs_per_node)
+        self.gpu_devices, self.gpu_note = share.devices, share.note
+        return make_plan(spec, local_node_names(spec), run_id, rdzv_host=LOOPBACK, mount_point=str(root))
+
+    def submit(
+        self, plan: JobPlan, *, mount: bool, progress: Printer, record: Callable[[Submission], None]
+    ) -> str:
+        """Start the job in a process of its own (its output in the log folder, hpcjob.log); the run
+        id is its job id. Nothing to mount: the share is a local folder."""
+        from hpcjob.render import plan_json
+
+        log_dir = Path(plan.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        request = {
+            "plan": json.loads(plan_json(plan)),
+            "grace_period_s": self.grace_period_s,
+            "gpu_devices": list(self.gpu_devices),
+        }
+        with (log_dir / SUPERVISOR_LOG).open("wb") as log:
+            runner = subprocess.Popen(
+                [sys.executable, "-m", "hpcjob.backends.local"],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={k: v for k, v in os.environ.items() if k not in self.hidden_env},
+                start_new_session=True,  # not stopped by this terminal's Ctrl-C or hang-up
+            )
+        assert runner.stdin is not None
+        runner.stdin.write(json.dumps(request).encode())
+        runner.stdin.close()
+        start = process_table().get(runner.pid, (0, -1, b""))[1]
+        record(Submission("submitted", job_id=plan.run_id, process=(runner.pid, start)))
+        progress(f"job {plan.run_id} runs in process {runner.pid}; its output: {log_dir / SUPERVISOR_LOG}")
+        return plan.run_id
+
+    def status(self, run: RunRecord) -> JobInfo:
+        """From the run's summary once it has ended, else from its nodes' end marks."""
+        log_dir = self._log_dir(run)
+        summary = local_status(log_dir, run.pid, run.pid_start)
+        if summary is not None:
+            return JobInfo(
+                job_id=run.run_id,
+                name=summary.name,
+                state=summary.state,
+                error=summary.root_cause.describe() if summary.root_cause else "",
+                root_cause=summary.root_cause,
+                tasks=tuple(
+                    TaskInfo(i + 1, f"torchrun {n.node}", n.state, n.exit_code, n.node)
+                    for i, n in enumerate(summary.nodes)
+                ),
+            )
+        ended = RunLogs(LocalFolder(log_dir), "", run.nodes).exit_codes()
+        tasks = []
+        for i, node in enumerate(run.nodes):
+            code = ended.get(node.upper())
+            state = State.RUNNING if code is None else State.FINISHED if code == 0 else State.FAILED
+            tasks.append(TaskInfo(i + 1, f"torchrun {node}", state, code, node))
+        return JobInfo(run.run_id, run.name, State.RUNNING, "", tuple(tasks))
+
+    def wait(self, run: RunRecord, progress: Printer) -> JobInfo:
+        return follow_job(
+            lambda: self.status(run), progress, poll=PollPolicy(first_wait_s=self.poll_interval_s)
+        )
+
+    def cancel(self, run: RunRecord, *, force: bool) -> str | None:
+        """As Ctrl-C in the run's own shell: SIGTERM to the process that runs it (which stops the
+        nodes: at once when `force`), then wait for it to end."""
+        if not cancel_local(run.pid, run.pid_start, force):
+            return self.status(run).state
+        while running_process(run.pid, run.pid_start):
+            time.sleep(0.1)
+        return None
+
+    def task_outputs(self, run: RunRecord) -> list[tuple[str, str]]:
+        folder = LocalFolder(self._log_dir(run))
+        outputs = []
+        for node in run.nodes:
+            try:
+                outputs.append((node, folder.read_bytes(f"{node}.out").decode("utf-8", "replace")))
+            except FileNotFoundError:
+                continue
+        return outputs
+
+    def mount(self, name: str, step: MountStep, shape: JobShape, progress: Printer) -> list[MountResult]:
+        """Nothing to mount: the local nodes share this machine's folders."""
+        Path(step.mount_point).mkdir(parents=True, exist_ok=True)
+        return [MountResult(node, ALREADY_MOUNTED, "a folder of this machine") for node in shape.nodes]
+
+    def install_filter(self, command: str, shape: JobShape, progress: Printer) -> tuple[bool, str]:
+        return True, "nothing to install: the local nodes share this machine's folders"
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def _log_dir(run: RunRecord) -> Path:
+        if run.local_root is None:
+            raise HpcjobError(f"run {run.run_id} has no local folder recorded")
+        return Path(run.local_root) / run.log_folder
+
+    # -- running a job in this process -----------------------------------------------------------
 
     def run(self, plan: JobPlan, *, progress: Printer, echo_output: bool = True) -> JobSummary:
         """Run the plan's tasks here until the job ends; Ctrl-C (KeyboardInterrupt) cancels it."""
@@ -155,6 +306,8 @@ class LocalBackend:
         task = node.task
         env = {k: v for k, v in os.environ.items() if k != MARKER_VAR and k not in self.hidden_env}
         env.update(plan.env)
+        if index < len(self.gpu_devices) and self.gpu_devices[index] is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_devices[index])  # this node's own GPUs
         # This Python's folder first, so the command's `python3` is the one hpcjob runs with.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env.update(
@@ -184,14 +337,11 @@ class LocalBackend:
         """As HPC Pack cancels tasks: SIGINT to every process of the running tasks, SIGKILL to what is
         left after the grace period (at once on a second Ctrl-C)."""
         running = [n for n in nodes if n.running()]
-        for node in running:
-            assert node.process is not None
-            node.process.signal(signal.SIGINT)
+        processes = [n.process for n in running if n.process is not None]
         deadline = time.monotonic() + self.grace_period_s
         try:
-            while time.monotonic() < deadline and any(
-                n.process and n.process.live(deep=False) for n in running
-            ):
+            # A list, not a generator: each round must interrupt what is new in every task.
+            while any([p.interrupt() for p in processes]) and time.monotonic() < deadline:
                 time.sleep(0.1)
         except KeyboardInterrupt:
             progress("interrupted again: killing now")
@@ -264,13 +414,47 @@ def local_status(log_dir: Path, pid: int | None, start: int | None) -> JobSummar
     )
 
 
-def cancel_local(pid: int | None, start: int | None) -> bool:
-    """Cancel a local run from another shell, as Ctrl-C in its own does; False when it had ended."""
+def cancel_local(pid: int | None, start: int | None, force: bool = False) -> bool:
+    """Cancel a local run from another shell, as Ctrl-C in its own does (twice when `force`: no grace
+    period); False when it had ended."""
     if not running_process(pid, start):
         return False
     assert pid is not None
     os.kill(pid, signal.SIGTERM)
+    if force:
+        time.sleep(0.2)  # the first must have been taken: a second one during the stop kills at once
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     return True
+
+
+def cancel_on_signals() -> None:
+    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal, a dropped ssh) cancel the job: the nodes are
+    stopped, not orphaned. Set whatever was inherited: a script's background job starts with SIGINT
+    ignored, and Python then leaves it ignored."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
+
+
+def open_backend(profile: ClusterProfile | None, password: str | None) -> LocalBackend:
+    from hpcjob.config import secret_variables
+
+    return LocalBackend(hidden_env=secret_variables())
+
+
+def _supervise() -> int:
+    """A submitted job's process: runs the plan read from stdin, as `run --local --quiet` would."""
+    request = json.loads(sys.stdin.read())
+    plan = JobPlan.from_dict(request["plan"])
+    cancel_on_signals()
+    backend = LocalBackend(grace_period_s=request["grace_period_s"], gpu_devices=request["gpu_devices"])
+    summary = backend.run(plan, progress=lambda line: print(line, flush=True), echo_output=False)
+    return summary.exit_code
 
 
 def _echo(nodes: Sequence[_Node], progress: Printer, final: bool = False) -> None:
@@ -278,3 +462,7 @@ def _echo(nodes: Sequence[_Node], progress: Printer, final: bool = False) -> Non
         for tail in node.tails:
             for line in tail.read(final):
                 progress(line)
+
+
+if __name__ == "__main__":
+    sys.exit(_supervise())

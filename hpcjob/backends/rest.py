@@ -5,36 +5,39 @@ JSON: property lists `[{"Name": .., "Value": ..}]` with string values. A job is 
 generated job XML with `POST /jobs/jobFile`, then submitted; its state is polled. Reads are retried
 on connection errors, timeouts and 5xx, with backoff, within a deadline. A create is never blindly
 repeated: after a failure that may have reached the server, the job is looked up by its unique name
-(so names must be new: check_new_job_names). Nor is a submit: after a lost answer, the job's state
+(so names must be new: scheduler.cluster_plan checks). Nor is a submit: after a lost answer, the job's state
 says whether the scheduler has it.
 """
 
 from __future__ import annotations
 
 import random
-import ssl
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.results import (
-    ENDED_JOB_STATES,
-    JobInfo,
-    JobSummary,
-    NodeInfo,
-    NodeResult,
-    RootCause,
-    State,
-    TaskInfo,
-    find_metrics,
-    job_exit_code,
+from hpcjob.backends.scheduler import (
+    PollPolicy,
+    certificate_failure,
+    cluster_plan,
+    follow_job,
+    mount_failure,
+    mount_results,
+    on_cluster,
+    recorded_job_id,
 )
+from hpcjob.plan import mount_job_name
+from hpcjob.results import ENDED_JOB_STATES, JobInfo, NodeInfo, State, Submission, TaskInfo
 from hpcjob.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
-    from hpcjob.plan import JobPlan
-    from hpcjob.share import ShareFolder
+    from hpcjob.config import ClusterProfile
+    from hpcjob.plan import JobPlan, MountStep
+    from hpcjob.render import JobShape
+    from hpcjob.results import MountResult
+    from hpcjob.runs import RunRecord
+    from hpcjob.spec import JobSpec
 
 JOB_PROPERTIES = ("Id", "Name", "State", "ErrorMessage", "AllocatedNodes")
 TASK_PROPERTIES = (
@@ -256,7 +259,7 @@ class RestClient:
     def job(self, job_id: int) -> JobInfo:
         props = properties(self.read(f"/jobs/{job_id}", {"properties": ",".join(JOB_PROPERTIES)}) or [])
         return JobInfo(
-            job_id=job_id,
+            job_id=str(job_id),
             name=props.get("name", ""),
             state=props.get("state", ""),
             error=props.get("errormessage", ""),
@@ -363,83 +366,12 @@ class RestUnsure(RestError):
 
 def _raise_if_untrusted(exc: BaseException, url: str) -> None:
     """A certificate that failed verification, at once: retrying cannot make it trusted."""
-    reason = _verification_failure(exc)
+    reason = certificate_failure(exc)
     if reason is not None:
         raise RestError(
             f"the head node's certificate at {url} failed verification ({reason}): give the cluster's CA "
             "with `hpcjob cluster add ... --ca-bundle PATH`"
         ) from None
-
-
-def _verification_failure(exc: BaseException) -> str | None:
-    """The reason of the ssl.SSLCertVerificationError that requests and urllib3 wrap, if any."""
-    todo: list[BaseException] = [exc]
-    seen: set[int] = set()
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, ssl.SSLCertVerificationError):
-            return str(current.verify_message or current.reason or "certificate verify failed").rstrip(".")
-        # requests keeps urllib3's error in args; urllib3's MaxRetryError keeps its cause in .reason.
-        linked = (*current.args, current.__cause__, current.__context__, getattr(current, "reason", None))
-        todo.extend(item for item in linked if isinstance(item, BaseException))
-    return None
-
-
-def choose_nodes(
-    nodes: Sequence[NodeInfo],
-    count: int,
-    busy: set[str],
-    group: str | None,
-    exclude: Sequence[str] = (),
-) -> tuple[str, ...]:
-    """`count` usable nodes (Online, health OK, not excluded), idle ones first, in name order within
-    each kind."""
-    excluded = {name.upper() for name in exclude}
-    usable = [n for n in nodes if n.usable and n.name.upper() not in excluded]
-    ordered = sorted(usable, key=lambda n: (n.name.upper() in busy, n.name.upper()))
-    if len(ordered) < count:
-        where = f"in group {group}" if group else "in the cluster"
-        found = ", ".join(
-            f"{n.name} ({'excluded' if n.name.upper() in excluded else f'{n.state}, {n.health}'})"
-            for n in nodes
-        )
-        raise SpecError(
-            f"{count} node(s) needed but only {len(usable)} online, healthy and not excluded {where}; "
-            f"found: {found or 'none'}"
-        )
-    return tuple(n.name for n in ordered[:count])
-
-
-def mount_job_name(run_id: str) -> str:
-    return f"{run_id}-mount"
-
-
-def check_new_job_names(client: RestClient, run_id: str, mount: bool, cluster: str = "") -> None:
-    """Refuse a run whose job names are taken on the cluster (one listing of the user's jobs): a create
-    whose answer was lost looks its job up by name, and must never find an older job."""
-    names = [run_id, mount_job_name(run_id)] if mount else [run_id]
-    found = client.find_jobs(names)
-    for name in names:
-        if name in found:
-            raise SpecError(
-                f"job {found[name]}{_on(cluster)} is already named {name!r}: the run id names the run's "
-                "jobs and must be new; choose another --run-id, or leave it out for a new one"
-            )
-
-
-@dataclass(frozen=True)
-class Submission:
-    """How far a submission got, reported before each next step so that the run's record always points
-    to every job made: creating (no job yet, but a create's lost answer may have made one), mounting
-    (the mount job exists), created (the job exists, not submitted), submitted, or canceled (hpcjob
-    canceled the job, or the mount job, whose submit failed)."""
-
-    state: str
-    job_id: int | None = None
-    mount_job_id: int | None = None
 
 
 def submit_job(
@@ -455,7 +387,7 @@ def submit_job(
     """Create and submit the job (after the mount job, if any, has finished); its id.
 
     `job_file` and the mount job's file come rendered: a backend builds no command line. The names must
-    be new (check_new_job_names). `record` hears of each step before the next one starts; `cluster`
+    be new (scheduler.cluster_plan). `record` hears of each step before the next one starts; `cluster`
     names the cluster in messages. A job whose submit fails is canceled, so that nothing half-made is
     left in the scheduler; when that fails too, the error says so, and what is left where.
     """
@@ -464,29 +396,20 @@ def submit_job(
     if mount is not None:
         mount_file, mount_point = mount
         mount_id = client.create_job(mount_file, mount_job_name(run_id))
-        step = Submission("mounting", mount_job_id=mount_id)
+        step = Submission("mounting", mount_job_id=str(mount_id))
         record(step)
         _submit_or_cancel(client, mount_id, "the mount job", cluster, progress, step, record)
         progress(f"mounting the share at {mount_point} on the nodes (job {mount_id})")
         mounted = wait_for_job(client, mount_id, lambda line: None)
         if mounted.state != State.FINISHED:
-            reasons = "; ".join(
-                f"{t.node}: {t.error or t.state}" for t in mounted.tasks if t.state != "Finished"
-            )
-            raise RestError(
-                f"the mount job {mount_id} {mounted.state}: {reasons or mounted.error} (it needs an HPC "
-                "administrator; or mount once with `hpcjob render --format clusrun`, then --no-mount-step)"
-            )
+            outputs = [(t.node, client.task_output(mount_id, t.task_id)) for t in mounted.tasks]
+            raise RestError(mount_failure(str(mount_id), mount_results(mounted, outputs)))
     job_id = client.create_job(job_file, run_id)
-    step = Submission("created", job_id=job_id, mount_job_id=step.mount_job_id)
+    step = Submission("created", job_id=str(job_id), mount_job_id=step.mount_job_id)
     record(step)
     _submit_or_cancel(client, job_id, "job", cluster, progress, step, record)
-    record(Submission("submitted", job_id=job_id, mount_job_id=step.mount_job_id))
+    record(Submission("submitted", job_id=str(job_id), mount_job_id=step.mount_job_id))
     return job_id
-
-
-def _on(cluster: str) -> str:
-    return f" on cluster {cluster}" if cluster else ""
 
 
 def _submit_or_cancel(
@@ -513,9 +436,9 @@ def _submit_or_cancel(
     except CancelError as cancel_failed:
         where = f"{what} {job_id}"
         if cancel_failed.state is None:
-            left = f"{where} may be left{_on(cluster)} (its state could not be read)"
+            left = f"{where} may be left{on_cluster(cluster)} (its state could not be read)"
         else:
-            left = f"{where} was left in {cancel_failed.state}{_on(cluster)}"
+            left = f"{where} was left in {cancel_failed.state}{on_cluster(cluster)}"
         command = f"hpcjob cancel {job_id}" + (f" --cluster {cluster}" if cluster else "")
         raise RestError(
             f"{head}; canceling it failed too: {cancel_failed}; {left}: cancel it with `{command}`"
@@ -551,72 +474,6 @@ def _submit(client: RestClient, job_id: int, what: str, progress: Callable[[str]
     raise RestUnsure(f"{story} (last: {lost}), and the job is still {CONFIGURING}")
 
 
-@dataclass(frozen=True)
-class PollPolicy:
-    """Status polling: quick while things change, slower while they do not."""
-
-    first_wait_s: float = 1.0
-    factor: float = 1.5
-    max_wait_s: float = 15.0
-
-
-def job_summary(
-    info: JobInfo, plan: JobPlan, wall_time_s: float, folder: ShareFolder | None, log_folder: str
-) -> JobSummary:
-    """The end of a submitted job as every backend reports it (the summary `run --local` prints).
-
-    The scheduler knows the tasks' states; the share (`folder`, with the run's `log_folder` in it)
-    knows what failed first and the training program's metrics. Without the share, the task the
-    scheduler failed (the others it canceled, FailOnTaskFailure) is the first failure.
-    """
-    from hpcjob.logs import read_root_cause
-
-    by_node = {task.node.upper(): task for task in info.tasks}
-    nodes = []
-    for planned in plan.tasks:
-        task = by_node.get(planned.node.upper())
-        state = State(task.state) if task and task.state in set(State) else State.CANCELED
-        nodes.append(
-            NodeResult(
-                planned.node,
-                state,
-                task.exit_code if task else None,
-                stdout_path=planned.stdout_path,
-                stderr_path=planned.stderr_path,
-            )
-        )
-    cause = None
-    if info.state == State.FAILED:
-        cause = read_root_cause(folder, log_folder) if folder is not None else None
-        failed = [t for t in info.tasks if t.state == State.FAILED]
-        if cause is None and failed:
-            first = failed[0]
-            reason = " ".join(first.error.split())
-            cause = RootCause(node=first.node, exit_code=first.exit_code or 1, time=0.0, reason=reason)
-    lines: list[str] = []
-    if folder is not None:
-        for planned in plan.tasks:
-            try:
-                text = folder.read_bytes(f"{log_folder}/{planned.node}.out").decode("utf-8", "replace")
-            except FileNotFoundError:
-                continue
-            lines.extend(text.splitlines())
-    failed_codes = [t.exit_code for t in info.tasks if t.state == State.FAILED and t.exit_code]
-    return JobSummary(
-        name=plan.name,
-        run_id=plan.run_id,
-        state=State(info.state),
-        exit_code=job_exit_code(info.state, failed_codes[0] if failed_codes else None, cause),
-        wall_time_s=round(wall_time_s, 3),
-        job_dir=plan.job_dir,
-        log_dir=plan.log_dir,
-        nodes=nodes,
-        root_cause=cause,
-        metrics=find_metrics(lines),
-        job_id=str(info.job_id),
-    )
-
-
 def wait_for_job(
     client: RestClient,
     job_id: int,
@@ -626,32 +483,97 @@ def wait_for_job(
     sleep: Callable[[float], None] = time.sleep,
 ) -> JobInfo:
     """Poll the job (two requests a poll, whatever its size) until it ends, reporting each change."""
-    poll = poll or PollPolicy()
-    seen: dict[str, str] = {}
-    wait = poll.first_wait_s
-    while True:
-        info = client.job_with_tasks(job_id)
-        changes = _changes(info, seen)
-        for line in changes:
-            progress(line)
-        if info.ended:
-            return info
-        wait = poll.first_wait_s if changes else min(wait * poll.factor, poll.max_wait_s)
-        sleep(wait)
+    return follow_job(lambda: client.job_with_tasks(job_id), progress, poll=poll, sleep=sleep)
 
 
-def _changes(info: JobInfo, seen: dict[str, str]) -> list[str]:
-    lines = []
-    job_line = f"job {info.job_id}: {info.state}" + (f" ({info.error})" if info.error else "")
-    if seen.get("") != job_line:
-        seen[""] = job_line
-        lines.append(job_line)
-    for task in info.tasks:
-        key = f"task{task.task_id}"
-        line = f"{task.node or task.name}: {task.state}"
-        if task.exit_code is not None and task.state in ENDED_JOB_STATES:
-            line += f" (exit code {task.exit_code})"
-        if seen.get(key) != line:
-            seen[key] = line
-            lines.append(line)
-    return lines
+Progress = Callable[[str], None]
+
+
+class RestBackend:
+    """The Backend over the REST API (hpcjob.backends.Backend)."""
+
+    kind = "rest"
+
+    def __init__(self, client: RestClient, cluster: str) -> None:
+        self.client = client
+        self.cluster = cluster
+
+    def nodes(self, group: str | None) -> list[NodeInfo]:
+        return self.client.nodes(group)
+
+    def busy_nodes(self) -> set[str]:
+        return self.client.busy_nodes()
+
+    def plan(self, spec: JobSpec, run_id: str) -> JobPlan:
+        return cluster_plan(spec, run_id, self.nodes, self.busy_nodes, self.client.find_jobs, self.cluster)
+
+    def submit(
+        self,
+        plan: JobPlan,
+        *,
+        mount: bool,
+        progress: Callable[[str], None],
+        record: Callable[[Submission], None],
+    ) -> str:
+        from hpcjob.render import job_xml, mount_job_xml
+
+        steps = (mount_job_xml(plan), plan.mount.mount_point) if mount and plan.mount else None
+        job_id = submit_job(
+            self.client, plan.run_id, job_xml(plan), steps, progress, cluster=self.cluster, record=record
+        )
+        return str(job_id)
+
+    def job_id(self, run: RunRecord) -> int:
+        return recorded_job_id(run, self.client.find_jobs, self.cluster)
+
+    def status(self, run: RunRecord) -> JobInfo:
+        return self.client.job_with_tasks(self.job_id(run))
+
+    def wait(self, run: RunRecord, progress: Callable[[str], None]) -> JobInfo:
+        return wait_for_job(self.client, self.job_id(run), progress)
+
+    def cancel(self, run: RunRecord, *, force: bool) -> str | None:
+        return self.client.cancel(self.job_id(run), "Canceled by hpcjob", forced=force)
+
+    def task_outputs(self, run: RunRecord) -> list[tuple[str, str]]:
+        job_id = self.job_id(run)
+        return [
+            (task.node, self.client.task_output(job_id, task.task_id))
+            for task in self.client.job_with_tasks(job_id).tasks
+        ]
+
+    def mount(self, name: str, step: MountStep, shape: JobShape, progress: Progress) -> list[MountResult]:
+        from hpcjob.render import mount_check_job_xml
+
+        job_id = submit_job(
+            self.client, name, mount_check_job_xml(name, step, shape), None, progress, cluster=self.cluster
+        )
+        info = wait_for_job(self.client, job_id, progress)
+        return mount_results(info, [(t.node, self.client.task_output(job_id, t.task_id)) for t in info.tasks])
+
+    def install_filter(self, command: str, shape: JobShape, progress: Progress) -> tuple[bool, str]:
+        from hpcjob.render import admin_job_xml
+
+        name = f"hpcjob-filter-install-{int(time.time())}"
+        job_id = submit_job(
+            self.client, name, admin_job_xml(name, command, shape), None, progress, cluster=self.cluster
+        )
+        info = wait_for_job(self.client, job_id, progress)
+        said = "\n".join(
+            f"{t.node}: {self.client.task_output(job_id, t.task_id).strip() or t.error}" for t in info.tasks
+        )
+        return info.state == State.FINISHED, said
+
+    def close(self) -> None:
+        self.client.session.close()
+
+
+def open_backend(profile: ClusterProfile | None, password: str | None) -> RestBackend:
+    if profile is None or password is None:
+        raise SpecError("the REST backend needs a cluster profile: hpcjob cluster add NAME --url ...")
+    if profile.insecure:
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # the CLI warns, once
+    client = RestClient(profile.api_base, profile.user, password, verify=profile.verify)
+    return RestBackend(client, profile.name)

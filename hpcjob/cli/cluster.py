@@ -1,4 +1,4 @@
-"""Commands that talk to a cluster over the HPC Pack REST API: cluster, submit, status, cancel, nodes."""
+"""Commands that talk to a cluster through its backend: cluster, submit, status, cancel, nodes."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from hpcjob.backends import BACKENDS, CLUSTER_BACKENDS, WINRM_TRANSPORTS
 from hpcjob.cli.app import cli
 from hpcjob.cli.options import PASS_THROUGH, TEXT, build_spec, job_options, new_run_id, smb_options
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from hpcjob.backends.rest import RestClient
+    from hpcjob.backends import Backend
     from hpcjob.config import ClusterProfile
-    from hpcjob.results import JobInfo
+    from hpcjob.results import JobInfo, Submission
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
     from hpcjob.spec import JobSpec, Share
@@ -32,24 +33,6 @@ cluster_option = click.option(
     metavar="NAME",
     help="Cluster profile [default: $HPCJOB_CLUSTER, else the configured default].",
 )
-
-
-def connect(profile: ClusterProfile, password: str | None = None) -> RestClient:
-    from hpcjob.backends.rest import RestClient
-    from hpcjob.config import password_for
-
-    if profile.insecure:
-        click.echo(
-            f"hpcjob: warning: TLS verification is off for cluster {profile.name}: anyone on the way can "
-            "read the password",
-            err=True,
-        )
-        import urllib3
-
-        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # warned once, above
-    return RestClient(
-        profile.api_base, profile.user, password or password_for(profile), verify=profile.verify
-    )
 
 
 @cli.group()
@@ -80,6 +63,30 @@ def cluster() -> None:
     type=click.Path(exists=True, file_okay=False, resolve_path=True),
     metavar="DIR",
     help="The share as mounted on this machine (a drive, a CIFS mount): uploads and logs use it, not SMB.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(CLUSTER_BACKENDS),
+    default="rest",
+    show_default=True,
+    help="How hpcjob reaches the head node. rest: the HPC Pack REST API at --url; winrm: PowerShell on "
+    "the head node over WinRM (pip install 'hpcjob[winrm]').",
+)
+@click.option(
+    "--winrm-url",
+    metavar="URL",
+    help="The head node's WinRM endpoint [default: https://<--url's host>:5986/wsman].",
+)
+@click.option(
+    "--winrm-transport",
+    type=click.Choice(WINRM_TRANSPORTS),
+    help="How WinRM authenticates [default: ntlm] (kerberos needs pywinrm[kerberos], credssp "
+    "pywinrm[credssp]).",
+)
+@click.option(
+    "--cert-fingerprint",
+    metavar="SHA256",
+    help="Trust the head node's certificate with this SHA-256 fingerprint (a self-signed WinRM listener).",
 )
 @click.option("--default", "make_default", is_flag=True, help="Make this the default cluster.")
 def cluster_add(
@@ -127,10 +134,18 @@ def cluster_list() -> None:
         )
         return
     rows = [
-        ("*" if p.name == chosen else "", p.name, p.api_base, p.user, p.share, p.node_group)
+        (
+            "*" if p.name == chosen else "",
+            p.name,
+            p.backend,
+            p.endpoint,
+            p.user,
+            p.share,
+            p.node_group,
+        )
         for p in sorted(profiles.values(), key=lambda p: p.name)
     ]
-    for line in table(("DEFAULT", "NAME", "URL", "USER", "SHARE", "NODE GROUP"), rows):
+    for line in table(("DEFAULT", "NAME", "BACKEND", "URL", "USER", "SHARE", "NODE GROUP"), rows):
         click.echo(line)
 
 
@@ -160,7 +175,7 @@ def _spec_with_profile(params: dict[str, Any], profile: ClusterProfile) -> JobSp
 
 
 def _open_share(
-    share: Share, profile: ClusterProfile, rest_password: str, user: str | None, server: str | None, port: int
+    share: Share, profile: ClusterProfile, password: str, user: str | None, server: str | None, port: int
 ) -> ShareFolder:
     from hpcjob.credentials import smb_password
     from hpcjob.share import LocalFolder, SmbFolder
@@ -168,20 +183,68 @@ def _open_share(
     if profile.local_share:  # mounted here: no SMB session, no password
         return LocalFolder(Path(profile.local_share))
     user = user or profile.smb_user or profile.user
-    # Usually the same domain account as the REST API's; ask only for another user's password.
-    password = rest_password if user == profile.user else smb_password(user)
+    # Usually the same domain account as the head node's; ask only for another user's password.
+    password = password if user == profile.user else smb_password(user)
     return SmbFolder(share, user, password, server=server, port=port)
+
+
+class ClusterAccess:
+    """A cluster profile, its password (read once) and its backend, opened as the profile says unless
+    --backend names another."""
+
+    def __init__(self, cluster_name: str | None, backend_kind: str | None = None) -> None:
+        from hpcjob.backends import open_backend
+        from hpcjob.config import get_profile, password_for
+
+        self.profile = get_profile(cluster_name)
+        self.password = password_for(self.profile)
+        if self.profile.insecure:
+            click.echo(
+                f"hpcjob: warning: TLS verification is off for cluster {self.profile.name}: anyone on the "
+                "way can read the password",
+                err=True,
+            )
+        self.backend = open_backend(backend_kind or self.profile.backend, self.profile, self.password)
+        # Let go of the head node when the command ends (a WinRM shell counts against the user's quota).
+        click.get_current_context().call_on_close(self.backend.close)
+
+    def share(self, share: Share, user: str | None, server: str | None, port: int) -> ShareFolder:
+        return _open_share(share, self.profile, self.password, user, server, port)
+
+
+def backend_for_run(record: RunRecord, cluster_name: str | None = None) -> Backend:
+    """The backend that runs the recorded run (a run rendered for submitting by hand has none)."""
+    from hpcjob.backends import open_backend
+    from hpcjob.spec import SpecError
+
+    if record.cluster is None:
+        if record.backend not in BACKENDS:
+            raise SpecError(
+                f"run {record.run_id} was rendered for submitting by hand: ask its cluster, or give the "
+                "job id"
+            )
+        return open_backend(record.backend, None, None)
+    return ClusterAccess(cluster_name or record.cluster, record.backend).backend
+
+
+backend_option = click.option(
+    "--backend",
+    "backend_kind",
+    type=click.Choice(CLUSTER_BACKENDS),
+    help="How to reach the head node [default: as the cluster profile says].",
+)
 
 
 @cli.command(context_settings=PASS_THROUGH)
 @cluster_option
+@backend_option
 @click.option("--wait", is_flag=True, help="Show progress until the job ends; exit with its exit code.")
-@click.option("--dry-run", is_flag=True, help="Print what would be sent, and send nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the job that would be submitted, and send nothing.")
 @click.option(
     "--mount-step/--no-mount-step",
     default=True,
     show_default=True,
-    help="Mount the share on the nodes first, with an admin job (needs an HPC administrator).",
+    help="Mount the share on the nodes first, as root (needs an HPC administrator).",
 )
 @click.option(
     "--json",
@@ -192,9 +255,15 @@ def _open_share(
 @smb_options
 @job_options
 def submit(
-    cluster_name: str | None, wait: bool, dry_run: bool, mount_step: bool, as_json: bool, **params: Any
+    cluster_name: str | None,
+    backend_kind: str | None,
+    wait: bool,
+    dry_run: bool,
+    mount_step: bool,
+    as_json: bool,
+    **params: Any,
 ) -> None:
-    """Submit SCRIPT to an HPC Pack cluster over its REST API.
+    """Submit SCRIPT to an HPC Pack cluster, over its REST API or WinRM as the profile says.
 
     Chooses the nodes (--node, else idle online healthy nodes of --node-group), uploads the script's
     folder to the share, mounts the share on the nodes, creates the job from the job XML and submits
@@ -202,16 +271,14 @@ def submit(
     """
     from dataclasses import replace
 
-    from hpcjob.backends.rest import Submission, check_new_job_names, choose_nodes, submit_job, wait_for_job
-    from hpcjob.config import get_profile, password_for
+    from hpcjob.config import get_profile
     from hpcjob.plan import make_plan
     from hpcjob.render import job_xml, mount_job_xml
     from hpcjob.runs import RunRecord, check_new_run_id, save_run
     from hpcjob.spec import SpecError
     from hpcjob.staging import code_files, stage_run
 
-    profile = get_profile(cluster_name)
-    spec = _spec_with_profile(params, profile)
+    spec = _spec_with_profile(params, get_profile(cluster_name))
     run_id = params["run_id"] or new_run_id(spec.name)
     check_new_run_id(run_id)
     code_dir = Path(spec.script).resolve().parent
@@ -220,42 +287,26 @@ def submit(
             raise SpecError("--dry-run asks the cluster nothing: name the nodes with --node")
         plan = make_plan(spec, spec.node_names, run_id)
         files = list(code_files(code_dir))
-        base = profile.api_base
         if spec.share:
             click.echo(
                 f"# would upload {len(files)} file(s), {sum(f.size for f in files)} bytes, from {code_dir} "
                 f"to {spec.share.unc}/{spec.job_folder} (unchanged files are skipped)"
             )
         if mount_step and plan.mount:
-            click.echo(f"# would create the mount job: POST {base}/jobs/jobFile\n{mount_job_xml(plan)}")
-            click.echo(f"# would submit it: POST {base}/jobs/<id>/submit, and wait for it to finish")
-        click.echo(f"# would create the job: POST {base}/jobs/jobFile\n{job_xml(plan)}")
-        click.echo(f"# would submit it: POST {base}/jobs/<id>/submit")
+            click.echo(f"# would mount the share on the nodes first, as root, with:\n{mount_job_xml(plan)}")
+        click.echo(f"# would create and submit the job:\n{job_xml(plan)}")
         return
 
-    rest_password = password_for(profile)
-    client = connect(profile, rest_password)
-    group = spec.node_group
-    nodes = spec.node_names or choose_nodes(
-        client.nodes(group), spec.node_count, client.busy_nodes(), group, spec.exclude_nodes
-    )
-    plan = make_plan(spec, nodes, run_id)
-    mount = (mount_job_xml(plan), plan.mount.mount_point) if mount_step and plan.mount else None
-    check_new_job_names(client, plan.run_id, mount is not None, profile.name)  # before the upload
+    cluster = ClusterAccess(cluster_name, backend_kind)
+    profile, backend = cluster.profile, cluster.backend
+    plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
 
     def progress(line: str) -> None:
         click.echo(line, err=as_json)
 
     def open_share() -> ShareFolder:
         assert spec.share is not None
-        return _open_share(
-            spec.share,
-            profile,
-            rest_password,
-            params.get("smb_user"),
-            params.get("smb_server"),
-            params["smb_port"],
-        )
+        return cluster.share(spec.share, params.get("smb_user"), params.get("smb_server"), params["smb_port"])
 
     if spec.share:
         progress(stage_run(code_dir, open_share(), spec.job_folder, plan.run_id))
@@ -264,7 +315,7 @@ def submit(
     first = RunRecord.of(
         plan,
         spec.job_folder,
-        "rest",
+        backend.kind,
         share=spec.share.unc if spec.share else None,
         local_root=profile.local_share,
         smb_server=params.get("smb_server"),
@@ -272,27 +323,27 @@ def submit(
         smb_user=params.get("smb_user") or profile.smb_user or profile.user,
         cluster=profile.name,
     )
+    latest = first
 
     def record(step: Submission) -> None:
-        job, mount_job = (None if i is None else str(i) for i in (step.job_id, step.mount_job_id))
-        save_run(replace(first, state=step.state, job_id=job, mount_job_id=mount_job))
+        nonlocal latest
+        latest = replace(first, state=step.state, job_id=step.job_id, mount_job_id=step.mount_job_id)
+        save_run(latest)
 
     check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload
     started = time.monotonic()
-    job_id = submit_job(
-        client, plan.run_id, job_xml(plan), mount, progress, cluster=profile.name, record=record
-    )
+    job_id = backend.submit(plan, mount=mount_step, progress=progress, record=record)
     progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
     if not wait:
         progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
         return
     try:
-        info = wait_for_job(client, job_id, progress)
+        info = backend.wait(latest, progress)
     except KeyboardInterrupt:
         progress(f"stopped waiting; job {job_id} goes on (hpcjob cancel {job_id} ends it)")
         sys.exit(130)
     # The scheduler knows the tasks' states; the share which rank failed first, and the metrics.
-    from hpcjob.backends.rest import job_summary
+    from hpcjob.backends.scheduler import job_summary
     from hpcjob.cli.tables import format_summary
     from hpcjob.share import ShareError
 
@@ -313,32 +364,25 @@ def submit(
     sys.exit(summary.exit_code)
 
 
-def rest_log_access(
+def log_access(
     record: RunRecord, params: dict[str, Any]
 ) -> tuple[ShareFolder | None, Callable[[], int | None]]:
     """For `hpcjob logs` of a submitted job: the share, and the scheduler's word on the job's end.
 
-    When the share cannot be reached, prints each task's Output from the scheduler instead (HPC Pack
-    keeps only its first bytes: 1500 on Linux nodes) and returns no folder.
+    When the share cannot be reached, prints each task's output as the scheduler keeps it instead (HPC
+    Pack keeps only its first bytes: 1500 on Linux nodes) and returns no folder.
     """
-    from hpcjob.config import get_profile, password_for
     from hpcjob.share import LocalFolder, ShareError
-    from hpcjob.spec import SpecError, parse_share
+    from hpcjob.spec import parse_share
 
-    profile = get_profile(record.cluster)
-    password = password_for(profile)
-    client = connect(profile, password)
-    job_id = int(record.job_id) if record.job_id is not None else client.find_job(record.run_id)
-    if job_id is None:
-        raise SpecError(
-            f"run {record.run_id} has no job on cluster {profile.name}: its submission stopped before "
-            "the job was made, so it has no logs"
-        )
+    cluster = ClusterAccess(record.cluster, record.backend)  # one password, for the head node and the share
+    backend = cluster.backend
 
     def scheduler_end() -> int | None:
-        assert job_id is not None
-        return client.job_with_tasks(job_id).exit_code() if client.job(job_id).ended else None
+        info = backend.status(record)
+        return info.exit_code() if info.ended else None
 
+    backend.status(record)  # a run whose job was never made has no logs: this says so, in one line
     if record.local_root:
         return LocalFolder(Path(record.local_root)), scheduler_end
     if not record.share:
@@ -346,15 +390,13 @@ def rest_log_access(
             f"hpcjob: warning: run {record.run_id} was submitted without a share, so hpcjob cannot read "
             "its log files; showing the scheduler's copy of each task's output, which holds only its "
             "first 1500 bytes (give the share with `hpcjob logs --share UNC --job-folder PATH`, or add "
-            f"it to cluster {profile.name})",
+            f"it to cluster {record.cluster})",
             err=True,
         )
     else:
         try:
-            folder = _open_share(
+            folder = cluster.share(
                 parse_share(record.share),
-                profile,
-                password,
                 params.get("smb_user") or record.smb_user,
                 params.get("smb_server") or record.smb_server,
                 record.smb_port or params["smb_port"],
@@ -366,13 +408,13 @@ def rest_log_access(
                 "which holds only its first 1500 bytes",
                 err=True,
             )
-    printed = False
-    for task in client.job_with_tasks(job_id).tasks:
-        for line in client.task_output(job_id, task.task_id).splitlines():
-            click.echo(f"[{task.node}] {line}")
-            printed = True
-    if not printed:
-        click.echo(f"hpcjob: job {job_id}: the scheduler holds no output of its tasks", err=True)
+    outputs = backend.task_outputs(record)
+    for node, text in outputs:
+        for line in text.splitlines():
+            click.echo(f"[{node}] {line}")
+    if not any(text for _, text in outputs):
+        job = record.job_id or record.run_id
+        click.echo(f"hpcjob: job {job}: the scheduler holds no output of its tasks", err=True)
     return None, scheduler_end
 
 
@@ -389,98 +431,48 @@ def _job_id(job: str) -> int | None:
     return int(job)
 
 
-def _client_for(job: str, cluster_name: str | None) -> tuple[RestClient, int]:
-    """The cluster and job id of JOB: a job id, or a run id recorded on this machine."""
+def _run_of(job: str, cluster_name: str | None, backend_kind: str | None) -> RunRecord:
+    """JOB's record: a run id or job id recorded on this machine, else a job id on the cluster."""
     from hpcjob.config import get_profile
-    from hpcjob.runs import find_run
+    from hpcjob.runs import RunRecord, find_run
     from hpcjob.spec import SpecError
 
-    if _job_id(job) is not None:
-        if cluster_name is None:
-            with contextlib.suppress(SpecError):  # not submitted from here: the default cluster
-                cluster_name = find_run(job).cluster
-        return connect(get_profile(cluster_name)), int(job)
-    record = find_run(job)
-    if record.job_id is None and record.backend != "rest":
-        raise SpecError(f"run {job} was not submitted to a cluster")
-    profile = get_profile(cluster_name or record.cluster)
-    client = connect(profile)
-    if record.job_id is not None:
-        return client, int(record.job_id)
-    # Recorded before its job was created: a create whose answer was lost made it all the same.
-    found = client.find_job(record.run_id)
-    if found is None:
-        raise SpecError(
-            f"run {job} has no job on cluster {profile.name}: its submission stopped before the job was made"
-        )
-    return client, found
+    if _job_id(job) is None:
+        return find_run(job)
+    with contextlib.suppress(SpecError):  # submitted from here: its cluster and backend are known
+        return find_run(job, cluster_name)
+    profile = get_profile(cluster_name)  # not submitted from here: the default cluster
+    return RunRecord(
+        run_id=job,
+        name="",
+        backend=backend_kind or profile.backend,
+        job_folder="",
+        nodes=(),
+        job_id=job,
+        cluster=profile.name,
+    )
+
+
+def _backend_of(record: RunRecord, cluster_name: str | None, backend_kind: str | None) -> Backend:
+    if backend_kind is not None and record.cluster is not None:
+        return ClusterAccess(cluster_name or record.cluster, backend_kind).backend
+    return backend_for_run(record, cluster_name)
 
 
 @cli.command()
 @click.argument("job", metavar="JOB")
 @cluster_option
+@backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-def status(job: str, cluster_name: str | None, as_json: bool) -> None:
+def status(job: str, cluster_name: str | None, backend_kind: str | None, as_json: bool) -> None:
     """The state of JOB and of each of its tasks: an HPC Pack job id, or a run id (of a job submitted
     from this machine, or of a `run --local` in another shell)."""
-    local = _local_run(job)
-    if local is not None:
-        _print_local_status(local, as_json)
-        return
-    client, job_id = _client_for(job, cluster_name)
-    _print_status(client.job_with_tasks(job_id), as_json)
+    record = _run_of(job, cluster_name, backend_kind)
+    _print_status(_backend_of(record, cluster_name, backend_kind).status(record), as_json)
 
 
-def _local_run(job: str) -> RunRecord | None:
-    from hpcjob.runs import find_run
-    from hpcjob.spec import SpecError
-
-    if _job_id(job) is not None:
-        return None
-    try:
-        record = find_run(job)
-    except SpecError:
-        return None
-    return record if record.backend == "local" else None
-
-
-def _print_local_status(record: RunRecord, as_json: bool) -> None:
-    from hpcjob.backends.local import local_status
-    from hpcjob.cli.tables import format_summary, table
-    from hpcjob.logs import RunLogs
-    from hpcjob.share import LocalFolder
-
-    assert record.local_root is not None
-    log_dir = Path(record.local_root) / record.log_folder
-    summary = local_status(log_dir, record.pid, record.pid_start)
-    if summary is not None:
-        click.echo(summary.to_json() if as_json else format_summary(summary))
-        return
-    ended = RunLogs(LocalFolder(log_dir), "", record.nodes).exit_codes()
-    nodes = [(node, *_node_state(ended.get(node.upper()))) for node in record.nodes]
-    if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "run_id": record.run_id,
-                    "state": "Running",
-                    "nodes": [{"node": n, "state": s, "exit_code": c} for n, s, c in nodes],
-                }
-            )
-        )
-        return
-    click.echo(f"run {record.run_id} ({record.name}, local, process {record.pid}) Running")
-    for line in table(("NODE", "STATE", "EXIT CODE"), nodes, indent="  "):
-        click.echo(line)
-
-
-def _node_state(code: int | None) -> tuple[str, int | None]:
-    return ("Running", None) if code is None else ("Finished" if code == 0 else "Failed", code)
-
-
-def _print_status(info: JobInfo, as_json: bool, exit_code: int | None = None) -> None:
-    if exit_code is None and info.ended:
-        exit_code = info.exit_code()
+def _print_status(info: JobInfo, as_json: bool) -> None:
+    exit_code = info.exit_code() if info.ended else None
     if as_json:
         data = {
             "job_id": info.job_id,
@@ -509,7 +501,7 @@ def _print_status(info: JobInfo, as_json: bool, exit_code: int | None = None) ->
         return
     from hpcjob.cli.tables import table
 
-    # A task's exit code is None until it has ended (job_with_tasks): the API says 0 before.
+    # A task's exit code is None until it has ended: the REST API says 0 before.
     rows = [
         (t.task_id, t.node or t.name, t.state, t.exit_code, " ".join(t.error.split())) for t in info.tasks
     ]
@@ -520,45 +512,32 @@ def _print_status(info: JobInfo, as_json: bool, exit_code: int | None = None) ->
 @cli.command()
 @click.argument("job", metavar="JOB")
 @cluster_option
+@backend_option
 @click.option("--force", is_flag=True, help="Kill the tasks at once, without the grace period.")
-def cancel(job: str, cluster_name: str | None, force: bool) -> None:
+def cancel(job: str, cluster_name: str | None, backend_kind: str | None, force: bool) -> None:
     """Cancel JOB (a job id, or a run id, also of a `run --local` in another shell). Canceling a job
     that has already ended, or is being canceled, is not an error."""
-    local = _local_run(job)
-    if local is not None:
-        _cancel_local_run(local)
-        return
-    client, job_id = _client_for(job, cluster_name)
-    already = client.cancel(job_id, "Canceled by hpcjob", forced=force)
+    record = _run_of(job, cluster_name, backend_kind)
+    backend = _backend_of(record, cluster_name, backend_kind)
+    shown = f"job {record.job_id}" if record.job_id else f"run {record.run_id}"
+    already = backend.cancel(record, force=force)
     if already is None:
-        click.echo(f"job {job_id} canceled")
+        click.echo(f"{shown} canceled")
     elif already == "Canceling":
-        click.echo(f"job {job_id} was already being canceled (Canceling)")
+        click.echo(f"{shown} was already being canceled (Canceling)")
     else:
-        click.echo(f"job {job_id} had already ended ({already})")
-
-
-def _cancel_local_run(record: RunRecord) -> None:
-    """As Ctrl-C in the run's own shell: SIGTERM to its hpcjob, which stops the nodes; wait for it."""
-    from hpcjob.backends.local import cancel_local, local_status, running_process
-
-    if not cancel_local(record.pid, record.pid_start):
-        assert record.local_root is not None
-        summary = local_status(Path(record.local_root) / record.log_folder, record.pid, record.pid_start)
-        click.echo(f"run {record.run_id} had already ended ({summary.state if summary else 'unknown'})")
-        return
-    click.echo(f"run {record.run_id}: stopping its nodes (process {record.pid})", err=True)
-    while running_process(record.pid, record.pid_start):
-        time.sleep(0.2)
-    click.echo(f"run {record.run_id} canceled")
+        click.echo(f"{shown} had already ended ({already})")
 
 
 @cli.command()
 @cluster_option
+@backend_option
 @click.option("--group", metavar="GROUP", help="Only the nodes of this group [default: the profile's].")
 @click.option("--all-groups", is_flag=True, help="All nodes, whatever the profile's group.")
 @click.option("--json", "as_json", is_flag=True, help="Print the nodes as JSON.")
-def nodes(cluster_name: str | None, group: str | None, all_groups: bool, as_json: bool) -> None:
+def nodes(
+    cluster_name: str | None, backend_kind: str | None, group: str | None, all_groups: bool, as_json: bool
+) -> None:
     """The cluster's nodes: state, health, whether a running job holds them, cores, GPUs (where the head
     node reports them: HPC Pack 2019's node model has no GPU count) and groups."""
     from hpcjob.config import get_profile
@@ -568,8 +547,8 @@ def nodes(cluster_name: str | None, group: str | None, all_groups: bool, as_json
     group = None if all_groups else group or profile.node_group
     if group is not None and not GROUP_NAME.fullmatch(group):
         raise SpecError(f"--group {group!r} is not a valid node group name")
-    client = connect(profile)
-    found, busy = client.nodes(group), client.busy_nodes()
+    backend = ClusterAccess(cluster_name, backend_kind).backend
+    found, busy = backend.nodes(group), backend.busy_nodes()
     if as_json:
         click.echo(
             json.dumps(
@@ -604,6 +583,120 @@ def nodes(cluster_name: str | None, group: str | None, all_groups: bool, as_json
     ]
     for line in table(("NODE", "STATE", "HEALTH", "USE", "CORES", "GPUS", "GROUPS"), rows):
         click.echo(line)
+
+
+@cli.command()
+@cluster_option
+@backend_option
+@click.option(
+    "--node",
+    "node_names",
+    multiple=True,
+    metavar="NAME",
+    help="A node to mount on, repeatable [default: every online node of --node-group].",
+)
+@click.option("--node-group", type=TEXT, metavar="GROUP", help="The nodes' group [default: the profile's].")
+@click.option("--share", type=TEXT, metavar="UNC", help="The share [default: the profile's].")
+@click.option(
+    "--mount-point", type=TEXT, metavar="PATH", help="Where on the nodes [default: the profile's, else /app]."
+)
+@click.option("--mount-options", type=TEXT, metavar="OPTS", help="mount.cifs options, never a password.")
+@click.option(
+    "--install",
+    is_flag=True,
+    help="First install hpcjob's execution filter on the nodes, as root (an HPC administrator, once).",
+)
+@click.option("--dry-run", is_flag=True, help="Print what would run on the head node, and send nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print each node's result as JSON.")
+def mount(
+    cluster_name: str | None,
+    backend_kind: str | None,
+    node_names: tuple[str, ...],
+    node_group: str | None,
+    share: str | None,
+    mount_point: str | None,
+    mount_options: str | None,
+    install: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Mount the share at the mount point on the nodes, with your own credentials and no password on any
+    node, command line or job: a job of yours whose task start on each node has hpcjob's execution
+    filter (installed once with --install) mount it as root, with the credentials the node agent gives
+    it. A node where it is mounted is left alone. Reports each node: mounted, already mounted, or failed
+    with the node's words; exits 1 when a node failed. Jobs that hpcjob submits mount it the same way on
+    every node they start on, after a reboot too.
+    """
+    from hpcjob.config import get_profile
+    from hpcjob.plan import mount_step
+    from hpcjob.render import JobShape, mount_check_job_xml
+    from hpcjob.render.text import filter_install_command
+    from hpcjob.spec import (
+        DEFAULT_MOUNT_OPTIONS,
+        DEFAULT_MOUNT_POINT,
+        GROUP_NAME,
+        HpcjobError,
+        SpecError,
+        check_mount,
+        parse_node_names,
+        parse_share,
+    )
+
+    profile = get_profile(cluster_name)
+    unc = share or profile.share
+    if unc is None:
+        raise SpecError(
+            "no share to mount: give --share //HEADNODE/CcpSpoolDir[/folder], or add it to cluster "
+            f"{profile.name}"
+        )
+    point = mount_point or profile.mount_point or DEFAULT_MOUNT_POINT
+    options = DEFAULT_MOUNT_OPTIONS if mount_options is None else mount_options
+    check_mount(point, options)
+    group = node_group or profile.node_group
+    if group is not None and not GROUP_NAME.fullmatch(group):
+        raise SpecError(f"--node-group {group!r} is not a valid node group name")
+    nodes = parse_node_names(node_names) if node_names else ()
+    name = new_run_id("mount")  # unique: a lost answer is recovered by looking the job up by name
+    if dry_run:
+        if not nodes:
+            raise SpecError("--dry-run asks the cluster nothing: name the nodes with --node")
+        step = mount_step(parse_share(unc).unc, point, options, nodes)
+        if install:
+            click.echo(f"# would run as root on {', '.join(nodes)} (clusrun /user:system or an admin job):")
+            click.echo(filter_install_command())
+        job = mount_check_job_xml(name, step, JobShape(nodes, group))
+        click.echo(f"# would submit, as you, the mount job:\n{job}")
+        return
+    backend = ClusterAccess(cluster_name, backend_kind).backend
+    if not nodes:
+        nodes = tuple(n.name for n in backend.nodes(group) if n.usable)
+        if not nodes:
+            raise SpecError(f"no online, healthy node {f'in group {group}' if group else 'in the cluster'}")
+    shape = JobShape(nodes, group, None, None)
+    step = mount_step(parse_share(unc).unc, point, options, nodes)
+
+    def progress(line: str) -> None:
+        click.echo(line, err=True)
+
+    if install:
+        ok, said = backend.install_filter(filter_install_command(), shape, progress)
+        for line in said.splitlines():
+            progress(line)
+        if not ok:
+            raise HpcjobError(
+                "installing hpcjob's execution filter failed on some node (see above): it needs an HPC "
+                "administrator"
+            )
+    results = backend.mount(name, step, shape, progress)
+    if as_json:
+        click.echo(json.dumps([{"node": r.node, "result": r.outcome, "message": r.message} for r in results]))
+    else:
+        from hpcjob.cli.tables import table
+
+        for line in table(("NODE", "RESULT", "MESSAGE"), [(r.node, r.outcome, r.message) for r in results]):
+            click.echo(line)
+    if not all(r.ok for r in results):
+        sys.exit(1)
 
 
 @cli.command(

@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
-import signal
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -143,17 +142,16 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     failed, 130 when canceled.
     """
     from hpcjob.backends.local import (
-        LOOPBACK,
         LocalBackend,
+        cancel_on_signals,
         default_share_root,
         free_port,
-        local_node_names,
         this_process,
     )
     from hpcjob.cli.tables import format_summary
     from hpcjob.config import secret_variables
-    from hpcjob.plan import make_plan
-    from hpcjob.runs import RunRecord, check_new_run_id, save_run
+    from hpcjob.gpus import default_procs_per_node, visible_gpus
+    from hpcjob.runs import RunRecord, save_run
     from hpcjob.share import LocalFolder
     from hpcjob.spec import SpecError
     from hpcjob.staging import upload
@@ -168,34 +166,37 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
         if params["mount_point"]
         else default_share_root(code_dir)
     )
-    port = params["rdzv_port"] or free_port()
-    # The local folder stands in for the share; it is the plan's mount point, not the spec's.
-    spec = build_spec({**params, "mount_point": None, "share": None}, rdzv_port=port)
-    plan = make_plan(
-        spec,
-        local_node_names(spec),
-        params["run_id"] or new_run_id(spec.name),
-        rdzv_host=LOOPBACK,
-        mount_point=str(share_root),
+    # The local folder stands in for the share: the backend's plan replaces the spec's mount point.
+    spec = build_spec(
+        {**params, "mount_point": None, "share": None}, rdzv_port=params["rdzv_port"] or free_port()
     )
-    check_new_run_id(plan.run_id)
+    if params["nproc_per_node"] is None and params["gpus_per_node"] is None:
+        # As on a cluster node: one process per GPU the node gets.
+        spec = dataclasses.replace(
+            spec, nproc_per_node=default_procs_per_node(visible_gpus(os.environ), spec.node_count)
+        )
+    backend = LocalBackend(grace_period_s=grace_period, hidden_env=secret_variables(), share_root=share_root)
+    plan = backend.plan(spec, params["run_id"] or new_run_id(spec.name))
 
     def progress(line: str) -> None:
         # A closed terminal (SIGHUP) makes writes fail: the job must still be stopped and summed up.
         with contextlib.suppress(OSError):
             click.echo(line, err=as_json)
 
+    gpus = [d for d in backend.gpu_devices if d]
     progress(
         f"job {plan.name}: {len(plan.nodes)} node(s) x {plan.nproc_per_node} process(es), "
-        f"rendezvous {plan.rdzv_endpoint}, folder {plan.job_dir}"
+        + (f"GPUs {' | '.join(gpus)}, " if gpus else "")
+        + f"rendezvous {plan.rdzv_endpoint}, folder {plan.job_dir}"
     )
+    if backend.gpu_note:
+        progress(backend.gpu_note)
     upload(Path(spec.script).resolve().parent, LocalFolder(share_root), spec.job_folder)
     pid, pid_start = this_process()
     save_run(
         RunRecord.of(plan, spec.job_folder, "local", local_root=str(share_root), pid=pid, pid_start=pid_start)
     )
-    _cancel_on_signals()
-    backend = LocalBackend(grace_period_s=grace_period, hidden_env=secret_variables())
+    cancel_on_signals()
     summary = backend.run(plan, progress=progress, echo_output=not quiet)
     with contextlib.suppress(OSError):
         click.echo(summary.to_json() if as_json else format_summary(summary))
@@ -284,10 +285,10 @@ def logs(
         record = find_run(run_id, cluster_name)
     scheduler_end: Callable[[], int | None] | None = None
     folder: ShareFolder | None
-    if record.backend == "rest":
-        from hpcjob.cli.cluster import rest_log_access
+    if record.cluster is not None:  # the cluster knows whether the job has ended
+        from hpcjob.cli.cluster import log_access
 
-        folder, scheduler_end = rest_log_access(record, params)
+        folder, scheduler_end = log_access(record, params)
     elif record.local_root:
         folder = LocalFolder(Path(record.local_root))
     elif record.share:
@@ -347,16 +348,3 @@ def _print_logs(
         if failed and time.monotonic() - quiet_since > idle_timeout:
             return failed[0]
         time.sleep(poll)
-
-
-def _cancel_on_signals() -> None:
-    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal, a dropped ssh) cancel the job: the nodes are
-    stopped, not orphaned. Set whatever was inherited: a script's background job starts with SIGINT
-    ignored, and Python then leaves it ignored."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGHUP, handler)

@@ -77,7 +77,8 @@ def job_options(command: F) -> F:
         click.option(
             "--nproc-per-node",
             type=click.IntRange(1),
-            help="Processes per node, one per GPU [default: --gpus-per-node, else 1].",
+            help="Processes per node, one per GPU [default: --gpus-per-node, else 1; with run --local, "
+            "the GPUs each local node gets].",
         ),
         click.option(
             "--gpus-per-node",

@@ -41,6 +41,7 @@ class Reply:
     body: Any = NO_BODY
     headers: dict[str, str] = field(default_factory=dict)
     text: bool = False  # body is a plain-text message (errors), not JSON
+    content_type: str | None = None  # of a text body other than a plain message (a SOAP envelope)
 
 
 @dataclass
@@ -89,6 +90,11 @@ class _Queries:
 
 
 class Api:
+    """The REST front door: requests below /hpc."""
+
+    base_path = "/hpc"
+    auth_schemes: tuple[str, ...] = ("Basic",)
+
     def __init__(self, cluster: Cluster, *, version: str, head_name: str) -> None:
         self.cluster = cluster
         self.version = version
@@ -310,7 +316,7 @@ class Api:
             if node_names is not None:
                 return Reply(200, [_object(_job_values(j, None)) for j in jobs])
             known = [p.name for p in P.JOB_PROPS if not p.secret]
-            jobs = _sorted(jobs, q.get("sortjobsby"), "Id", q, known, _job_value)
+            jobs = _sorted(jobs, q.get("sortjobsby"), "Id", q, known, job_value)
         names = _names(q.get("properties", JOB_LIST_DEFAULT), P.JOB_BY_KEY, "job")
         return self._paged(req, jobs, names, _job_values)
 
@@ -375,7 +381,7 @@ class Api:
                     since = _time(value)
                     tasks = [t for t in tasks if P.parse_time(t.props["ChangeTime"]) >= since]
             tasks = _sorted(
-                tasks, q.get("sorttasksby"), "TaskId", q, [p.name for p in P.TASK_PROPS], _task_value
+                tasks, q.get("sorttasksby"), "TaskId", q, [p.name for p in P.TASK_PROPS], task_value
             )
         names = _names(q.get("properties", TASK_LIST_DEFAULT), P.TASK_BY_KEY, "task")
         return self._paged(req, tasks, names, _task_values)
@@ -465,10 +471,10 @@ class Api:
 
 def _job_values(job: Job, names: Sequence[str] | None) -> list[tuple[str, str]]:
     wanted = names if names is not None else [p.name for p in P.JOB_PROPS if not p.secret]
-    return [(n, _job_value(job, n)) for n in wanted]
+    return [(n, job_value(job, n)) for n in wanted]
 
 
-def _job_value(job: Job, name: str) -> str:
+def job_value(job: Job, name: str) -> str:
     if name == "HasRuntime":
         return str(job.props["RuntimeSeconds"] != "0")
     return job.props.get(name, "")
@@ -476,10 +482,10 @@ def _job_value(job: Job, name: str) -> str:
 
 def _task_values(task: Task, names: Sequence[str] | None) -> list[tuple[str, str]]:
     wanted = names if names is not None else [p.name for p in P.TASK_PROPS]
-    return [(n, _task_value(task, n)) for n in wanted]
+    return [(n, task_value(task, n)) for n in wanted]
 
 
-def _task_value(task: Task, name: str) -> str:
+def task_value(task: Task, name: str) -> str:
     if name == "HasRuntime":
         return str(task.props["RuntimeSeconds"] != "0")
     return task.props.get(name, "")

@@ -52,15 +52,17 @@ def _port(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m hpcjob.emulator",
-        description="An HPC Pack 2019 REST head node on this machine; tasks run as local processes.",
+        description="An HPC Pack 2019 head node on this machine, with the REST API and WinRM; tasks run "
+        "as local processes.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=0, help="port (default 0: any free port)")
+    parser.add_argument("--port", type=_port, default=0, help="REST API port (default 0: any free port)")
+    parser.add_argument("--wsman-port", type=_port, default=0, help="WinRM port (default 0: any free port)")
     parser.add_argument(
         "--nodes-file",
         help="JSON list of nodes as GET /cluster/nodes returns them: Name, State, Health, Cores, Groups...",
     )
-    parser.add_argument("--user", required=True, help=f"the Basic-auth user; password from ${PASSWORD_ENV}")
+    parser.add_argument("--user", required=True, help=f"the user (Basic or NTLM); password: ${PASSWORD_ENV}")
     parser.add_argument("--grace-period", type=float, default=5.0, help="seconds from SIGINT to SIGKILL (5)")
     parser.add_argument("--domain", default="HPC", help="domain of job owners (DOMAIN\\user); '' for none")
     parser.add_argument("--step-delay", type=float, default=0.0, help="minimum seconds in each queue state")
@@ -69,15 +71,26 @@ def _parser() -> argparse.ArgumentParser:
         "--share-dir",
         help="the folder that stands in for the head node's CcpSpoolDir share (default: a new temporary one)",
     )
-    parser.add_argument("--profile", default="emulator", help="the profile name in the printed command")
+    parser.add_argument(
+        "--profile", default="emulator", help="the profile name in the printed commands (and NAME-winrm)"
+    )
     return parser
 
 
 def profile_command(
-    profile: str, url: str, user: str, ca_file: str, share_dir: str, group: str | None
+    profile: str,
+    url: str,
+    user: str,
+    ca_file: str,
+    share_dir: str,
+    group: str | None,
+    wsman_url: str | None = None,
 ) -> str:
-    """The `hpcjob cluster add` line for this head node: its URL, CA, and the share as a folder here."""
+    """The `hpcjob cluster add` line for this head node: its URL (over WinRM when `wsman_url` is given),
+    CA, and the share as a folder here."""
     words = ["hpcjob", "cluster", "add", profile, "--url", url.removesuffix("/hpc"), "--user", user]
+    if wsman_url is not None:
+        words += ["--backend", "winrm", "--winrm-url", wsman_url]
     words += ["--password-env", PASSWORD_ENV, "--ca-bundle", ca_file, "--share", "//HEADNODE/CcpSpoolDir"]
     words += ["--local-share", share_dir, "--mount-point", share_dir]
     return shlex.join(words + (["--node-group", group] if group else []))
@@ -121,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grace_period=args.grace_period,
             host=args.host,
             port=args.port,
+            wsman_port=args.wsman_port,
             domain=args.domain or None,
             step_delay=args.step_delay,
             command_line_limit=args.command_line_limit or None,
@@ -129,9 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(head.url, flush=True)
             print(head.ca_file, flush=True)
             group = "GPUNodes" if nodes is None else None  # a nodes file names its own groups
-            command = profile_command(args.profile, head.url, args.user, head.ca_file, share_dir, group)
-            print(f"# a cluster profile for it (the password stays in ${PASSWORD_ENV}):", flush=True)
-            print(command, flush=True)
+            where = (args.user, head.ca_file, share_dir, group)
+            print(f"# cluster profiles for it (the password stays in ${PASSWORD_ENV}):", flush=True)
+            print(profile_command(args.profile, head.url, *where), flush=True)
+            winrm = profile_command(f"{args.profile}-winrm", head.url, *where, wsman_url=head.wsman_url)
+            print(winrm, flush=True)
             while not stop.wait(0.5):
                 pass
     except (OSError, RuntimeError, ValueError) as err:

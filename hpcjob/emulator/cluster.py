@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import secrets
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,7 +191,9 @@ class Cluster:
         backfill: bool,
         base_env: Mapping[str, str],
         head_name: str,
+        password_of: Callable[[str], str] | None = None,
     ) -> None:
+        """`password_of(owner)`: the job owner's password, which the agent hands to execution filters."""
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.nodes: dict[str, Node] = {}
@@ -205,6 +209,7 @@ class Cluster:
         self.backfill = backfill
         self.base_env = dict(base_env)
         self.head_name = head_name
+        self.password_of = password_of or (lambda owner: "")
         self.jobs: dict[int, Job] = {}
         self.token = secrets.token_hex(6)  # marks this emulator's task processes
         self._next_job = 1
@@ -1056,9 +1061,15 @@ class Cluster:
         folder = tempfile.mkdtemp(
             prefix=f"nodemanager_task_{task.system_id}_{task.props['RequeueCount']}.", dir=node_dir
         )
+        command_line = task.props["CommandLine"]
+        filtered = self._execution_filter(job, task, nodes[0][0])
+        if isinstance(filtered, str):  # the filter failed: the task fails, saying why
+            with open(os.path.join(folder, "filter.txt"), "w", encoding="utf-8") as f:
+                f.write(filtered + "\n")
+            command_line = f"cat {folder}/filter.txt >&2; exit 1"
         cmd = os.path.join(folder, "cmd.sh")
         with open(cmd, "w", encoding="utf-8") as f:
-            f.write(f"#!/bin/bash\n\n{task.props['CommandLine']}\n")
+            f.write(f"#!/bin/bash\n\n{command_line}\n")
         stdout = task.props["StdOutFilePath"] or os.path.join(folder, "stdout.txt")
         stderr = task.props["StdErrFilePath"] or os.path.join(folder, "stderr.txt")
         stdin = task.props["StdInFilePath"]
@@ -1069,9 +1080,11 @@ class Cluster:
         with open(run, "w", encoding="utf-8") as f:
             f.write(script)
         described = f"{len(nodes)} " + " ".join(f"{name} {cores}" for name, cores in nodes)
-        env = {k: v for k, v in self.base_env.items() if not k.startswith(MARKER_VAR)}
+        env = self.node_env(nodes[0][0])
         env.update(job.env)
         env.update(task.env)
+        if isinstance(filtered, dict):
+            env.update(filtered)
         env.update(
             CCP_JOBID=str(job.id),
             CCP_TASKID=str(task.number),
@@ -1108,6 +1121,92 @@ class Cluster:
                 stderr=agent.fileno(),
             )
         return process, folder
+
+    def filters_dir(self, node: str) -> str:
+        """Where the node's agent looks for execution filters (/opt/hpcnodemanager/filters on a node)."""
+        return os.path.join(self.work_root, "nodes", node.upper(), "filters")
+
+    def node_env(self, node: str) -> dict[str, str]:
+        """The environment a process of `node` starts from. HPCJOB_FILTERS_DIR moves the filters folder
+        to the node's own (hpcjob's filter install command honours it)."""
+        env = {k: v for k, v in self.base_env.items() if not k.startswith(MARKER_VAR)}
+        env["HPCJOB_FILTERS_DIR"] = self.filters_dir(node)
+        return env
+
+    def _execution_filter(self, job: Job, task: Task, node: str) -> dict[str, str] | str | None:
+        """Run the node's OnJobTaskStart.sh, if installed, as the agent does at a task start: as root,
+        the task, its owner's user name and password as JSON on stdin (Azure-Samples/hpcpack-samples,
+        "Linux node manager execution filters"). Returns the task's environment as the filter left it,
+        None without a filter, or why the filter failed (then the task fails)."""
+        path = os.path.join(self.filters_dir(node), "OnJobTaskStart.sh")
+        if not os.access(path, os.X_OK):
+            return None
+        environment = {**job.env, **task.env}
+        request = {
+            "m_Item1": {"JobId": job.id, "ResIds": [], "TaskId": task.number},
+            "m_Item2": {
+                "affinity": [],
+                "commandLine": task.props["CommandLine"],
+                "environmentVariables": environment,
+                "inputFiles": "",
+                "outputFiles": "",
+                "role": 0,
+                "stderr": task.props["StdErrFilePath"],
+                "stdin": task.props["StdInFilePath"],
+                "stdout": task.props["StdOutFilePath"],
+                "taskRequeueCount": int(task.props["RequeueCount"] or 0),
+                "workingDirectory": task.props["WorkDirectory"],
+            },
+            "m_Item3": job.props["Owner"],
+            "m_Item4": self.password_of(job.props["Owner"]),
+            "m_Item5": "",
+            "m_Item6": "",
+        }
+        try:
+            done = subprocess.run(
+                [path],
+                input=json.dumps(request),
+                capture_output=True,
+                text=True,
+                env=self.node_env(node),
+                timeout=120,
+                check=False,
+            )
+            if done.returncode != 0:
+                why = " ".join(done.stderr.split())
+                return f"The execution filter OnJobTaskStart.sh failed (exit code {done.returncode}): {why}"
+            changed = json.loads(done.stdout)["m_Item2"]["environmentVariables"]
+            return {str(k): str(v) for k, v in changed.items()}
+        except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError) as err:
+            return f"The execution filter OnJobTaskStart.sh failed: {err}"
+
+    def run_as_system(self, node: str, command: str) -> tuple[int, str]:
+        """`clusrun /user:system` on one node: the command's exit code and its output (stderr into
+        stdout, as the agent streams it), run by bash as root."""
+        with self.lock:
+            known = self.node(node)
+            if known.state != "Online" or known.health != "OK":
+                return (
+                    1,
+                    f"The node {known.name} is {known.state} ({known.health}): it cannot run the command.",
+                )
+            env = self.node_env(known.name)
+            described = f"1 {known.name} {known.cores}"
+        env.update(CCP_NODES=described, CCP_NODES_CORES=described)
+        try:
+            done = subprocess.run(
+                ["/bin/bash", "-c", command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=tempfile.gettempdir(),
+                timeout=300,
+                check=False,
+                start_new_session=True,
+            )
+        except subprocess.TimeoutExpired:
+            return 1, "The command did not end within 300 s."
+        return done.returncode, done.stdout.decode("utf-8", "replace")
 
     def _run(self, task: Task, process: TaskProcess, folder: str) -> None:
         """Wait for the task's wrapper, make sure none of its processes is left, then report it."""

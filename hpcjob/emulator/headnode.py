@@ -9,6 +9,7 @@ resolve, because nothing connects to them by name.
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
 import shutil
@@ -22,9 +23,11 @@ from typing import Any, Literal
 
 from hpcjob.emulator.api import Api
 from hpcjob.emulator.cluster import Cluster, NodeSpec
+from hpcjob.emulator.powershell import PowerShellHost
 from hpcjob.emulator.props import ENDED
 from hpcjob.emulator.server import Fault, Faults, RequestLog, _Server, make_server
 from hpcjob.emulator.tls import make_certificate
+from hpcjob.emulator.wsman import WsMan
 
 PASSWORD_ENV = "HPCJOB_EMULATOR_PASSWORD"
 DEFAULT_VERSION = "6.3.8328.0"  # made up, of the 2019 form; only its shape a.b.c.d is documented
@@ -47,7 +50,8 @@ def resolves(name: str) -> bool:
 
 
 class HeadNode:
-    """An emulated HPC Pack head node serving the REST API over HTTPS with Basic auth.
+    """An emulated HPC Pack head node with two front doors over HTTPS on the same cluster: the REST API
+    (Basic auth) at ``head.url`` and WinRM (WS-Management; NTLM or Basic) at ``head.wsman_url``.
 
     ``with HeadNode(users={"alice": "pw"}) as head:`` then talk to ``head.url`` (``https://127.0.0.1:PORT/hpc``)
     verifying TLS with ``head.ca_file``. Leaving the block kills every task process and removes the
@@ -63,6 +67,7 @@ class HeadNode:
         grace_period: float = 5.0,
         host: str = "127.0.0.1",
         port: int = 0,
+        wsman_port: int = 0,
         domain: str | None = "HPC",
         version: str = DEFAULT_VERSION,
         head_name: str = "HEADNODE",
@@ -108,12 +113,17 @@ class HeadNode:
         self._error_format = error_format
         base = dict(os.environ if env is None else env)
         base.pop(PASSWORD_ENV, None)  # never hand the emulator's password to a task
+        base.pop("NTLM_USER_FILE", None)  # nor another emulator's users file
         self._env = base
         self.requests = RequestLog()
         self._faults = Faults()
         self._folder: str | None = None
         self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._wsman_server: _Server | None = None
+        self._wsman_port = wsman_port
+        self._threads: list[threading.Thread] = []
+        self.wsman_requests = RequestLog()
+        self.wsman_url = ""
         self._cluster: Cluster | None = None
         self.ca_file = ""
         self.url = ""
@@ -136,47 +146,89 @@ class HeadNode:
                 backfill=self._backfill,
                 base_env=self._env,
                 head_name=self.head_name,
+                password_of=self._password_of,
             )
             api = Api(self._cluster, version=self.version, head_name=self.head_name)
-            self._server = make_server(
-                self.host,
-                self._port,
-                cert_file=cert,
-                key_file=key,
-                api=api,
-                users=self._users,
-                admins=self._admins,
-                log=self.requests,
-                faults=self._faults,
-                error_format=self._error_format,
-            )
+            self.powershell = PowerShellHost(self._cluster, self._password_ok)
+            self.wsman = WsMan(self.powershell)
+            servers = []
+            for app in (api, self.wsman):
+                servers.append(
+                    make_server(
+                        self.host,
+                        self._port if app is api else self._wsman_port,
+                        cert_file=cert,
+                        key_file=key,
+                        app=app,
+                        users=self._users,
+                        admins=self._admins,
+                        log=self.requests if app is api else self.wsman_requests,
+                        faults=self._faults,
+                        error_format=self._error_format,
+                        domain=self._domain,
+                    )
+                )
+            self._server, self._wsman_server = servers
+            self._wsman_server.ntlm_users_file = self._ntlm_users_file(self._folder)
         except BaseException:
             shutil.rmtree(self._folder, ignore_errors=True)
             raise
         self._cluster.start()
         self.ca_file = cert
-        port = self._server.server_address[1]
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self.url = f"https://{host}:{port}/hpc"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name="hpcjob-emulator-http",
-            daemon=True,
-        )
-        self._thread.start()
+        self.url = f"https://{host}:{self._server.server_address[1]}/hpc"
+        self.wsman_url = f"https://{host}:{self._wsman_server.server_address[1]}/wsman"
+        for name, server in (("http", self._server), ("wsman", self._wsman_server)):
+            thread = threading.Thread(
+                target=server.serve_forever,
+                kwargs={"poll_interval": 0.1},
+                name=f"hpcjob-emulator-{name}",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
         return self
+
+    def _password_of(self, owner: str) -> str:
+        """The password of a job's owner (DOMAIN\\user), as the agent gives it to execution filters."""
+        name = owner.rpartition("\\")[2].lower()
+        return next((p for n, p in self._users.items() if n.lower() == name), "")
+
+    def _password_ok(self, user: str, password: str) -> bool:
+        """Whether `password` is the password of `user` (DOMAIN\\user, with the head node's domain, or
+        user)."""
+        domain, backslash, name = user.rpartition("\\")
+        if backslash and domain.lower() != (self._domain or "").lower():
+            return False
+        known = {n.lower(): p for n, p in self._users.items()}
+        return name.lower() in known and hmac.compare_digest(known[name.lower()].encode(), password.encode())
+
+    def _ntlm_users_file(self, folder: str) -> str:
+        """The users' passwords as pyspnego's NTLM acceptor reads them (DOMAIN:USER:PASSWORD), with and
+        without the domain; in the emulator's own folder, readable by its owner only."""
+        path = os.path.join(folder, "ntlm-users")
+        lines = [
+            f"{domain}:{user}:{password}"
+            for user, password in self._users.items()
+            for domain in {"", self._domain or ""}
+        ]
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        return path
 
     def close(self) -> None:
         """Stop serving, kill every task process, remove the temporary folder."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server.close_connections()
-            self._server = None
+        for server in (self._server, self._wsman_server):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+                server.close_connections()
+        self._server = self._wsman_server = None
         if self._cluster is not None:
             self._cluster.close()
         if self._folder is not None:
+            if os.environ.get("NTLM_USER_FILE", "").startswith(self._folder):
+                del os.environ["NTLM_USER_FILE"]  # the file goes with the folder
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
 
@@ -241,6 +293,7 @@ class HeadNode:
         delay_after: float = 0.0,
         drop: Literal["before", "after"] | None = None,
         times: int | None = 1,
+        skip: int = 0,
     ) -> Fault:
         """Act on the next ``times`` requests (None: all, until ``clear_faults``) whose method matches
         (None: any) and whose path (e.g. ``/hpc/jobs/3/submit``) matches the regex ``path`` (re.search):
@@ -252,8 +305,8 @@ class HeadNode:
           on the client but still creates the job);
         - ``drop="after"``: process, then close the connection without answering.
 
-        Faults apply before authentication, in the order they were added; the returned Fault counts
-        its ``hits``.
+        The first ``skip`` matching requests pass untouched. Faults apply before authentication, in
+        the order they were added, to either front door; the returned Fault counts its ``hits``.
         """
         if drop not in (None, "before", "after"):
             raise ValueError("drop must be None, 'before' or 'after'")
@@ -267,6 +320,7 @@ class HeadNode:
                 delay_after=delay_after,
                 drop=drop,
                 times=times,
+                skip=skip,
             )
         )
 

@@ -1,4 +1,8 @@
-"""HTTPS transport of the emulated head node: TLS, Basic auth, the request log and fault injection."""
+"""HTTPS transport of the emulated head node's front doors: TLS, authentication (Basic; NTLM through
+pyspnego's acceptor where the front door takes it, as WinRM does), the request log and fault injection.
+
+One server serves one front door (an `App`: the REST API below /hpc, or WS-Management at /wsman); both
+act on the same Cluster."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import binascii
 import contextlib
 import hmac
 import json
+import os
 import re
 import socket
 import ssl
@@ -17,14 +22,22 @@ import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
-from hpcjob.emulator.api import NO_BODY, Api, Reply, Request, parse_query
+from hpcjob.emulator.api import NO_BODY, Reply, Request, parse_query
 from hpcjob.emulator.cluster import Actor, ApiError
 
-BASE_PATH = "/hpc"
 MAX_BODY = 64 * 1024 * 1024
+
+
+class App(Protocol):
+    """A front door: the requests below its base path, from users authenticated by one of its schemes."""
+
+    base_path: str
+    auth_schemes: tuple[str, ...]  # "Basic", "Negotiate" (NTLM through SPNEGO's name), "NTLM"
+
+    def handle(self, request: Request) -> Reply: ...
 
 
 class RequestRecord(NamedTuple):
@@ -85,7 +98,9 @@ class Fault:
     delay_after: float = 0.0
     drop: Literal["before", "after"] | None = None
     times: int | None = 1
+    skip: int = 0  # matching requests let through before the fault acts
     hits: int = 0
+    passed: int = 0
 
     def matches(self, method: str, path: str) -> bool:
         return (self.method is None or self.method == method) and self.path.search(path) is not None
@@ -110,6 +125,9 @@ class Faults:
         with self._lock:
             for fault in self._faults:
                 if not fault.exhausted and fault.matches(method, path):
+                    if fault.passed < fault.skip:
+                        fault.passed += 1
+                        continue
                     fault.hits += 1
                     return fault
         return None
@@ -128,16 +146,19 @@ class _Server(ThreadingHTTPServer):
         address: tuple[str, int],
         *,
         context: ssl.SSLContext,
-        api: Api,
+        app: App,
         users: Mapping[str, str],
         admins: set[str],
         log: RequestLog,
         faults: Faults,
         error_format: str,
+        domain: str | None = None,
     ) -> None:
         super().__init__(address, _Handler)
+        self.domain = domain
         self.context = context
-        self.api = api
+        self.app = app
+        self.ntlm_users_file: str | None = None  # set where the app takes NTLM
         self.users = {name.lower(): (name, password) for name, password in users.items()}
         self.admins = {name.lower() for name in admins}
         self.log = log
@@ -177,6 +198,9 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 120  # idle keep-alive connections
     server_version = "Microsoft-HTTPAPI/2.0"
     sys_version = ""
+
+    _ntlm: Any = None  # this connection's NTLM acceptor (an HTTP handler serves one connection)
+    _ntlm_actor: Actor | None = None  # who authenticated this connection with NTLM
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: nothing about requests (or their credentials) is logged."""
@@ -225,24 +249,30 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(reply)
 
     def _process(self, method: str, path: str, query: str, body: bytes) -> Reply:
+        app = self.server.app
         try:
             actor = self._authenticate()
+            if isinstance(actor, Reply):
+                return actor  # a step of the NTLM handshake
             if actor is None:
                 reply = self._error(401, "Authorization has been denied for this request.")
-                reply.headers["WWW-Authenticate"] = 'Basic realm="HPC Pack"'
+                reply.headers["WWW-Authenticate"] = ", ".join(
+                    'Basic realm="HPC Pack"' if scheme == "Basic" else scheme for scheme in app.auth_schemes
+                )
                 return reply
-            if path.lower() != BASE_PATH and not path.lower().startswith(BASE_PATH + "/"):
+            base = app.base_path
+            if path.lower() != base and not path.lower().startswith(base + "/"):
                 raise ApiError(404, f"No HTTP resource was found that matches the request URI '{path}'.")
             request = Request(
                 method=method,
-                path=path[len(BASE_PATH) :] or "/",
+                path=path[len(base) :] or "/",
                 query=parse_query(query),
                 body=body,
                 content_type=self.headers.get("Content-Type", ""),
                 actor=actor,
             )
-            reply = self.server.api.handle(request)
-            if reply.status >= 400 and isinstance(reply.body, str):
+            reply = app.handle(request)
+            if reply.status >= 400 and isinstance(reply.body, str) and reply.content_type is None:
                 return self._error(reply.status, reply.body, reply.headers)
             return reply
         except ApiError as err:
@@ -251,10 +281,16 @@ class _Handler(BaseHTTPRequestHandler):
             traceback.print_exc(file=sys.stderr)
             return self._error(500, f"Internal error of the emulator: {type(err).__name__}: {err}")
 
-    def _authenticate(self) -> Actor | None:
+    def _authenticate(self) -> Actor | Reply | None:
         header = self.headers.get("Authorization", "")
         scheme, _, encoded = header.partition(" ")
-        if scheme.lower() != "basic":
+        schemes = {name.lower(): name for name in self.server.app.auth_schemes}
+        if not header and self._ntlm_actor is not None:
+            return self._ntlm_actor  # NTLM authenticates the connection, not each request
+        if scheme.lower() in ("negotiate", "ntlm") and scheme.lower() in schemes:
+            self._ntlm_actor = None
+            return self._ntlm_step(schemes[scheme.lower()], encoded.strip())
+        if scheme.lower() != "basic" or "basic" not in schemes:
             return None
         try:
             user, sep, password = (
@@ -262,16 +298,48 @@ class _Handler(BaseHTTPRequestHandler):
             )
         except (binascii.Error, UnicodeDecodeError):
             return None
-        known = self.server.users.get(user.lower())
+        domain, backslash, name = user.rpartition("\\")
+        if backslash and domain.lower() != (self.server.domain or "").lower():
+            return None  # DOMAIN\\user is the head node's domain, or nobody
+        known = self.server.users.get(name.lower())
         if not sep or known is None or not hmac.compare_digest(known[1].encode(), password.encode()):
             return None
-        admin = known[0].lower() in self.server.admins
+        return self._actor(known[0])
+
+    def _actor(self, name: str) -> Actor:
+        admin = name.lower() in self.server.admins
         as_user = self.headers.get("x-ms-as-user")
         if as_user:
             if not admin:
                 raise ApiError(403, "Only an HPC Pack administrator can act as another user (x-ms-as-user).")
             return Actor(name=as_user, admin=as_user.lower() in self.server.admins)
-        return Actor(name=known[0], admin=admin)
+        return Actor(name=name, admin=admin)
+
+    def _ntlm_step(self, scheme: str, token: str) -> Actor | Reply | None:
+        """One leg of NTLM on this connection (negotiate, then authenticate): the challenge to send, the
+        user once the client proved its password, or None when it did not."""
+        import spnego
+        import spnego.exceptions
+
+        try:
+            # pyspnego reads the users' file that NTLM_USER_FILE names, when the acceptor is made and
+            # again at its last step: set for this server for both (one emulator's users at a time).
+            with _NTLM_LOCK:
+                os.environ["NTLM_USER_FILE"] = self.server.ntlm_users_file or ""
+                if self._ntlm is None or token_is_negotiate(token):
+                    self._ntlm = spnego.server(protocol="ntlm")
+                answer = self._ntlm.step(base64.b64decode(token))
+        except (spnego.exceptions.SpnegoError, binascii.Error, ValueError):
+            self._ntlm = None
+            return None
+        if not self._ntlm.complete:
+            reply = Reply(401, "", text=True)
+            reply.headers["WWW-Authenticate"] = f"{scheme} {base64.b64encode(answer or b'').decode()}"
+            return reply
+        user = str(self._ntlm.client_principal or "").rpartition("\\")[2]
+        known = self.server.users.get(user.lower())
+        self._ntlm_actor = self._actor(known[0]) if known else None
+        return self._ntlm_actor
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -308,7 +376,7 @@ class _Handler(BaseHTTPRequestHandler):
             content_type = None
         elif reply.text:
             data = str(reply.body).encode("utf-8")
-            content_type = "text/plain; charset=utf-8"
+            content_type = reply.content_type or "text/plain; charset=utf-8"
         else:
             data = json.dumps(reply.body, ensure_ascii=False).encode("utf-8")
             content_type = "application/json; charset=utf-8"
@@ -340,12 +408,13 @@ def make_server(
     *,
     cert_file: str,
     key_file: str,
-    api: Api,
+    app: App,
     users: Mapping[str, str],
     admins: set[str],
     log: RequestLog,
     faults: Faults,
     error_format: str,
+    domain: str | None = None,
 ) -> _Server:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -353,10 +422,23 @@ def make_server(
     return _Server(
         (host, port),
         context=context,
-        api=api,
+        app=app,
         users=users,
         admins=admins,
         log=log,
         faults=faults,
         error_format=error_format,
+        domain=domain,
     )
+
+
+def token_is_negotiate(token: str) -> bool:
+    """Whether an NTLM token is the first message (NEGOTIATE, type 1): a new handshake."""
+    try:
+        raw = base64.b64decode(token)
+    except (binascii.Error, ValueError):
+        return False
+    return raw.startswith(b"NTLMSSP\x00\x01\x00\x00\x00")
+
+
+_NTLM_LOCK = threading.Lock()  # NTLM_USER_FILE is one variable for the whole process

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from hpcjob.plan import JobPlan
+from hpcjob.plan import MOUNT_RESULT_VAR, JobPlan, MountStep, mount_job_name
 from hpcjob.spec import NOT_XML, SpecError
 
 JOB_NAMESPACE = "http://schemas.microsoft.com/HPCS2008R2/scheduler/"
@@ -29,33 +30,49 @@ def _bool(value: bool) -> str:
     return "true" if value else "false"
 
 
+@dataclass(frozen=True)
+class JobShape:
+    """What every job hpcjob makes shares with its run's training job: its nodes, group and options."""
+
+    nodes: tuple[str, ...]
+    node_group: str | None = None
+    job_template: str | None = None
+    priority: str | None = None
+
+    @classmethod
+    def of(cls, plan: JobPlan) -> JobShape:
+        return cls(plan.nodes, plan.node_group, plan.job_template, plan.priority)
+
+
 def _job(
     name: str,
-    plan: JobPlan,
-    exclusive: bool,
+    shape: JobShape,
+    gang: bool,
     env: Sequence[tuple[str, str]],
     runtime_s: int | None,
 ) -> tuple[ET.Element, ET.Element]:
-    n = str(len(plan.nodes))
+    """The job element. A gang (the training job) has its nodes to itself and ends when one task fails;
+    the per-node jobs (mount, install) leave the other tasks to run, so that every node reports."""
+    n = str(len(shape.nodes))
     job = ET.Element("Job")
     job.set("Version", JOB_VERSION)
     job.set("Name", name)
-    if plan.job_template:
-        job.set("JobTemplate", plan.job_template)
-    job.set("IsExclusive", _bool(exclusive))
+    if shape.job_template:
+        job.set("JobTemplate", shape.job_template)
+    job.set("IsExclusive", _bool(gang))
     job.set("UnitType", "Node")
     job.set("AutoCalculateMax", _bool(False))
     job.set("AutoCalculateMin", _bool(False))
-    job.set("FailOnTaskFailure", _bool(True))
-    if plan.priority:
-        job.set("Priority", plan.priority)
+    job.set("FailOnTaskFailure", _bool(gang))
+    if shape.priority:
+        job.set("Priority", shape.priority)
     if runtime_s:
         job.set("RuntimeSeconds", str(runtime_s))  # seconds: no ambiguity of the [[DD:]HH:]MM form
     job.set("MinNodes", n)
     job.set("MaxNodes", n)
-    job.set("RequestedNodes", ",".join(plan.nodes))
-    if plan.node_group:
-        job.set("NodeGroups", plan.node_group)
+    job.set("RequestedNodes", ",".join(shape.nodes))
+    if shape.node_group:
+        job.set("NodeGroups", shape.node_group)
     job.set("xmlns", JOB_NAMESPACE)  # the exporter writes xmlns last; ElementTree keeps the order
     if env:
         variables = ET.SubElement(job, "EnvironmentVariables")
@@ -93,7 +110,7 @@ def _text(job: ET.Element) -> str:
 
 def job_xml(plan: JobPlan) -> str:
     """The training job: exclusive nodes, one pinned torchrun task per node, logs on the share."""
-    job, tasks = _job(plan.run_id, plan, True, plan.env, plan.runtime_s)
+    job, tasks = _job(plan.run_id, JobShape.of(plan), True, plan.env, plan.runtime_s)
     for task in plan.tasks:
         _task(
             tasks,
@@ -107,13 +124,36 @@ def job_xml(plan: JobPlan) -> str:
     return _text(job)
 
 
+# Each task of a mount job: what hpcjob's execution filter did on its node, failing unless mounted.
+MOUNT_CHECK = (
+    f'r=${MOUNT_RESULT_VAR}; echo "${{r:-failed: the hpcjob execution filter is not installed on this node: '
+    'an HPC administrator runs hpcjob mount --install once}"; case $r in mounted|"already mounted") ;; '
+    "*) exit 1;; esac"
+)
+
+
 def mount_job_xml(plan: JobPlan) -> str:
-    """The mount step as a job, where only the REST API reaches the cluster (no clusrun): one pinned
-    task per node that runs the mount command as root (the submitter must be an HPC administrator).
-    Same template and priority as the job; not its run-time limit, which is for the training."""
+    """The run's mount job (`<run id>-mount`), on the run's nodes, before its training job."""
     if plan.mount is None:
         raise SpecError("no share given: name it with --share //HEADNODE/CcpSpoolDir[/folder]")
-    job, tasks = _job(f"{plan.run_id}-mount", plan, False, ROOT_ENV, None)
-    for node in plan.nodes:
-        _task(tasks, f"mount {node}", plan.mount.command, node)
+    return mount_check_job_xml(mount_job_name(plan.run_id), plan.mount, JobShape.of(plan))
+
+
+def mount_check_job_xml(name: str, step: MountStep, shape: JobShape) -> str:
+    """A job of the user's own that has each node mount the share: one pinned task per node, whose start
+    has hpcjob's execution filter mount it (as root, with the user's credentials, which the node agent
+    gives the filter), and which says what the filter did: mounted, already mounted, or why not. Its
+    output stays with the scheduler (no files: the share may not be there)."""
+    job, tasks = _job(name, shape, False, step.env, None)
+    for node in step.nodes:
+        _task(tasks, f"mount {node}", MOUNT_CHECK, node)
+    return _text(job)
+
+
+def admin_job_xml(name: str, command: str, shape: JobShape) -> str:
+    """A job that runs `command` as root on each node (one pinned task per node): only an HPC
+    administrator's job runs as root, and only when it asks for it (CCP_MAP_ADMIN_USER=0)."""
+    job, tasks = _job(name, shape, False, ROOT_ENV, None)
+    for node in shape.nodes:
+        _task(tasks, f"root {node}", command, node)
     return _text(job)

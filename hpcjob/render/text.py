@@ -63,7 +63,7 @@ def ps_comment(text: str) -> str:
 
 
 @cache
-def _templates() -> jinja2.Environment:
+def templates() -> jinja2.Environment:
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("hpcjob.render", "templates"),
         autoescape=False,
@@ -91,7 +91,7 @@ def _checked_mount(plan: JobPlan) -> MountStep:
 
 def clusrun_text(plan: JobPlan) -> str:
     """The `clusrun` command that mounts the share on the job's nodes, for cmd.exe on the head node."""
-    return _templates().get_template("clusrun.cmd.j2").render(mount=_checked_mount(plan))
+    return templates().get_template("clusrun.cmd.j2").render(mount=_checked_mount(plan))
 
 
 def _base64_lines(data: bytes) -> list[str]:
@@ -103,7 +103,7 @@ def powershell_text(plan: JobPlan) -> str:
     """A script for the head node: the mount step with clusrun, then the job from its XML."""
     mount = _checked_mount(plan) if plan.mount is not None else None
     text = (
-        _templates()
+        templates()
         .get_template("submit.ps1.j2")
         .render(plan=plan, mount=mount, job_file=_base64_lines(job_xml(plan).encode("utf-8")))
     )
@@ -123,3 +123,31 @@ def plan_json(plan: JobPlan) -> str:
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     # Such characters occur only inside JSON strings, where the escape means the same character.
     return _JSON_INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+# Where the Linux node agent looks for execution filters. HPCJOB_FILTERS_DIR moves it, for the emulated
+# nodes of hpcjob.emulator only: a real node has no such variable.
+FILTERS_DIR = "/opt/hpcnodemanager/filters"
+FILTER_FILE = "hpcjob_mount_filter.py"
+CHAINED_FILTER = "OnJobTaskStart.hpcjob-next.sh"
+
+
+def filter_install_command() -> str:
+    """Bash, run as root on each node once (clusrun /user:system, or an administrator's job): install
+    hpcjob's execution filter (hpcjob/node/mount_filter.py, behind OnJobTaskStart.sh). A filter already
+    there is kept and chained after hpcjob's; installing again changes nothing else. No secret is in it:
+    the filter gets each job owner's credentials from the agent, at each task start."""
+    from importlib import resources
+
+    node = resources.files("hpcjob") / "node"
+    code = base64.b64encode((node / "mount_filter.py").read_bytes()).decode("ascii")
+    wrapper = base64.b64encode((node / "OnJobTaskStart.sh").read_bytes()).decode("ascii")
+    return (
+        f'd=${{HPCJOB_FILTERS_DIR:-{FILTERS_DIR}}}; mkdir -p "$d" && '
+        f'echo {code} | base64 -d > "$d/{FILTER_FILE}" && '
+        f'{{ [ ! -e "$d/OnJobTaskStart.sh" ] || grep -q {FILTER_FILE} "$d/OnJobTaskStart.sh" || '
+        f'mv "$d/OnJobTaskStart.sh" "$d/{CHAINED_FILTER}"; }} && '
+        f'echo {wrapper} | base64 -d > "$d/OnJobTaskStart.sh" && '
+        f'chmod 755 "$d/OnJobTaskStart.sh" "$d/{FILTER_FILE}" && '
+        'echo "hpcjob: execution filter installed in $d on $(hostname)"'
+    )

@@ -1,0 +1,259 @@
+"""What the backends that reach a scheduler share: choosing nodes, following a job, its summary.
+
+Pure logic over the shared types of hpcjob.results; the share is read through a ShareFolder given in.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hpcjob.plan import mount_job_name
+from hpcjob.results import (
+    ALREADY_MOUNTED,
+    ENDED_JOB_STATES,
+    MOUNT_FAILED,
+    MOUNTED,
+    JobInfo,
+    JobSummary,
+    MountResult,
+    NodeInfo,
+    NodeResult,
+    RootCause,
+    State,
+    find_metrics,
+    job_exit_code,
+)
+from hpcjob.spec import SpecError
+
+if TYPE_CHECKING:
+    from hpcjob.plan import JobPlan
+    from hpcjob.runs import RunRecord
+    from hpcjob.share import ShareFolder
+    from hpcjob.spec import JobSpec
+
+
+def choose_nodes(
+    nodes: Sequence[NodeInfo],
+    count: int,
+    busy: set[str],
+    group: str | None,
+    exclude: Sequence[str] = (),
+) -> tuple[str, ...]:
+    """`count` usable nodes (Online, health OK, not excluded), idle ones first, in name order within
+    each kind."""
+    excluded = {name.upper() for name in exclude}
+    usable = [n for n in nodes if n.usable and n.name.upper() not in excluded]
+    ordered = sorted(usable, key=lambda n: (n.name.upper() in busy, n.name.upper()))
+    if len(ordered) < count:
+        where = f"in group {group}" if group else "in the cluster"
+        found = ", ".join(
+            f"{n.name} ({'excluded' if n.name.upper() in excluded else f'{n.state}, {n.health}'})"
+            for n in nodes
+        )
+        raise SpecError(
+            f"{count} node(s) needed but only {len(usable)} online, healthy and not excluded {where}; "
+            f"found: {found or 'none'}"
+        )
+    return tuple(n.name for n in ordered[:count])
+
+
+def run_job_names(run_id: str, mount: bool) -> list[str]:
+    """The names of the jobs a run makes: the run id, and its mount job's."""
+    return [run_id, mount_job_name(run_id)] if mount else [run_id]
+
+
+def on_cluster(cluster: str) -> str:
+    return f" on cluster {cluster}" if cluster else ""
+
+
+def refuse_taken_names(names: Sequence[str], found: Mapping[str, int], cluster: str = "") -> None:
+    """Refuse a run whose job names (`names`) are taken on the cluster (`found`: name -> job id): a
+    submit whose answer was lost looks its job up by name, and must never find an older job."""
+    for name in names:
+        if name in found:
+            raise SpecError(
+                f"job {found[name]}{on_cluster(cluster)} is already named {name!r}: the run id names the "
+                "run's jobs and must be new; choose another --run-id, or leave it out for a new one"
+            )
+
+
+def mount_results(info: JobInfo, outputs: Iterable[tuple[str, str]]) -> list[MountResult]:
+    """Each node's mount, from its task of a mount job: the state, and the last line it printed (what
+    hpcjob's execution filter did; the scheduler keeps the output)."""
+    said = {node.upper(): (text.strip().splitlines() or [""])[-1].strip() for node, text in outputs}
+    results = []
+    for task in info.tasks:
+        line = said.get(task.node.upper(), "")
+        if task.state == State.FINISHED and line in (MOUNTED, ALREADY_MOUNTED):
+            results.append(MountResult(task.node, line))
+        else:
+            why = line.removeprefix(f"{MOUNT_FAILED}:").strip() or " ".join(task.error.split()) or task.state
+            results.append(MountResult(task.node, MOUNT_FAILED, why))
+    return results
+
+
+def mount_failure(mount_job_id: str, results: Sequence[MountResult]) -> str:
+    """Why a mount job failed, per node."""
+    failed = "; ".join(f"{r.node}: {r.message}" for r in results if not r.ok)
+    return f"the mount job {mount_job_id} failed: {failed or 'no node reported'}"
+
+
+def cluster_plan(
+    spec: JobSpec,
+    run_id: str,
+    nodes: Callable[[str | None], list[NodeInfo]],
+    busy: Callable[[], set[str]],
+    find: Callable[[Collection[str]], Mapping[str, int]],
+    cluster: str,
+) -> JobPlan:
+    """The job on a cluster's nodes (the spec's, else idle usable ones of its group), refused when the
+    cluster has jobs of the run's names already (`find`: name -> job id)."""
+    from hpcjob.plan import make_plan
+
+    group = spec.node_group
+    chosen = spec.node_names or choose_nodes(nodes(group), spec.node_count, busy(), group, spec.exclude_nodes)
+    plan = make_plan(spec, chosen, run_id)
+    names = run_job_names(run_id, plan.mount is not None)
+    refuse_taken_names(names, find(names), cluster)
+    return plan
+
+
+def recorded_job_id(
+    run: RunRecord, find: Callable[[Collection[str]], Mapping[str, int]], cluster: str
+) -> int:
+    """The run's job: as recorded, else found by its name (a submit whose answer was lost)."""
+    if run.job_id is not None:
+        return int(run.job_id)
+    found = find([run.run_id]).get(run.run_id)
+    if found is None:
+        raise SpecError(
+            f"run {run.run_id} has no job on cluster {cluster}: its submission stopped before the job was "
+            "made"
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class PollPolicy:
+    """Status polling: quick while things change, slower while they do not."""
+
+    first_wait_s: float = 1.0
+    factor: float = 1.5
+    max_wait_s: float = 15.0
+
+
+def job_summary(
+    info: JobInfo, plan: JobPlan, wall_time_s: float, folder: ShareFolder | None, log_folder: str
+) -> JobSummary:
+    """The end of a submitted job as every backend reports it (the summary `run --local` prints).
+
+    The scheduler knows the tasks' states; the share (`folder`, with the run's `log_folder` in it)
+    knows what failed first and the training program's metrics. Without the share, the task the
+    scheduler failed (the others it canceled, FailOnTaskFailure) is the first failure.
+    """
+    from hpcjob.logs import read_root_cause
+
+    by_node = {task.node.upper(): task for task in info.tasks}
+    nodes = []
+    for planned in plan.tasks:
+        task = by_node.get(planned.node.upper())
+        state = State(task.state) if task and task.state in set(State) else State.CANCELED
+        nodes.append(
+            NodeResult(
+                planned.node,
+                state,
+                task.exit_code if task else None,
+                stdout_path=planned.stdout_path,
+                stderr_path=planned.stderr_path,
+            )
+        )
+    cause = None
+    if info.state == State.FAILED:
+        cause = read_root_cause(folder, log_folder) if folder is not None else None
+        failed = [t for t in info.tasks if t.state == State.FAILED]
+        if cause is None and failed:
+            first = failed[0]
+            reason = " ".join(first.error.split())
+            cause = RootCause(node=first.node, exit_code=first.exit_code or 1, time=0.0, reason=reason)
+    lines: list[str] = []
+    if folder is not None:
+        for planned in plan.tasks:
+            try:
+                text = folder.read_bytes(f"{log_folder}/{planned.node}.out").decode("utf-8", "replace")
+            except FileNotFoundError:
+                continue
+            lines.extend(text.splitlines())
+    failed_codes = [t.exit_code for t in info.tasks if t.state == State.FAILED and t.exit_code]
+    return JobSummary(
+        name=plan.name,
+        run_id=plan.run_id,
+        state=State(info.state),
+        exit_code=job_exit_code(info.state, failed_codes[0] if failed_codes else None, cause),
+        wall_time_s=round(wall_time_s, 3),
+        job_dir=plan.job_dir,
+        log_dir=plan.log_dir,
+        nodes=nodes,
+        root_cause=cause,
+        metrics=find_metrics(lines),
+        job_id=info.job_id,
+    )
+
+
+def follow_job(
+    read: Callable[[], JobInfo],
+    progress: Callable[[str], None],
+    *,
+    poll: PollPolicy | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> JobInfo:
+    """Read the job (`read`: one status poll) until it ends, reporting each change."""
+    poll = poll or PollPolicy()
+    seen: dict[str, str] = {}
+    wait = poll.first_wait_s
+    while True:
+        info = read()
+        changes = _changes(info, seen)
+        for line in changes:
+            progress(line)
+        if info.ended:
+            return info
+        wait = poll.first_wait_s if changes else min(wait * poll.factor, poll.max_wait_s)
+        sleep(wait)
+
+
+def _changes(info: JobInfo, seen: dict[str, str]) -> list[str]:
+    lines = []
+    job_line = f"job {info.job_id}: {info.state}" + (f" ({info.error})" if info.error else "")
+    if seen.get("") != job_line:
+        seen[""] = job_line
+        lines.append(job_line)
+    for task in info.tasks:
+        key = f"task{task.task_id}"
+        line = f"{task.node or task.name}: {task.state}"
+        if task.exit_code is not None and task.state in ENDED_JOB_STATES:
+            line += f" (exit code {task.exit_code})"
+        if seen.get(key) != line:
+            seen[key] = line
+            lines.append(line)
+    return lines
+
+
+def certificate_failure(exc: BaseException) -> str | None:
+    """The reason of the ssl.SSLCertVerificationError that requests and urllib3 wrap, if any."""
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return str(current.verify_message or current.reason or "certificate verify failed").rstrip(".")
+        # requests keeps urllib3's error in args; urllib3's MaxRetryError keeps its cause in .reason.
+        linked = (*current.args, current.__cause__, current.__context__, getattr(current, "reason", None))
+        todo.extend(item for item in linked if isinstance(item, BaseException))
+    return None

@@ -1,0 +1,377 @@
+"""The head node over WinRM: PowerShell with the HPC Pack cmdlets, for sites that open WinRM but not the
+REST API. Needs pywinrm (`pip install 'hpcjob[winrm]'`).
+
+Every operation is ONE remote command in one shell that lives as long as the backend: the same short
+command line each time (render.winrm.bootstrap_command), and the script with its data over the
+command's stdin (WS-Man Send, in pieces under the listener's envelope limit), so no value is ever part
+of a command line and no command-line limit applies: a 500-node job's XML goes the same way as a 2-node
+job's. The job id, states and nodes come back as JSON, never scraped from a sentence. The user's
+password reaches the head node only inside stdin, where the submit script makes it a PSCredential.
+HTTPS on 5986 by default, the certificate verified against the CAs requests trusts (certifi), a CA
+bundle, or a pinned SHA-256 fingerprint. Reads are retried when the connection fails; changes are not.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from hpcjob.backends.rest import RetryPolicy
+from hpcjob.backends.scheduler import (
+    certificate_failure,
+    cluster_plan,
+    follow_job,
+    mount_failure,
+    mount_results,
+    on_cluster,
+    recorded_job_id,
+)
+from hpcjob.plan import mount_job_name
+from hpcjob.results import ENDED_JOB_STATES, JobInfo, NodeInfo, Submission, TaskInfo
+from hpcjob.spec import HpcjobError, SpecError
+
+if TYPE_CHECKING:
+    from hpcjob.config import ClusterProfile
+    from hpcjob.plan import JobPlan, MountStep
+    from hpcjob.render import JobShape
+    from hpcjob.results import MountResult
+    from hpcjob.runs import RunRecord
+    from hpcjob.spec import JobSpec
+
+Progress = Callable[[str], None]
+# The scripts that only read: run again when the connection fails.
+READS = frozenset({"status", "outputs", "nodes", "busy", "find"})
+# Bytes of stdin per WS-Man Send: 96 KiB, 128 KiB once in base64, under any listener's envelope limit.
+STDIN_CHUNK = 96 * 1024
+
+
+class WinRMError(HpcjobError):
+    """The head node refused or failed a command; one line, in its own words."""
+
+
+class WinRMUnsure(WinRMError):
+    """The connection failed during a command: it may or may not have run."""
+
+
+class WinRMSession:
+    """One shell on the head node, opened at the first command and kept for every later one (so that
+    `--wait` polls over one authenticated connection)."""
+
+    def __init__(
+        self,
+        profile: ClusterProfile,
+        password: str,
+        *,
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        try:
+            from winrm.protocol import Protocol
+        except ImportError:
+            raise SpecError("the winrm backend needs pywinrm: pip install 'hpcjob[winrm]'") from None
+        self.url = profile.wsman_url
+        self.user = profile.user
+        transport = profile.winrm_transport or "ntlm"
+        import certifi
+
+        # As the REST client: the profile's CA bundle, else the CAs requests trusts (not whatever
+        # REQUESTS_CA_BUNDLE says, which pywinrm would otherwise take).
+        options: dict[str, Any] = {"ca_trust_path": profile.ca_bundle or certifi.where()}
+        self.protocol = Protocol(
+            self.url,
+            transport=transport,  # type: ignore[arg-type]  # one of WINRM_TRANSPORTS, checked by the profile
+            username=profile.user,
+            password=password,
+            server_cert_validation="ignore" if profile.insecure or profile.cert_fingerprint else "validate",
+            # TLS protects the messages; NTLM's own sealing is for plain HTTP only.
+            message_encryption="auto" if transport != "basic" else "never",
+            **options,
+        )
+        if profile.cert_fingerprint:
+            _pin(self.protocol, profile.cert_fingerprint)
+        self.shell_id: str | None = None
+        self.retry = retry or RetryPolicy()
+        self.sleep = sleep
+        self.clock = clock
+
+    def run(self, script: str, data: Mapping[str, Any]) -> list[Any]:
+        """Run one of hpcjob's scripts with `data` on the head node; what it output (a JSON list).
+
+        A script that only reads (`READS`) is run again, in a new shell, when the connection fails,
+        with backoff within the retry deadline; one that changes the cluster is sent once."""
+        deadline = self.clock() + self.retry.deadline_s
+        waits = iter(self.retry.waits())
+        while True:
+            try:
+                return self._run_once(script, data)
+            except WinRMUnsure:
+                wait = next(waits)
+                if script not in READS or self.clock() + wait > deadline:
+                    raise
+                self.shell_id = None  # the shell may be gone with the connection: open another
+                self.sleep(wait)
+
+    def _run_once(self, script: str, data: Mapping[str, Any]) -> list[Any]:
+        from hpcjob.render.winrm import bootstrap_command, script_input
+
+        command, arguments = bootstrap_command()
+        stdin = script_input(script, data)
+        with _translated(self):
+            if self.shell_id is None:
+                self.shell_id = self.protocol.open_shell()
+            command_id = self.protocol.run_command(self.shell_id, command, list(arguments))
+            try:
+                # In pieces: one WS-Man message may not exceed the listener's MaxEnvelopeSizekb (500 KB
+                # by default, 150 KB on older systems), and base64 makes each piece a third larger.
+                for start in range(0, max(len(stdin), 1), STDIN_CHUNK):
+                    last = start + STDIN_CHUNK >= len(stdin)
+                    piece = stdin[start : start + STDIN_CHUNK]
+                    self.protocol.send_command_input(self.shell_id, command_id, piece, end=last)
+                out, err, code = self.protocol.get_command_output(self.shell_id, command_id)
+            finally:
+                self.protocol.cleanup_command(self.shell_id, command_id)
+        if code != 0:
+            words = _one_line(err.decode("utf-8", "replace")) or f"exit code {code}"
+            raise WinRMError(f"the head node: {words}")
+        try:
+            result = json.loads(out.decode("utf-8", "replace") or "[]")
+        except json.JSONDecodeError:
+            raise WinRMError(f"the head node's answer is not JSON: {out[:200]!r}") from None
+        return result if isinstance(result, list) else [result]
+
+    def close(self) -> None:
+        """Close the shell; the HTTP session stays as it was set up (a pinned certificate stays pinned)."""
+        if self.shell_id is not None:
+            shell, self.shell_id = self.shell_id, None
+            try:
+                with _translated(self):
+                    self.protocol.close_shell(shell, close_session=False)
+            except WinRMError:
+                pass  # the head node closes an idle shell itself
+        session = self.protocol.transport.session
+        if session is not None:
+            session.close()
+
+
+@contextlib.contextmanager
+def _translated(session: WinRMSession) -> Iterator[None]:
+    """pywinrm's and requests' exceptions as one line that says which: credentials, certificate,
+    unreachable, or the head node's fault message."""
+    import requests
+    from winrm.exceptions import InvalidCredentialsError, WinRMTransportError, WSManFaultError
+    from winrm.exceptions import WinRMError as PyWinRMError
+
+    url, user = session.url, session.user
+    try:
+        yield
+    except InvalidCredentialsError:
+        raise WinRMError(
+            f"the head node refused the credentials of {user} (WinRM at {url}): check the user name and "
+            "password, and that the user may use WinRM"
+        ) from None
+    except WSManFaultError as exc:
+        raise WinRMError(f"the head node: {_one_line(exc.reason)}") from None
+    except requests.exceptions.SSLError as exc:
+        reason = certificate_failure(exc)
+        if "fingerprint" in str(exc).lower():
+            reason = "its fingerprint is not the one in the cluster profile"
+        raise WinRMError(
+            f"the head node's certificate at {url} failed verification ({reason or 'TLS error'}): give the "
+            "cluster's CA with --ca-bundle, or pin it with --cert-fingerprint"
+        ) from None
+    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
+        raise WinRMUnsure(f"cannot reach the head node's WinRM at {url}: {type(exc).__name__}") from None
+    except WinRMTransportError as exc:
+        raise WinRMError(f"WinRM at {url}: HTTP {exc.code}: {_one_line(exc.response_text)[:300]}") from None
+    except PyWinRMError as exc:  # such as a transport whose extra is not installed (kerberos, credssp)
+        raise WinRMError(f"WinRM at {url}: {_one_line(str(exc))}") from None
+
+
+def _pin(protocol: Any, fingerprint: str) -> None:
+    """Trust exactly the certificate with this SHA-256 fingerprint (urllib3 checks it in the handshake)."""
+    from requests.adapters import HTTPAdapter
+
+    class Pinned(HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["assert_fingerprint"] = fingerprint.replace(":", "").lower()
+            super().init_poolmanager(*args, **kwargs)
+
+    session = protocol.transport.build_session()
+    session.mount("https://", Pinned())
+    protocol.transport.session = session
+
+
+def _node_of(task: Mapping[str, Any]) -> str:
+    """A task's node: where it ran, else where it was pinned."""
+    return str(task.get("AllocatedNodes") or task.get("RequiredNodes") or "").split(",")[0].strip()
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+class WinRMBackend:
+    """The Backend over WinRM (hpcjob.backends.Backend)."""
+
+    kind = "winrm"
+
+    def __init__(self, session: WinRMSession, cluster: str, user: str, password: str) -> None:
+        self.session = session
+        self.cluster = cluster
+        self._user = user
+        self._password = password
+
+    def nodes(self, group: str | None) -> list[NodeInfo]:
+        return [
+            NodeInfo(
+                name=str(row.get("NetBiosName") or ""),
+                state=str(row.get("NodeState") or ""),
+                health=str(row.get("NodeHealth") or ""),
+                groups=tuple(g.strip() for g in str(row.get("Groups") or "").split(",") if g.strip()),
+                cores=row["ProcessorCores"] if isinstance(row.get("ProcessorCores"), int) else None,
+            )
+            for row in self.session.run("nodes", {"Group": group})
+        ]
+
+    def busy_nodes(self) -> set[str]:
+        return {
+            node.strip().upper()
+            for row in self.session.run("busy", {})
+            for node in str(row.get("AllocatedNodes") or "").split(",")
+            if node.strip()
+        }
+
+    def plan(self, spec: JobSpec, run_id: str) -> JobPlan:
+        return cluster_plan(spec, run_id, self.nodes, self.busy_nodes, self._find, self.cluster)
+
+    def submit(
+        self, plan: JobPlan, *, mount: bool, progress: Progress, record: Callable[[Submission], None]
+    ) -> str:
+        from hpcjob.render import job_xml, mount_job_xml
+
+        record(Submission("creating"))
+        mount_id = None
+        if mount and plan.mount is not None:
+            mount_id = self._create_and_submit(mount_job_xml(plan), mount_job_name(plan.run_id), progress)
+            record(Submission("mounting", mount_job_id=mount_id))
+            progress(f"mounting the share at {plan.mount.mount_point} on the nodes (job {mount_id})")
+            results = self._mount_results(int(mount_id), lambda line: None)
+            if not all(r.ok for r in results):
+                raise WinRMError(mount_failure(mount_id, results))
+        job_id = self._create_and_submit(job_xml(plan), plan.run_id, progress)
+        record(Submission("submitted", job_id=job_id, mount_job_id=mount_id))
+        return job_id
+
+    def _create_and_submit(self, xml: str, name: str, progress: Progress) -> str:
+        """One command creates the job from its XML and submits it (canceling it when the submit fails).
+        When the connection fails meanwhile, the job is looked up by its unique name."""
+        data = {"User": self._user, "Password": self._password, "JobXml": xml}
+        try:
+            return str(self.session.run("submit", data)[0]["Id"])
+        except WinRMUnsure as lost:
+            found = self._find([name]).get(name)
+            if found is None:
+                raise WinRMError(f"{lost}; no job {name!r} was made{on_cluster(self.cluster)}") from None
+            state = self._status(found).state
+            if state == "Configuring":  # made, never submitted: nothing half-made is left behind
+                self.session.run(
+                    "cancel", {"JobId": found, "Force": True, "Message": "submission by hpcjob failed"}
+                )
+                raise WinRMError(
+                    f"{lost}; job {found} was made but not submitted, and hpcjob canceled it"
+                ) from None
+            progress(
+                f"the answer to the submit was lost, but the head node has job {found} ({name}, {state})"
+            )
+            return str(found)
+
+    def _find(self, names: Collection[str]) -> dict[str, int]:
+        return {str(row["Name"]): int(row["Id"]) for row in self.session.run("find", {"Names": names})}
+
+    def job_id(self, run: RunRecord) -> int:
+        return recorded_job_id(run, self._find, self.cluster)
+
+    def _status(self, job_id: int) -> JobInfo:
+        rows = self.session.run("status", {"JobId": job_id})
+        if not rows:
+            raise WinRMError(f"the head node said nothing of job {job_id}")
+        job = rows[0]
+        tasks = []
+        for row in job.get("Tasks") or []:
+            state = str(row.get("State") or "")
+            code = row.get("ExitCode")
+            node = _node_of(row)
+            task_id = str(row.get("TaskId") or "0").split(".")[-1]
+            tasks.append(
+                TaskInfo(
+                    task_id=int(task_id) if task_id.isdigit() else 0,
+                    name=str(row.get("Name") or ""),
+                    state=state,
+                    # Before a task ends, its exit code means nothing.
+                    exit_code=int(code) if isinstance(code, int) and state in ENDED_JOB_STATES else None,
+                    node=node,
+                    error=str(row.get("ErrorMessage") or ""),
+                )
+            )
+        return JobInfo(
+            job_id=str(job.get("Id", job_id)),
+            name=str(job.get("Name") or ""),
+            state=str(job.get("State") or ""),
+            error=str(job.get("ErrorMessage") or ""),
+            tasks=tuple(sorted(tasks, key=lambda t: t.task_id)),
+        )
+
+    def status(self, run: RunRecord) -> JobInfo:
+        return self._status(self.job_id(run))
+
+    def wait(self, run: RunRecord, progress: Progress) -> JobInfo:
+        job_id = self.job_id(run)
+        return follow_job(lambda: self._status(job_id), progress)
+
+    def cancel(self, run: RunRecord, *, force: bool) -> str | None:
+        rows = self.session.run(
+            "cancel", {"JobId": self.job_id(run), "Force": force, "Message": "Canceled by hpcjob"}
+        )
+        answer = rows[0] if rows else {}
+        return None if answer.get("Canceled") else str(answer.get("State") or "")
+
+    def task_outputs(self, run: RunRecord) -> list[tuple[str, str]]:
+        return self._outputs(self.job_id(run))
+
+    def _outputs(self, job_id: int) -> list[tuple[str, str]]:
+        rows = self.session.run("outputs", {"JobId": job_id})
+        return [(_node_of(row), str(row.get("Output") or "")) for row in rows]
+
+    def _mount_results(self, job_id: int, progress: Progress) -> list[MountResult]:
+        info = follow_job(lambda: self._status(job_id), progress)
+        return mount_results(info, self._outputs(job_id))
+
+    def mount(self, name: str, step: MountStep, shape: JobShape, progress: Progress) -> list[MountResult]:
+        from hpcjob.render import mount_check_job_xml
+
+        job_id = self._create_and_submit(mount_check_job_xml(name, step, shape), name, progress)
+        return self._mount_results(int(job_id), progress)
+
+    def install_filter(self, command: str, shape: JobShape, progress: Progress) -> tuple[bool, str]:
+        """clusrun /user:system on the nodes, the command in base64 (no quoting can change it)."""
+        encoded = base64.b64encode(command.encode("utf-8")).decode("ascii")
+        progress(f"clusrun /user:system on {len(shape.nodes)} node(s)")
+        answer = self.session.run("clusrun", {"Nodes": list(shape.nodes), "CommandBase64": encoded})
+        row = answer[0] if answer else {}
+        return row.get("ExitCode") == 0, str(row.get("Output") or "")
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def open_backend(profile: ClusterProfile | None, password: str | None) -> WinRMBackend:
+    if profile is None or password is None:
+        raise SpecError(
+            "the winrm backend needs a cluster profile: hpcjob cluster add NAME --backend winrm ..."
+        )
+    return WinRMBackend(WinRMSession(profile, password), profile.name, profile.user, password)

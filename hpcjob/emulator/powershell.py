@@ -1,0 +1,422 @@
+"""What the emulated head node does with a command run over WinRM: Windows PowerShell 5.1 with the HPC
+Pack snap-in, for the scripts a client sends, acting on the same Cluster as the REST front door.
+
+There is no PowerShell here, so this is not an interpreter of the language. It does what a head node
+does with a script that reads its text and data from stdin (the form hpcjob's bootstrap has):
+- a command that is not `powershell.exe` gets cmd.exe's "not recognized" error;
+- the encoded command and the script from stdin are parsed (tree-sitter-powershell): a syntax error is
+  PowerShell's ParserError;
+- every command the script calls must exist, and every parameter it names must be one the cmdlet has
+  (the documented parameter sets below): anything else gets PowerShell's own error;
+- the HPC cmdlets the script calls say what it does (create and submit a job, read one with its tasks,
+  list jobs, cancel, list nodes), done on the Cluster as the user who authenticated, with the values
+  the script reads from `$Data`; what it outputs are the properties the script's `[pscustomobject]@{}`
+  names, read from the emulated HpcJob/HpcTask/HpcNode by those names (a misspelt property is $null,
+  as in PowerShell), serialised as ConvertTo-Json does.
+Errors come out as the script's stderr with exit code 1, in the head node's words.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hpcjob.emulator import api as A
+from hpcjob.emulator.cluster import Actor, ApiError, Cluster, Job, Node, Task
+
+# Documented parameters of each command the scripts may call (learn.microsoft.com HPC Pack cmdlet
+# reference; facts/hpcpack-jobs.md section 3), plus PowerShell's common parameters.
+COMMON = ("ErrorAction", "ErrorVariable", "WarningAction", "Verbose", "Debug", "OutVariable", "OutBuffer")
+CMDLETS: dict[str, tuple[str, ...]] = {
+    "Get-Command": ("Name", "Module", "CommandType"),
+    "Add-Type": ("AssemblyName", "TypeDefinition", "Path", "Language"),
+    "Add-PSSnapin": ("Name", "PassThru"),
+    "ConvertTo-SecureString": ("String", "AsPlainText", "Force", "Key", "SecureKey"),
+    "New-Object": ("TypeName", "ArgumentList", "Property", "ComObject"),
+    "Remove-Item": ("Path", "LiteralPath", "Force", "Recurse"),
+    "Out-Null": ("InputObject",),
+    "Out-String": ("InputObject", "Width", "Stream"),
+    "clusrun.exe": (),  # a program: its arguments are its own (the script's $Data says them)
+    "ConvertFrom-Json": ("InputObject",),
+    "ConvertTo-Json": ("InputObject", "Depth", "Compress"),
+    "Where-Object": ("FilterScript", "Property", "Value"),
+    "ForEach-Object": ("Process", "Begin", "End", "MemberName"),
+    "Set-HpcJobCredential": ("Credential", "Scheduler", "SoftCard", "Thumbprint"),
+    "New-HpcJob": (
+        "CustomProperties", "EmailAddress", "EstimatedProcessMemory", "Exclusive", "FailDependentTasks",
+        "FailOnTaskFailure", "Holduntil", "Job", "JobEnv", "JobFile", "License", "MaxCoresPerNode",
+        "MaxMemoryPerNode", "MinCoresPerNode", "MinMemoryPerNode", "Name", "NodeGroupOp", "NodeGroups",
+        "NotifyOnCompletion", "NotifyOnStart", "NumCores", "NumNodes", "NumSockets", "OrderBy",
+        "ParentJobIds", "Priority", "Progress", "ProgressMessage", "Project", "RequestedNodes", "RunTime",
+        "RunUntilCanceled", "Scheduler", "SingleNode", "TemplateName", "ValidExitCodes",
+    ),
+    "Submit-HpcJob": ("Job", "Id", "Scheduler", "HoldUntil"),
+    "Get-HpcJob": ("Id", "State", "Owner", "Name", "Project", "Scheduler", "TemplateName"),
+    "Get-HpcTask": ("Job", "JobId", "TaskId", "State", "Scheduler", "Expand"),
+    "Stop-HpcJob": ("Id", "Job", "Force", "Message", "State", "Scheduler"),
+    "Get-HpcNode": ("Name", "GroupName", "State", "HealthState", "Scheduler"),
+}  # fmt: skip
+HPC = frozenset(name for name in CMDLETS if "-Hpc" in name)
+_KNOWN = {name.lower(): name for name in CMDLETS}
+# The value of a `Key = <value>` entry of a @{ } literal that reads a property ([string]$_.Name, $job.Id)
+# or a variable ($state): the property's name, or the variable's with its $.
+_PROPERTY = re.compile(r"(\[string\])?\s*(?:\$\w+\.(\w+)|(\$\w+))", re.IGNORECASE)
+_DATA_KEY = re.compile(r"\$Data\.(\w+)", re.IGNORECASE)
+
+
+class ScriptError(Exception):
+    """What PowerShell writes to stderr for a failing script."""
+
+
+@dataclass(frozen=True)
+class Script:
+    """A parsed script: the commands it calls with their parameters, the properties it outputs, and the
+    `$Data` values it reads."""
+
+    text: str
+    commands: tuple[tuple[str, tuple[str, ...]], ...]
+    # (key, as string, what it reads) of each output field: a property's name, or a $variable
+    fields: tuple[tuple[str, bool, str], ...]
+    data_keys: frozenset[str]
+    list_field: str | None = None  # a field holding a list of objects, whose fields come after it
+    list_at: int = 0  # how many of `fields` come before it
+
+    @property
+    def hpc(self) -> list[str]:
+        return [name for name, _ in self.commands if name in HPC]
+
+    def calls(self, name: str) -> bool:
+        return name in self.hpc
+
+    def params(self, name: str) -> set[str]:
+        return {p.lower() for command, params in self.commands if command == name for p in params}
+
+
+class PowerShellHost:
+    """Runs the commands the WS-Management front door receives. `check_password(user, password)` says
+    whether a credential a script makes is the user's."""
+
+    def __init__(self, cluster: Cluster, check_password: Callable[[str, str], bool]) -> None:
+        self.cluster = cluster
+        self.check_password = check_password
+        self.scripts_run: list[str] = []  # the text of each script, for tests: never the data
+        self._lock = threading.Lock()
+
+    def __call__(
+        self, actor: Actor, executable: str, arguments: list[str], stdin: bytes
+    ) -> tuple[bytes, bytes, int]:
+        name = executable.lower().rsplit("\\", 1)[-1].removesuffix(".exe")
+        if name != "powershell":
+            words = "is not recognized as an internal or external command,\noperable program or batch file."
+            return b"", _crlf(f"'{executable}' {words}"), 1
+        try:
+            outer = parse(_encoded_command(arguments))
+            if not _reads_script_from_stdin(outer.text):
+                raise ScriptError(
+                    "The emulated head node runs only a script that reads its text from stdin: "
+                    "[Console]::In.ReadToEnd() | ConvertFrom-Json, then [ScriptBlock]::Create."
+                )
+            request = _json_object(stdin)
+            script = parse(str(_member(request, "Script") or ""))
+            data = _member(request, "Data")
+            with self._lock:
+                self.scripts_run.append(script.text)
+            result = self._run(script, data if isinstance(data, dict) else {}, actor)
+        except ScriptError as err:
+            return b"", _crlf(str(err)), 1
+        return json.dumps(result, separators=(",", ":")).encode("utf-8"), b"", 0
+
+    # -- what a script does ---------------------------------------------------------------------
+
+    def _run(self, script: Script, data: dict[str, Any], actor: Actor) -> list[Any]:
+        def value(key: str) -> Any:
+            if key.lower() not in script.data_keys:
+                raise ScriptError(f"the script does not read $Data.{key}")
+            return _member(data, key)
+
+        try:
+            if any(name == "clusrun.exe" for name, _ in script.commands):
+                return [self._clusrun(script, value("Nodes"), str(value("CommandBase64") or ""), actor)]
+            if script.calls("Submit-HpcJob") and script.calls("New-HpcJob"):
+                if not script.calls("Set-HpcJobCredential"):
+                    raise ScriptError(
+                        "The job cannot be submitted: no credentials (this session has no console)."
+                    )
+                user = str(value("User") or "")
+                if user.rpartition("\\")[2].lower() != actor.name.lower():
+                    raise ScriptError(
+                        f"Set-HpcJobCredential : The credentials are not those of {actor.name}."
+                    )
+                if not self.check_password(user, str(value("Password") or "")):
+                    raise ScriptError("The user name or password is incorrect.")
+                job_id = self.cluster.create_job_from_xml(actor, str(value("JobXml") or ""))
+                try:
+                    self.cluster.submit(actor, job_id, [])
+                except ApiError as err:
+                    self.cluster.cancel_job(actor, job_id, "submission by hpcjob failed", True)
+                    raise ScriptError(
+                        f"submitting job {job_id} failed, and hpcjob canceled it: {err.message}"
+                    ) from None
+                return [self._fields(script, {"Id": job_id})]
+            if script.calls("Stop-HpcJob"):
+                job = self.cluster.job(_int(value("JobId")))
+                state = job.state
+                force = bool(value("Force")) and "force" in script.params("Stop-HpcJob")
+                canceled = not (
+                    state in ("Finished", "Failed", "Canceled") or (state == "Canceling" and not force)
+                )
+                if canceled:
+                    self.cluster.cancel_job(actor, int(job.props["Id"]), str(value("Message") or ""), force)
+                return [self._fields(script, {"$canceled": canceled, "$state": state})]
+            if script.calls("Get-HpcNode"):
+                group = value("Group") if "groupname" in script.params("Get-HpcNode") else None
+                with self.cluster.lock:
+                    nodes = [n for n in self.cluster.nodes.values() if not group or n.in_group(str(group))]
+                    return [self._fields(script, _node_object(n)) for n in nodes]
+            if script.calls("Get-HpcTask"):
+                with self.cluster.lock:
+                    job = self.cluster.job(_int(value("JobId")))
+                    tasks = [_task_object(t) for t in job.tasks]
+                    if script.list_field is not None:
+                        return [self._fields(script, {**_job_object(job), script.list_field: tasks})]
+                    return [self._fields(script, t) for t in tasks]
+            if script.calls("Get-HpcJob"):
+                states = None if "state" not in script.params("Get-HpcJob") else _state_filter(script)
+                jobs = self.cluster.list_jobs(
+                    owner=_owner_filter(script, actor),
+                    states=states,
+                    group=None,
+                    changed_since=None,
+                    node_names=None,
+                )
+                if script.calls("Get-HpcJob") and any(c == "Where-Object" for c, _ in script.commands):
+                    names = {str(n) for n in value("Names") or []}
+                    jobs = [j for j in jobs if j.props.get("Name") in names]
+                with self.cluster.lock:
+                    return [self._fields(script, _job_object(j)) for j in jobs]
+        except ApiError as err:
+            raise ScriptError(err.message) from None
+        raise ScriptError("The emulated head node does not know what this script does: it calls "
+                          f"{', '.join(script.hpc) or 'no HPC cmdlet'}.")  # fmt: skip
+
+    def _clusrun(self, script: Script, nodes: Any, command_base64: str, actor: Actor) -> dict[str, Any]:
+        """`clusrun /user:system /nodes:A,B "echo B64 | base64 -d | bash"`: an administrator's right; the
+        command runs on each node as root. The output has a header per node (its exact text is
+        UNVERIFIED: clients must not parse it); the exit code is 1 when a node failed."""
+        if not actor.admin:
+            raise ScriptError("clusrun : Only HPC administrators can run commands as the system account.")
+        if not isinstance(nodes, list) or not nodes:
+            raise ScriptError("clusrun : No nodes were specified.")
+        try:
+            base64.b64decode(command_base64, validate=True)
+        except (binascii.Error, ValueError):
+            raise ScriptError("the command is not base64") from None
+        lines, failed = [], 0
+        for node in nodes:
+            try:
+                code, output = self.cluster.run_as_system(
+                    str(node), f"echo {command_base64} | base64 -d | bash"
+                )
+            except ApiError as err:
+                code, output = 1, err.message
+            failed += code != 0
+            lines.append(
+                f"-------------------------- {str(node).upper()} returns {code} --------------------------"
+            )
+            lines.append(output.rstrip("\n"))
+        lines.append(f"{len(nodes) - failed} Node(s) succeeded")
+        lines.append(f"{failed} Node(s) failed")
+        return self._fields(
+            script, {"$lastexitcode": 1 if failed else 0, "$output": "\r\n".join(lines) + "\r\n"}
+        )
+
+    @staticmethod
+    def _fields(script: Script, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The object the script outputs: its fields' keys, each read from `obj` by the property the
+        script names; a list field's objects get the fields written after it."""
+        fields = script.fields
+        if script.list_field is not None:
+            fields, inner = fields[: script.list_at], fields[script.list_at :]
+        out = {key: _cast(obj.get(prop), as_string) for key, as_string, prop in fields}
+        if script.list_field is not None:
+            out[script.list_field] = [
+                {key: _cast(item.get(prop), as_string) for key, as_string, prop in inner}
+                for item in obj.get(script.list_field) or []
+            ]
+        return out
+
+
+def parse(text: str) -> Script:
+    """A script's commands, output fields and $Data keys; PowerShell's ParserError for bad syntax."""
+    import tree_sitter_powershell
+    from tree_sitter import Language, Parser
+
+    tree = Parser(Language(tree_sitter_powershell.language())).parse(text.encode("utf-8"))
+    if tree.root_node.has_error:
+        raise ScriptError("ParserError: the script has a syntax error (the emulated head node's parser).")
+    commands: list[tuple[str, tuple[str, ...]]] = []
+    fields: list[tuple[str, bool, str]] = []
+    list_field: str | None = None
+    list_at = 0
+    stack = [tree.root_node]
+    while stack:  # depth first, in the order of the text
+        node = stack.pop()
+        stack.extend(reversed(node.children))
+        if node.type == "command":
+            command = _command(node)
+            if command is not None:
+                commands.append(command)
+        elif node.type == "hash_entry":
+            key = _text_of(next(c for c in node.children if c.type == "key_expression"))
+            value = _text_of(next((c for c in node.children if c.type == "pipeline"), node)).rstrip(";")
+            read = _PROPERTY.fullmatch(value.strip())
+            if read is not None:
+                fields.append((key, bool(read[1]), read[2] or read[3].lower()))
+            elif value.strip().startswith("@(") and list_field is None:
+                list_field, list_at = key, len(fields)  # the entries that follow are its objects'
+    data_keys = frozenset(k.lower() for k in _DATA_KEY.findall(text))
+    return Script(text, tuple(commands), tuple(fields), data_keys, list_field, list_at)
+
+
+def _text_of(node: Any) -> str:
+    return (node.text or b"").decode("utf-8")
+
+
+def _command(node: Any) -> tuple[str, tuple[str, ...]] | None:
+    """A command's name and the parameters it names; PowerShell's error for an unknown one."""
+    name_node = next((c for c in node.children if c.type in ("command_name", "command_name_expr")), None)
+    if name_node is None:
+        return None
+    name = _text_of(name_node)
+    if not re.fullmatch(r"[\w.-]+", name):
+        return None  # `& (expression)`: what it calls is a value, read elsewhere (the bootstrap's)
+    known = _KNOWN.get(name.lower())
+    if known is None:
+        raise ScriptError(
+            f"The term '{name}' is not recognized as the name of a cmdlet, function, script file, or "
+            "operable program."
+        )
+    if not CMDLETS[known]:
+        return known, ()  # a program takes any arguments
+    params = [
+        _parameter(known, _text_of(element))
+        for child in node.children
+        if child.type == "command_elements"
+        for element in child.children
+        if element.type == "command_parameter"
+    ]
+    return known, tuple(params)
+
+
+def _parameter(cmdlet: str, written: str) -> str:
+    """The parameter `-Name` or `-Name:value` names, as PowerShell binds it: a unique prefix will do."""
+    name = written.lstrip("-").split(":", 1)[0]
+    candidates = [p for p in (*CMDLETS[cmdlet], *COMMON) if p.lower().startswith(name.lower())]
+    exact = [p for p in candidates if p.lower() == name.lower()]
+    if exact or len(candidates) == 1:
+        return (exact or candidates)[0]
+    raise ScriptError(f"{cmdlet} : A parameter cannot be found that matches parameter name '{name}'.")
+
+
+def _encoded_command(arguments: list[str]) -> str:
+    for index, argument in enumerate(arguments):
+        lowered = argument.lower()
+        if len(lowered) >= 2 and "-encodedcommand".startswith(lowered) and lowered != "-":
+            try:
+                return base64.b64decode(arguments[index + 1], validate=True).decode("utf-16-le")
+            except (IndexError, binascii.Error, UnicodeDecodeError):
+                raise ScriptError(
+                    "Cannot process the command because the value of -EncodedCommand is not valid."
+                ) from None
+    raise ScriptError("The emulated head node runs PowerShell only with -EncodedCommand.")
+
+
+def _reads_script_from_stdin(text: str) -> bool:
+    compact = text.replace(" ", "").lower()
+    return "[console]::in.readtoend()" in compact and "[scriptblock]::create(" in compact
+
+
+def _json_object(stdin: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(stdin.decode("ascii"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ScriptError("ConvertFrom-Json : Invalid JSON primitive.") from None
+    if not isinstance(value, dict):
+        raise ScriptError("The input is not a JSON object.")
+    return value
+
+
+def _member(obj: Mapping[str, Any], name: str) -> Any:
+    """A property, by name without regard to case, as PowerShell reads one; $null when absent."""
+    return next((v for k, v in obj.items() if k.lower() == name.lower()), None)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ScriptError(f'Cannot convert value "{value}" to type "System.Int32".') from None
+
+
+def _cast(value: Any, as_string: bool) -> Any:
+    if as_string:
+        return "" if value is None else str(value)
+    return value
+
+
+def _state_filter(script: Script) -> set[str] | None:
+    """`Get-HpcJob -State X`: All, or the one state the script names."""
+    match = re.search(r"Get-HpcJob\s+-State\s+(\w+)", script.text, re.IGNORECASE)
+    state = match.group(1) if match else "All"
+    return None if state.lower() == "all" else {state}
+
+
+def _owner_filter(script: Script, actor: Actor) -> str | None:
+    """`Get-HpcJob -Owner NAME`: that user's jobs, `*` everyone's; without it, the caller's own."""
+    match = re.search(r"Get-HpcJob\b[^\n|]*-Owner\s+(\S+)", script.text, re.IGNORECASE)
+    owner = match.group(1).strip("'\"") if match else actor.name
+    return None if owner == "*" else owner
+
+
+def _job_object(job: Job) -> dict[str, Any]:
+    return {
+        "Id": int(job.props["Id"]),
+        "Name": job.props.get("Name", ""),
+        "State": job.state,
+        "ErrorMessage": job.props.get("ErrorMessage", ""),
+        "AllocatedNodes": A.job_value(job, "AllocatedNodes"),
+    }
+
+
+def _task_object(task: Task) -> dict[str, Any]:
+    code = A.task_value(task, "ExitCode")
+    return {
+        "TaskId": A.task_value(task, "TaskId"),
+        "Name": A.task_value(task, "Name"),
+        "State": task.state,
+        "ExitCode": int(code) if code.lstrip("-").isdigit() else 0,
+        "RequiredNodes": A.task_value(task, "RequiredNodes"),
+        "AllocatedNodes": A.task_value(task, "AllocatedNodes"),
+        "ErrorMessage": A.task_value(task, "ErrorMessage"),
+        "Output": A.task_value(task, "Output"),
+    }
+
+
+def _node_object(node: Node) -> dict[str, Any]:
+    return {
+        "NetBiosName": node.name,
+        "NodeState": node.state,
+        "NodeHealth": node.health,
+        "ProcessorCores": node.cores,
+        "Groups": ", ".join(node.groups),
+    }
+
+
+def _crlf(text: str) -> bytes:
+    return (text.replace("\n", "\r\n") + "\r\n").encode("utf-8")

@@ -1,0 +1,141 @@
+"""`hpcjob mount`: the share on the nodes with no password handled by hand, through the emulated head
+node (WinRM and REST) and hpcjob's execution filter, which its nodes run at each task start as the Linux
+node agent does. The kernel here cannot mount CIFS: the nodes' `mount` and `mountpoint` are stand-ins
+that record what they were given (the filter itself is the real one)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcjob.emulator import HeadNode
+
+from .conftest import Result
+
+PASSWORD = "Mount-s3cret; $(id) 'x'"
+NODES = ("LOCALHOST", "NODE002", "NODE003")
+# The node is the folder its filters are in (HPCJOB_FILTERS_DIR=.../nodes/NODE/filters).
+MOUNT = """#!/bin/bash
+node=$(basename "$(dirname "$HPCJOB_FILTERS_DIR")")
+printf '%s\\n' "$@" > "$STATE/argv-$node"
+case "$node" in $FAIL_ON) echo "mount error(112): Host is down" >&2; exit 32;; esac
+touch "$STATE/mounted-$node$(echo "$4" | tr / _)"
+"""
+MOUNTPOINT = """#!/bin/bash
+node=$(basename "$(dirname "$HPCJOB_FILTERS_DIR")")
+[ -e "$STATE/mounted-$node$(echo "$2" | tr / _)" ]
+"""
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    folder = tmp_path / "state"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def head(tmp_path: Path, state: Path) -> Iterator[HeadNode]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("mount", MOUNT), ("mountpoint", MOUNTPOINT)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state), "FAIL_ON": "NONE"}
+    with HeadNode(users={"alice": PASSWORD}, env=env, command_line_limit=None) as started:
+        yield started
+
+
+@pytest.fixture
+def hpcjob(head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]]) -> Callable[..., Result]:
+    return cli_with_profile(
+        PASSWORD,
+        url=head.url,
+        user="HPC\\alice",
+        ca_bundle=head.ca_file,
+        backend="winrm",
+        winrm_url=head.wsman_url,
+        share="//HEADNODE/CcpSpoolDir/app",
+        mount_point="/app",
+        node_group="GPUNodes",
+    )
+
+
+def results(result: Result) -> list[tuple[str, str]]:
+    return [(r["node"], r["result"]) for r in json.loads(result.out)]
+
+
+def test_mount_installs_once_then_mounts_then_leaves_mounted_nodes_alone(
+    hpcjob: Callable[..., Result], head: HeadNode, state: Path
+) -> None:
+    before = hpcjob("mount", "--json")
+    assert before.code == 1, before.err
+    said = json.loads(before.out)
+    assert [(r["node"], r["result"]) for r in said] == [(n, "failed") for n in NODES]
+    assert "the hpcjob execution filter is not installed on this node" in said[0]["message"]
+
+    installed = hpcjob("mount", "--install", "--json")
+    assert installed.code == 0, installed.err
+    assert results(installed) == [(n, "mounted") for n in NODES]
+    assert "execution filter installed in" in installed.err  # each node said so, through clusrun
+    argv = (state / "argv-NODE002").read_text().splitlines()
+    assert argv[:5] == ["-t", "cifs", "//HEADNODE/CcpSpoolDir/app", "/app", "-o"]
+    assert argv[5].startswith("credentials=") and "smb-credentials" not in argv[5]
+
+    again = hpcjob("mount")
+    assert again.code == 0, again.err
+    assert [line.split()[:3] for line in again.out.splitlines()[1:]] == [
+        [n, "already", "mounted"] for n in NODES
+    ]
+
+
+def test_a_node_that_fails_is_named_with_its_own_words_and_the_exit_is_1(
+    hpcjob: Callable[..., Result], head: HeadNode, state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert hpcjob("mount", "--install", "--node", "LOCALHOST").code == 0
+    head.cluster.base_env["FAIL_ON"] = "NODE002"
+    assert hpcjob("mount", "--install", "--node", "NODE002", "--node", "NODE003").code == 1
+    shown = hpcjob("mount", "--json", "--node", "LOCALHOST", "--node", "NODE002")
+    assert shown.code == 1
+    assert json.loads(shown.out) == [
+        {"node": "LOCALHOST", "result": "already mounted", "message": ""},
+        {"node": "NODE002", "result": "failed", "message": "mount error(112): Host is down"},
+    ]
+
+
+def test_no_password_anywhere_but_the_agent_to_filter_handover(
+    hpcjob: Callable[..., Result], head: HeadNode, state: Path, tmp_path: Path
+) -> None:
+    done = hpcjob("mount", "--install")
+    assert done.code == 0, done.err
+    for path in state.iterdir():
+        assert PASSWORD not in path.read_text()  # mount's argv holds a credentials file's name
+    assert all(PASSWORD not in line for line in head.wsman.command_lines)
+    assert all(PASSWORD not in text for text in head.powershell.scripts_run)
+    with head.cluster.lock:
+        for job in head.cluster.jobs.values():
+            assert PASSWORD not in json.dumps(job.props) + json.dumps(job.env)
+            assert all(PASSWORD not in json.dumps(t.props) + json.dumps(t.env) for t in job.tasks)
+    assert PASSWORD not in done.out + done.err
+
+
+def test_over_rest_the_same_mount_and_the_install_as_an_administrators_job(
+    hpcjob: Callable[..., Result], head: HeadNode
+) -> None:
+    installed = hpcjob("mount", "--backend", "rest", "--install", "--json", "--node", "NODE003")
+    assert installed.code == 0, installed.err
+    assert results(installed) == [("NODE003", "mounted")]
+
+
+def test_dry_run_prints_the_install_and_the_job_and_sends_nothing(
+    hpcjob: Callable[..., Result], head: HeadNode
+) -> None:
+    dry = hpcjob("mount", "--dry-run", "--install", "--node", "NODE002")
+    assert dry.code == 0, dry.err
+    assert dry.out.startswith("# would run as root on NODE002") and "base64 -d" in dry.out
+    assert "<Value>//HEADNODE/CcpSpoolDir/app|/app|vers=3.0,dir_mode=0777,file_mode=0777</Value>" in dry.out
+    assert len(head.wsman_requests) == 0 and len(head.requests) == 0
