@@ -11,7 +11,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -224,11 +224,77 @@ class EvalShardSampler(DistributedSampler[int]):
         return len(range(self.rank, len(cast(Sized, self.dataset)), self.num_replicas))
 
 
+def resident_tensors(dataset: Dataset[Any]) -> tuple[Tensor, Tensor] | None:
+    """The whole set as (inputs, labels) when it is held in memory: a TensorDataset, or FashionMNIST
+    (uint8 images, made what its ToTensor transform makes: float in [0, 1], one channel). None for
+    data read from files (ImageFolder)."""
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        return dataset.tensors[0], dataset.tensors[1]
+    data, targets = getattr(dataset, "data", None), getattr(dataset, "targets", None)
+    if (
+        isinstance(data, Tensor)
+        and isinstance(targets, Tensor)
+        and data.dtype == torch.uint8
+        and data.dim() == 3
+    ):
+        return data.unsqueeze(1).float().div(255), targets
+    return None
+
+
+class ResidentBatches:
+    """A rank's batches of a data set that lives on the device for the whole run: no DataLoader, no
+    host-to-device copy per step. Each epoch's shard is DistributedSampler's (the same permutation of
+    seed + epoch, the same padding to equal shards, the same stride), or, for evaluation, every
+    world_size-th sample from `rank`; it goes to the device once per epoch, and batches are slices."""
+
+    def __init__(
+        self,
+        inputs: Tensor,
+        labels: Tensor,
+        *,
+        device: torch.device,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        self.inputs = inputs.to(device)
+        self.labels = labels.to(device)
+        self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def indices(self) -> list[int]:
+        """This rank's sample indices for the current epoch, in order."""
+        count = len(self.inputs)
+        if not self.shuffle:  # evaluation: every sample on exactly one rank
+            return list(range(self.rank, count, self.world_size))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(count, generator=generator).tolist()
+        total = math.ceil(count / self.world_size) * self.world_size
+        order += (order * math.ceil(total / count))[: total - count]  # pad to equal shards
+        return order[self.rank : total : self.world_size]
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.indices()) / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        shard = torch.tensor(self.indices(), dtype=torch.int64, device=self.inputs.device)
+        for start in range(0, len(shard), self.batch_size):
+            batch = shard[start : start + self.batch_size]
+            yield self.inputs.index_select(0, batch), self.labels.index_select(0, batch)
+
+
 @dataclass
 class Loaders:
-    train: DataLoader[Any]
-    train_sampler: DistributedSampler[Any]
-    test: DataLoader[Any]
+    train: Iterable[tuple[Tensor, Tensor]]
+    train_sampler: DistributedSampler[Any] | ResidentBatches  # set_epoch before each epoch
+    test: Iterable[tuple[Tensor, Tensor]]
 
 
 def make_loaders(
@@ -240,8 +306,18 @@ def make_loaders(
     num_workers: int,
     seed: int,
     pin_memory: bool,
+    device: torch.device | None = None,
 ) -> Loaders:
-    """Per-rank loaders: a shuffled, epoch-seeded shard of train and a disjoint shard of test."""
+    """Per-rank loaders: a shuffled, epoch-seeded shard of train and a disjoint shard of test. Data
+    held in memory lives on `device` for the whole run (ResidentBatches); data from files goes
+    through DataLoaders."""
+    train_tensors, test_tensors = resident_tensors(data.train), resident_tensors(data.test)
+    if device is not None and train_tensors is not None and test_tensors is not None:
+        where = {"device": device, "rank": rank, "world_size": world_size, "batch_size": batch_size}
+        train = ResidentBatches(*train_tensors, seed=seed, **where)
+        return Loaders(
+            train=train, train_sampler=train, test=ResidentBatches(*test_tensors, shuffle=False, **where)
+        )
     train_sampler: DistributedSampler[Any] = DistributedSampler(
         data.train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
     )
@@ -287,7 +363,7 @@ class EvalStats:
 
 def train_one_epoch(
     model: nn.Module,
-    loader: DataLoader[Any],
+    loader: Iterable[tuple[Tensor, Tensor]],
     optimizer: torch.optim.Optimizer,
     device: torch.device,
     *,
@@ -331,7 +407,7 @@ def train_one_epoch(
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, loader: DataLoader[Any], device: torch.device) -> EvalStats:
+def evaluate(model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], device: torch.device) -> EvalStats:
     """Summed loss and correct predictions over this rank's evaluation shard.
 
     Pass the unwrapped model: evaluating through DDP could trigger collectives that ranks with

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -167,3 +167,109 @@ def test_train_shards_are_reshuffled_each_epoch() -> None:
         assert sorted(epoch_indices[0] + epoch_indices[1]) == list(range(40))  # disjoint, complete
         orders.append(epoch_indices[0])
     assert orders[0] != orders[1]
+
+
+# --- data that lives on the device -----------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(1, 60),
+    world_size=st.integers(1, 7),
+    epoch=st.integers(0, 5),
+    seed=st.integers(0, 3),
+)
+def test_resident_shards_are_distributed_samplers_own(
+    count: int, world_size: int, epoch: int, seed: int
+) -> None:
+    """The same indices as DistributedSampler (shuffle, padding, stride) for training, and as the
+    evaluation sampler for test: so a run's batches do not change with where its data lives."""
+    from torch.utils.data import DistributedSampler
+
+    from operations import EvalShardSampler, ResidentBatches
+
+    data = TensorDataset(torch.arange(count, dtype=torch.float32).unsqueeze(1), torch.arange(count))
+    shards = []
+    for rank in range(world_size):
+        stock = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        stock.set_epoch(epoch)
+        resident = ResidentBatches(
+            *data.tensors,
+            device=torch.device("cpu"),
+            rank=rank,
+            world_size=world_size,
+            batch_size=4,
+            seed=seed,
+        )
+        resident.set_epoch(epoch)
+        assert resident.indices() == list(stock)
+        shards.append(resident.indices())
+        evaluation = ResidentBatches(
+            *data.tensors,
+            device=torch.device("cpu"),
+            rank=rank,
+            world_size=world_size,
+            batch_size=4,
+            shuffle=False,
+        )
+        assert evaluation.indices() == list(EvalShardSampler(data, num_replicas=world_size, rank=rank))
+        # Batches are slices of the shard, in order, labels with their inputs.
+        batches = list(resident)
+        assert torch.cat([labels for _, labels in batches]).tolist() == resident.indices()
+        assert all(torch.equal(inputs[:, 0].long(), labels) for inputs, labels in batches)
+    assert {i for shard in shards for i in shard} == set(range(count))  # complete
+    if count % world_size == 0:
+        assert sum(len(s) for s in shards) == count  # and disjoint when nothing is padded
+
+
+def test_make_loaders_keeps_in_memory_data_on_the_device_and_files_on_loaders() -> None:
+    from operations import ResidentBatches, make_loaders
+
+    data = make_synthetic(32, 8, seed=1)
+    on_device = make_loaders(
+        data,
+        rank=0,
+        world_size=2,
+        batch_size=4,
+        num_workers=0,
+        seed=0,
+        pin_memory=False,
+        device=torch.device("cpu"),
+    )
+    assert isinstance(on_device.train, ResidentBatches) and on_device.train_sampler is on_device.train
+    stock = make_loaders(data, rank=0, world_size=2, batch_size=4, num_workers=0, seed=0, pin_memory=False)
+    assert isinstance(stock.train, DataLoader)
+    for epoch in (1, 2):
+        on_device.train_sampler.set_epoch(epoch)
+        stock.train_sampler.set_epoch(epoch)
+        for (a, la), (b, lb) in zip(on_device.train, stock.train, strict=True):
+            assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_fashion_mnist_in_memory_is_what_its_to_tensor_transform_makes() -> None:
+    from PIL import Image
+    from torchvision import transforms
+
+    from operations import resident_tensors
+
+    class FashionLike(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+        """As torchvision's FashionMNIST holds and returns its samples."""
+
+        def __init__(self) -> None:
+            self.data = torch.randint(0, 256, (5, 28, 28), dtype=torch.uint8)
+            self.targets = torch.tensor([3, 1, 4, 1, 5])
+
+        def __len__(self) -> int:
+            return len(self.data)
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+            image = Image.fromarray(self.data[index].numpy(), mode="L")
+            return transforms.ToTensor()(image), int(self.targets[index])
+
+    dataset = FashionLike()
+    found = resident_tensors(dataset)
+    assert found is not None
+    inputs, labels = found
+    for index in range(len(dataset)):
+        image, label = dataset[index]
+        assert torch.equal(inputs[index], image) and int(labels[index]) == label
