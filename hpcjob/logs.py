@@ -13,7 +13,17 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hpcjob.results import RootCause, TaskEnd, first_failure, parse_exit_records, signal_of_exit_code
+from hpcjob.results import (
+    GpuUse,
+    RootCause,
+    TaskEnd,
+    find_metrics,
+    first_failure,
+    gpu_use_of_run,
+    latest_gpu_use,
+    parse_exit_records,
+    signal_of_exit_code,
+)
 from hpcjob.share import ShareFolder
 
 SUMMARY_FILE = "summary.json"
@@ -98,6 +108,17 @@ class RunLogs:
     def exit_codes(self) -> dict[str, int]:
         """Exit codes of the tasks that have ended, by upper-case node name."""
         return {end.node.upper(): end.exit_code for end in read_task_ends(self.folder, self.log_folder)}
+
+    def gpu_use(self) -> list[GpuUse]:
+        """Per node: the run's GPU use once the metrics line is there, else the ranks' latest figures."""
+        lines: list[str] = []
+        for node in self.nodes:
+            try:
+                data = self.folder.read_bytes(_join(self.log_folder, f"{node}.out"))
+            except FileNotFoundError:
+                continue
+            lines += data.decode("utf-8", "replace").splitlines()
+        return gpu_use_of_run(find_metrics(lines)) or latest_gpu_use(lines)
 
 
 def _join(log_folder: str, name: str) -> str:

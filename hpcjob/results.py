@@ -13,6 +13,8 @@ from enum import StrEnum
 
 # The training program's last line of results (training/run_ddp.py documents the contract).
 METRICS_PREFIX = "HPCJOB_METRICS "
+# Each rank's latest GPU figures, printed every so often while it trains (training/gpu_monitor.py).
+GPU_PREFIX = "HPCJOB_GPU "
 # The exit code of a canceled job, as a shell reports an interrupted command.
 CANCELED_EXIT_CODE = 130
 
@@ -71,6 +73,61 @@ class NodeResult:
     stderr_path: str = ""
 
 
+@dataclass(frozen=True)
+class GpuUse:
+    """One node's GPUs: over a whole run (from the metrics: the mean of its ranks' mean utilisation,
+    the highest peak), or now (from the latest HPCJOB_GPU lines: peaks are the current figures).
+    Memory is per GPU, the most any of the node's GPUs used."""
+
+    node: str
+    gpus: int
+    util_mean_pct: float
+    util_peak_pct: float
+    memory_peak_mib: float
+
+
+def _by_node(rows: Iterable[dict[str, object]], util: str, peak: str, memory: str) -> list[GpuUse]:
+    nodes: dict[str, list[dict[str, object]]] = {}
+    for row in rows:
+        nodes.setdefault(str(row.get("node", "")), []).append(row)
+
+    def figures(ranks: list[dict[str, object]], key: str) -> list[float]:
+        values = [r.get(key) for r in ranks]
+        return [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+
+    found = []
+    for node, ranks in nodes.items():
+        utils, peaks, memories = figures(ranks, util), figures(ranks, peak), figures(ranks, memory)
+        if utils:
+            mean = round(sum(utils) / len(utils), 1)
+            found.append(GpuUse(node, len(ranks), mean, max(peaks or utils), max(memories or [0.0])))
+    return found
+
+
+def gpu_use_of_run(metrics: dict[str, object] | None) -> list[GpuUse]:
+    """Per node, from the `gpus` list of the training program's metrics ([] when GPUs were not watched)."""
+    ranks = (metrics or {}).get("gpus")
+    if not isinstance(ranks, list):
+        return []
+    return _by_node(
+        [r for r in ranks if isinstance(r, dict)], "util_mean_pct", "util_peak_pct", "memory_peak_mib"
+    )
+
+
+def latest_gpu_use(lines: Iterable[str]) -> list[GpuUse]:
+    """Per node, from each rank's last HPCJOB_GPU line in `lines`."""
+    latest: dict[object, dict[str, object]] = {}
+    for line in lines:
+        if line.startswith(GPU_PREFIX):
+            try:
+                value = json.loads(line[len(GPU_PREFIX) :])
+            except json.JSONDecodeError:
+                continue  # a line cut short by a dying node
+            if isinstance(value, dict):
+                latest[(value.get("node"), value.get("rank"))] = value
+    return _by_node(latest.values(), "util_pct", "util_pct", "memory_mib")
+
+
 @dataclass
 class JobSummary:
     name: str
@@ -85,12 +142,20 @@ class JobSummary:
     metrics: dict[str, object] | None = None
     job_id: str | None = None  # the scheduler's, for a submitted job
 
+    @property
+    def gpu_use(self) -> list[GpuUse]:
+        return gpu_use_of_run(self.metrics)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+        data = asdict(self)
+        if self.gpu_use:
+            data["gpu_use"] = [asdict(use) for use in self.gpu_use]
+        return json.dumps(data, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> JobSummary:
         data = json.loads(text)
+        data.pop("gpu_use", None)  # derived from the metrics
         data["state"] = State(data["state"])
         data["nodes"] = [NodeResult(**{**n, "state": State(n["state"])}) for n in data.get("nodes", [])]
         if data.get("root_cause") is not None:
@@ -215,6 +280,7 @@ class JobInfo:
     error: str
     tasks: tuple[TaskInfo, ...] = field(default_factory=tuple)
     root_cause: RootCause | None = None  # where the backend knows it (a local run's summary)
+    gpu_use: tuple[GpuUse, ...] = ()  # per node: the run's when it has ended, else the latest, where known
 
     @property
     def ended(self) -> bool:

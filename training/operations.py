@@ -20,9 +20,20 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from neural_network import IMAGE_SIZE
+from images import (
+    JPEG_SUFFIXES,
+    DeviceDecoded,
+    Transform,
+    collate_encoded,
+    cpu_transform,
+    image_transform,
+    read_encoded,
+)
+from neural_network import InputShape, input_shape
 
 DATA_KINDS = ("synthetic", "fashion-mnist", "image-folder")
+DECODERS = ("cpu", "device")
+MLP_INPUT = input_shape("mlp")
 SYNTHETIC_CLASSES = 10
 # Per-pixel noise well above the spread of the class means: an MLP gets to ~95% within an epoch
 # on the default sizes, so progress is visible, yet a broken training loop stays near 10%.
@@ -59,6 +70,8 @@ class DataBundle:
     test: Dataset[Any]
     num_classes: int
     description: str
+    # For sets of encoded JPEGs (--decode device): the train and evaluation transforms, run on the device.
+    device_transforms: tuple[Transform, Transform] | None = None
     train_size: int = field(init=False)
     test_size: int = field(init=False)
 
@@ -75,15 +88,15 @@ def _synthetic_split(means: Tensor, count: int, seed: int) -> TensorDataset:
     return TensorDataset(means[labels] + noise, labels)
 
 
-def make_synthetic(train_samples: int, test_samples: int, seed: int) -> DataBundle:
-    """Gaussian blobs around one fixed random 1x28x28 pattern per class.
+def make_synthetic(
+    train_samples: int, test_samples: int, seed: int, shape: InputShape = MLP_INPUT
+) -> DataBundle:
+    """Gaussian blobs around one fixed random pattern per class, of the model's input shape.
 
     Each piece uses its own generator derived from ``seed`` so the test set does not depend on
     the size of the train set, and the global torch RNG is left alone.
     """
-    means = torch.rand(
-        (SYNTHETIC_CLASSES, 1, IMAGE_SIZE, IMAGE_SIZE), generator=torch.Generator().manual_seed(3 * seed)
-    )
+    means = torch.rand((SYNTHETIC_CLASSES, *shape.dims), generator=torch.Generator().manual_seed(3 * seed))
     train = _synthetic_split(means, train_samples, 3 * seed + 1)
     test = _synthetic_split(means, test_samples, 3 * seed + 2)
     return DataBundle(train, test, SYNTHETIC_CLASSES, f"synthetic(seed={seed})")
@@ -141,39 +154,50 @@ def pick_eval_folder(root: Path) -> tuple[Path, str]:
     return root / "train", "train"
 
 
-def load_image_folder(root: Path) -> DataBundle:
-    """``ImageFolder`` data from ``<root>/train`` and ``<root>/val`` (or ``test``) as 1x28x28 tensors."""
-    from torchvision import datasets, transforms
+def load_image_folder(root: Path, shape: InputShape = MLP_INPUT, decode: str = "cpu") -> DataBundle:
+    """``ImageFolder`` data from ``<root>/train`` and ``<root>/val`` (or ``test``) as the model's input
+    (images.image_transform). `decode` "cpu": PIL decodes and transforms in the loader workers;
+    "device": the workers only read the files (JPEG only) and the training device decodes them."""
+    from torchvision import datasets
 
     train_dir = root / "train"
     if not train_dir.is_dir():
         raise DataError(
             f"image folder {train_dir} does not exist (expected <data-root>/train/<class>/<image>)"
         )
-    to_tensor = transforms.Compose(
-        [
-            transforms.Grayscale(num_output_channels=1),
-            transforms.Resize((IMAGE_SIZE, IMAGE_SIZE)),
-            transforms.ToTensor(),
-        ]
-    )
     eval_dir, eval_name = pick_eval_folder(root)
+    sets: list[dict[str, Any]]
+    if decode == "device":
+        sets = [{"loader": read_encoded}, {"loader": read_encoded}]
+    else:
+        sets = [{"transform": cpu_transform(shape, train)} for train in (True, False)]
     try:
-        train = datasets.ImageFolder(str(train_dir), transform=to_tensor)
-        test = (
-            train
-            if eval_dir == train_dir
-            else datasets.ImageFolder(str(eval_dir), transform=to_tensor, allow_empty=True)
-        )
+        train = datasets.ImageFolder(str(train_dir), **sets[0])
+        # Evaluating on the train folder (no val/test) still needs the evaluation transform.
+        test = datasets.ImageFolder(str(eval_dir), allow_empty=True, **sets[1])
     except (FileNotFoundError, ValueError) as exc:
         raise DataError(f"image folder {root} is unusable: {one_line(exc)}") from exc
-    if test is not train:
+    if eval_dir != train_dir:
         _align_classes(test, train.class_to_idx, eval_dir)
     if len(train.classes) < 2:
         raise DataError(
             f"image folder {train_dir} needs at least 2 class folders, found {len(train.classes)}"
         )
-    return DataBundle(train, test, len(train.classes), f"image-folder({root}, eval={eval_name})")
+    transforms = None
+    if decode == "device":
+        _only_jpeg(train.samples + test.samples, root)
+        transforms = (image_transform(shape, True), image_transform(shape, False))
+    description = f"image-folder({root}, eval={eval_name}, decode={decode})"
+    return DataBundle(train, test, len(train.classes), description, transforms)
+
+
+def _only_jpeg(samples: list[tuple[str, int]], root: Path) -> None:
+    others = [path for path, _ in samples if not path.lower().endswith(JPEG_SUFFIXES)]
+    if others:
+        raise DataError(
+            f"--decode device reads JPEG files only, and {root} has {len(others)} other image(s), "
+            f"such as {others[0]}: use --decode cpu"
+        )
 
 
 def _align_classes(dataset: Any, class_to_idx: dict[str, int], folder: Path) -> None:
@@ -193,16 +217,24 @@ def _align_classes(dataset: Any, class_to_idx: dict[str, int], folder: Path) -> 
     dataset.class_to_idx = dict(class_to_idx)
 
 
-def load_data(kind: str, root: Path | None, train_samples: int, test_samples: int, seed: int) -> DataBundle:
+def load_data(
+    kind: str,
+    root: Path | None,
+    train_samples: int,
+    test_samples: int,
+    seed: int,
+    shape: InputShape = MLP_INPUT,
+    decode: str = "cpu",
+) -> DataBundle:
     """Build the data set chosen with ``--data``; torchvision is only imported for real data."""
     if kind == "synthetic":
-        return make_synthetic(train_samples, test_samples, seed)
+        return make_synthetic(train_samples, test_samples, seed, shape)
     if root is None:
         raise DataError(f"--data {kind} needs --data-root")
     if kind == "fashion-mnist":
         return load_fashion_mnist(root)
     if kind == "image-folder":
-        return load_image_folder(root)
+        return load_image_folder(root, shape, decode)
     raise DataError(f"unknown data kind {kind!r} (choose from {', '.join(DATA_KINDS)})")
 
 
@@ -241,11 +273,27 @@ def resident_tensors(dataset: Dataset[Any]) -> tuple[Tensor, Tensor] | None:
     return None
 
 
+def fit_to(shape: InputShape) -> Transform:
+    """Batches of other images made the model's input on the device: channels repeated or averaged,
+    then resized (FashionMNIST's 1x28x28 for a 3x224x224 ResNet)."""
+
+    def fit(batch: Tensor) -> Tensor:
+        if batch.shape[1] != shape.channels:
+            grey = batch.mean(dim=1, keepdim=True)
+            batch = grey.expand(-1, shape.channels, -1, -1) if shape.channels > 1 else grey
+        if tuple(batch.shape[2:]) != (shape.size, shape.size):
+            batch = nn.functional.interpolate(batch, size=(shape.size, shape.size), mode="bilinear")
+        return batch
+
+    return fit
+
+
 class ResidentBatches:
     """A rank's batches of a data set that lives on the device for the whole run: no DataLoader, no
     host-to-device copy per step. Each epoch's shard is DistributedSampler's (the same permutation of
     seed + epoch, the same padding to equal shards, the same stride), or, for evaluation, every
-    world_size-th sample from `rank`; it goes to the device once per epoch, and batches are slices."""
+    world_size-th sample from `rank`; it goes to the device once per epoch, and batches are slices
+    (through `transform` when the samples are not the model's input shape)."""
 
     def __init__(
         self,
@@ -258,8 +306,10 @@ class ResidentBatches:
         batch_size: int,
         seed: int = 0,
         shuffle: bool = True,
+        transform: Transform | None = None,
     ) -> None:
         self.inputs = inputs.to(device)
+        self.transform = transform
         self.labels = labels.to(device)
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
         self.seed, self.shuffle = seed, shuffle
@@ -287,7 +337,8 @@ class ResidentBatches:
         shard = torch.tensor(self.indices(), dtype=torch.int64, device=self.inputs.device)
         for start in range(0, len(shard), self.batch_size):
             batch = shard[start : start + self.batch_size]
-            yield self.inputs.index_select(0, batch), self.labels.index_select(0, batch)
+            inputs = self.inputs.index_select(0, batch)
+            yield self.transform(inputs) if self.transform else inputs, self.labels.index_select(0, batch)
 
 
 @dataclass
@@ -307,17 +358,25 @@ def make_loaders(
     seed: int,
     pin_memory: bool,
     device: torch.device | None = None,
+    shape: InputShape | None = None,
+    prefetch: int = 2,
 ) -> Loaders:
     """Per-rank loaders: a shuffled, epoch-seeded shard of train and a disjoint shard of test. Data
-    held in memory lives on `device` for the whole run (ResidentBatches); data from files goes
-    through DataLoaders."""
+    held in memory lives on `device` for the whole run (ResidentBatches, fitted to the model's input
+    `shape`); data from files goes through DataLoaders (`prefetch` batches ahead per worker), decoded
+    on `device` when the set holds encoded JPEGs."""
     train_tensors, test_tensors = resident_tensors(data.train), resident_tensors(data.test)
     if device is not None and train_tensors is not None and test_tensors is not None:
-        where = {"device": device, "rank": rank, "world_size": world_size, "batch_size": batch_size}
-        train = ResidentBatches(*train_tensors, seed=seed, **where)
-        return Loaders(
-            train=train, train_sampler=train, test=ResidentBatches(*test_tensors, shuffle=False, **where)
-        )
+        fit = fit_to(shape) if shape and tuple(train_tensors[0].shape[1:]) != shape.dims else None
+        where: dict[str, Any] = {
+            "device": device,
+            "rank": rank,
+            "world_size": world_size,
+            "batch_size": batch_size,
+        }
+        resident = ResidentBatches(*train_tensors, seed=seed, transform=fit, **where)
+        resident_test = ResidentBatches(*test_tensors, shuffle=False, transform=fit, **where)
+        return Loaders(train=resident, train_sampler=resident, test=resident_test)
     train_sampler: DistributedSampler[Any] = DistributedSampler(
         data.train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
     )
@@ -328,17 +387,40 @@ def make_loaders(
         "pin_memory": pin_memory,
         # Keeping workers alive saves their start-up cost every epoch.
         "persistent_workers": num_workers > 0,
+        "prefetch_factor": prefetch if num_workers > 0 else None,
     }
-    return Loaders(
-        train=DataLoader(data.train, sampler=train_sampler, **common),
-        train_sampler=train_sampler,
-        test=DataLoader(data.test, sampler=test_sampler, **common),
-    )
+    if data.device_transforms is not None:
+        common["collate_fn"] = collate_encoded
+    train: Iterable[tuple[Tensor, Tensor]] = DataLoader(data.train, sampler=train_sampler, **common)
+    test: Iterable[tuple[Tensor, Tensor]] = DataLoader(data.test, sampler=test_sampler, **common)
+    if data.device_transforms is not None:
+        if device is None:
+            raise DataError("decoding on the device needs the device")
+        train = DeviceDecoded(cast(Any, train), device, data.device_transforms[0])
+        test = DeviceDecoded(cast(Any, test), device, data.device_transforms[1])
+    return Loaders(train=train, train_sampler=train_sampler, test=test)
 
 
 # --------------------------------------------------------------------------------------------
 # Training and evaluation
 # --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How a step computes. bf16 autocast changes the numbers a little (losses and accuracy differ in
+    the last digits); channels-last only changes the memory layout (faster convolutions on GPUs)."""
+
+    bf16: bool = False
+    channels_last: bool = False
+
+    def autocast(self, device: torch.device) -> torch.autocast:
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+    def layout(self, images: Tensor) -> Tensor:
+        if self.channels_last and images.dim() == 4:
+            return images.contiguous(memory_format=torch.channels_last)
+        return images
 
 
 @dataclass
@@ -370,6 +452,7 @@ def train_one_epoch(
     max_steps: int | None = None,
     step_sleep: float = 0.0,
     on_first_step: Callable[[], None] | None = None,
+    options: StepOptions = StepOptions(),
 ) -> TrainStats:
     """Run one epoch (or ``max_steps`` steps) and time how long the loop waits for data."""
     model.train()
@@ -388,10 +471,11 @@ def train_one_epoch(
         except StopIteration:
             break
         data_wait += time.perf_counter() - wait_start
-        images = images.to(device, non_blocking=non_blocking)
+        images = options.layout(images.to(device, non_blocking=non_blocking))
         labels = labels.to(device, non_blocking=non_blocking)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(images), labels)
+        with options.autocast(device):
+            loss = loss_fn(model(images), labels)
         loss.backward()
         optimizer.step()
         count = int(labels.shape[0])
@@ -407,7 +491,12 @@ def train_one_epoch(
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], device: torch.device) -> EvalStats:
+def evaluate(
+    model: nn.Module,
+    loader: Iterable[tuple[Tensor, Tensor]],
+    device: torch.device,
+    options: StepOptions = StepOptions(),
+) -> EvalStats:
     """Summed loss and correct predictions over this rank's evaluation shard.
 
     Pass the unwrapped model: evaluating through DDP could trigger collectives that ranks with
@@ -419,9 +508,10 @@ def evaluate(model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], device: 
     correct = torch.zeros((), dtype=torch.int64, device=device)
     samples = 0
     for images, labels in loader:
-        images = images.to(device)
+        images = options.layout(images.to(device))
         labels = labels.to(device)
-        logits = model(images)
+        with options.autocast(device):
+            logits = model(images).float()
         loss_sum += loss_fn(logits, labels).double()
         correct += (logits.argmax(dim=1) == labels).sum()
         samples += int(labels.shape[0])

@@ -1,4 +1,5 @@
-"""Train the FashionMNIST-style MLP with DistributedDataParallel under torchrun.
+"""Train a model (the FashionMNIST-style MLP, or a torchvision ResNet) with DistributedDataParallel
+under torchrun.
 
 Run on every node with ``python3 -m torch.distributed.run ... run_ddp.py [flags]``; torchrun sets
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Started without torchrun (no RANK in
@@ -20,6 +21,8 @@ least these keys:
 * ``data_wait_fraction`` (float): share of training-loop time spent waiting for the DataLoader
 * ``world_size`` (int): number of processes of this run
 * ``wall_time_s`` (float): wall time of this invocation, from argument parsing to this line
+* ``gpus`` (list, only when the ranks' GPUs were watched): per rank ``rank``, ``node``, ``gpu``,
+  ``util_mean_pct``, ``util_peak_pct``, ``memory_peak_mib``, ``samples``
 
 Non-finite numbers (a diverged run) are written as ``null``. The launcher takes the last such
 line of the log. Nothing else starts with this prefix.
@@ -44,15 +47,19 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from neural_network import NeuralNetwork
+from gpu_monitor import GpuMonitor, open_monitor
+from images import default_workers, node_cpus, processes_on_node
+from neural_network import MODELS, build_model, input_shape
 from operations import (
     CHECKPOINT_NAME,
     DATA_KINDS,
+    DECODERS,
     Checkpoint,
     CheckpointError,
     DataBundle,
     DataError,
     EpochMetrics,
+    StepOptions,
     Totals,
     download_fashion_mnist,
     epoch_metrics,
@@ -100,7 +107,8 @@ non_negative_float = _number(float, lambda v: 0 <= v < float("inf"), "a non-nega
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="run_ddp.py",
-        description="DDP training of a small MLP on 28x28 images; run it under torchrun.",
+        description="DDP training of an image classifier (a small MLP, or a torchvision ResNet); run it "
+        "under torchrun.",
     )
     data = parser.add_argument_group("data")
     data.add_argument("--data", choices=DATA_KINDS, default="synthetic", help="data set (default: synthetic)")
@@ -122,7 +130,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=positive_int, default=64, help="batch size per process (default: 64)"
     )
     data.add_argument(
-        "--num-workers", type=non_negative_int, default=0, help="DataLoader workers per process (default: 0)"
+        "--num-workers",
+        type=non_negative_int,
+        help="image-folder loader workers per process (default: the node's CPUs / its processes, less one)",
+    )
+    data.add_argument(
+        "--prefetch", type=positive_int, default=4, help="batches each loader worker reads ahead (default: 4)"
+    )
+    data.add_argument(
+        "--decode",
+        choices=DECODERS,
+        default="cpu",
+        help="where image-folder JPEGs are decoded and transformed: cpu (loader workers) or device "
+        "(batched nvJPEG on the GPU; the workers only read files)",
+    )
+
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        choices=MODELS,
+        default="mlp",
+        help="mlp (1x28x28 input) or a torchvision image model (3x224x224) (default: mlp)",
+    )
+    model.add_argument("--image-size", type=positive_int, help="input size (default: 28 for mlp, else 224)")
+    model.add_argument("--bf16", action="store_true", help="bfloat16 autocast (changes the last digits)")
+    model.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="channels-last memory layout (same results, faster convs)",
     )
 
     train = parser.add_argument_group("training")
@@ -154,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-dir", type=Path, default=Path("checkpoints"), help="default: ./checkpoints"
     )
     runtime.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    runtime.add_argument(
+        "--gpu-report-every",
+        type=non_negative_float,
+        default=30.0,
+        help="seconds between each rank's HPCJOB_GPU line (0: none; default: 30)",
+    )
     return parser
 
 
@@ -165,6 +206,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--data {args.data} needs --data-root")
     if args.download and args.data != "fashion-mnist":
         parser.error("--download only applies to --data fashion-mnist")
+    if args.decode == "device" and args.data != "image-folder":
+        parser.error("--decode device only applies to --data image-folder")
     return args
 
 
@@ -251,6 +294,12 @@ class Context:
         dist.all_reduce(tensor, op=op)
         return [float(v) for v in tensor.tolist()]
 
+    def gather(self, value: T) -> list[T]:
+        """Every rank's `value`, in rank order (small picklable values; once an epoch at most)."""
+        values: list[T] = [value] * self.env.world_size
+        dist.all_gather_object(values, value)
+        return values
+
     def barrier(self) -> None:
         if self.backend == "nccl":
             dist.barrier(device_ids=[self.env.local_rank])
@@ -300,10 +349,22 @@ def prepare_data(args: argparse.Namespace, ctx: Context) -> DataBundle:
         download = partial(download_fashion_mnist, args.data_root)
         ctx.on_all_ranks(ctx.main_only(download), "download")
         ctx.on_all_ranks(download if ctx.env.local_rank == 0 and not ctx.is_main else _nothing, "download")
+    shape = input_shape(args.model, args.image_size)
     return ctx.on_all_ranks(
-        lambda: load_data(args.data, args.data_root, args.train_samples, args.test_samples, args.seed),
+        lambda: load_data(
+            args.data, args.data_root, args.train_samples, args.test_samples, args.seed, shape, args.decode
+        ),
         "loading data",
     )
+
+
+def loader_workers(args: argparse.Namespace, data: DataBundle) -> int:
+    """--num-workers, else for files this process's share of the node's CPUs; none for data in memory."""
+    if args.num_workers is not None:
+        return int(args.num_workers)
+    if args.data != "image-folder":
+        return 0
+    return default_workers(node_cpus(), processes_on_node(os.environ))
 
 
 def final_metrics(
@@ -313,8 +374,9 @@ def final_metrics(
     totals: Totals,
     resumed_from: int,
     started: float,
+    gpus: Sequence[dict[str, object]] = (),
 ) -> dict[str, object]:
-    return {
+    result: dict[str, object] = {
         "epochs_completed": metrics.epoch,
         "epochs_requested": args.epochs,
         "resumed_from_epoch": resumed_from,
@@ -327,8 +389,14 @@ def final_metrics(
         "backend": ctx.backend,
         "device": ctx.device.type,
         "data": args.data,
+        "model": args.model,
+        "bf16": args.bf16,
+        "channels_last": args.channels_last,
         "wall_time_s": time.perf_counter() - started,
     }
+    if gpus:  # no GPU watched: no field, rather than zeros
+        result["gpus"] = list(gpus)
+    return result
 
 
 def agree_on_checkpoint(ctx: Context, checkpoint: Checkpoint | None, path: Path) -> None:
@@ -347,7 +415,19 @@ def agree_on_checkpoint(ctx: Context, checkpoint: Checkpoint | None, path: Path)
         raise RunAborted("checkpoint mismatch")
 
 
-def run(args: argparse.Namespace, ctx: Context, started: float) -> None:
+def gpu_use(ctx: Context, monitor: GpuMonitor | None) -> list[dict[str, object]]:
+    """Every watched rank's GPU use so far, in rank order (a collective: all ranks call it)."""
+    summaries = ctx.gather(monitor.summary() if monitor else None)
+    return [summary for summary in summaries if summary is not None]
+
+
+def epoch_gpu_util(ctx: Context, monitor: GpuMonitor | None) -> float | None:
+    """The ranks' mean GPU utilisation over the epoch just ended (a collective), None when unwatched."""
+    utils = [u for u in ctx.gather(monitor.window_util() if monitor else None) if u is not None]
+    return sum(utils) / len(utils) if utils else None
+
+
+def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMonitor | None = None) -> None:
     checkpoint_path = args.checkpoint_dir / CHECKPOINT_NAME
     checkpoint = (
         None
@@ -371,7 +451,11 @@ def run(args: argparse.Namespace, ctx: Context, started: float) -> None:
 
     data = prepare_data(args, ctx)
     torch.manual_seed(args.seed)  # identical initial weights everywhere (DDP broadcasts rank 0's anyway)
-    model = NeuralNetwork(data.num_classes).to(ctx.device)
+    shape = input_shape(args.model, args.image_size)
+    options = StepOptions(bf16=args.bf16, channels_last=args.channels_last)
+    model = build_model(args.model, data.num_classes, shape).to(ctx.device)
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     lr = args.lr * ctx.env.world_size if args.scale_lr else args.lr
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
     totals = Totals()
@@ -408,14 +492,17 @@ def run(args: argparse.Namespace, ctx: Context, started: float) -> None:
         rank=ctx.env.rank,
         world_size=ctx.env.world_size,
         batch_size=args.batch_size,
-        num_workers=args.num_workers,
+        num_workers=(workers := loader_workers(args, data)),
         seed=args.seed,
         pin_memory=ctx.device.type == "cuda",
         device=ctx.device,
+        shape=shape,
+        prefetch=args.prefetch,
     )
     ctx.log(
         f"start world_size={ctx.env.world_size} backend={ctx.backend} device={ctx.device.type} "
-        f"data={data.description} "
+        f"model={args.model} input={'x'.join(map(str, shape.dims))} bf16={args.bf16} "
+        f"channels_last={args.channels_last} data={data.description} loader_workers={workers} "
         f"train_samples={data.train_size} test_samples={data.test_size} classes={data.num_classes} "
         f"batch_size={args.batch_size} global_batch_size={args.batch_size * ctx.env.world_size} lr={lr:g} "
         f"epochs={args.epochs} first_epoch={completed + 1}"
@@ -434,20 +521,23 @@ def run(args: argparse.Namespace, ctx: Context, started: float) -> None:
             on_first_step=(lambda: ctx.log(f"first step done at {time.time():.3f}"))
             if epoch == completed + 1
             else None,
+            options=options,
         )
-        eval_stats = evaluate(model, loaders.test, ctx.device)
+        eval_stats = evaluate(model, loaders.test, ctx.device, options)
         sums = ctx.all_reduce(local_sums(train_stats, eval_stats))
         (slowest,) = ctx.all_reduce([train_stats.loop_s], op=dist.ReduceOp.MAX)
         last, epoch_totals = epoch_metrics(epoch, sums, slowest)
         totals = totals.add(epoch_totals)
-        ctx.log(format_epoch_line(last, args.epochs))
+        util = epoch_gpu_util(ctx, monitor)
+        ctx.log(format_epoch_line(last, args.epochs) + (f" gpu_util={util:.0f}%" if util is not None else ""))
         state = Checkpoint(epoch, model.state_dict(), optimizer.state_dict(), last, totals, data.num_classes)
         ctx.on_all_ranks(
             ctx.main_only(partial(save_checkpoint, state, checkpoint_path)), "writing the checkpoint"
         )
 
     assert last is not None  # epochs_to_run was not empty
-    ctx.log(format_metrics_line(final_metrics(args, ctx, last, totals, completed, started)))
+    gpus = gpu_use(ctx, monitor)
+    ctx.log(format_metrics_line(final_metrics(args, ctx, last, totals, completed, started, gpus)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -470,12 +560,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             backend, init_method="tcp://127.0.0.1:0", rank=0, world_size=1, timeout=timeout
         )
     ctx = Context(env, device, backend)
+    monitor = open_monitor(device, env.rank, report_every_s=args.gpu_report_every)
     try:
-        run(args, ctx, started)
+        run(args, ctx, started, monitor)
         ctx.barrier()  # nobody tears down while a peer still needs the process group
     except RunAborted:
         return 1
     finally:
+        if monitor is not None:
+            monitor.stop()
         dist.destroy_process_group()
     return 0
 

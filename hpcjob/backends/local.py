@@ -319,6 +319,8 @@ class LocalBackend:
                 "CCP_WORKDIR": task.work_directory,
                 "HPCJOB_IFNAME": "lo" if sys.platform.startswith("linux") else "lo0",
                 "HPCJOB_ADDR": LOOPBACK,
+                # Every local node's processes share this machine's CPUs (training sizes its loaders).
+                "HPCJOB_PROCESSES_ON_HOST": str(plan.world_size),
                 MARKER_VAR: f"{plan.run_id}/{index + 1}",  # '/': no run id starts another's
             }
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import sys
@@ -468,7 +469,18 @@ def status(job: str, cluster_name: str | None, backend_kind: str | None, as_json
     """The state of JOB and of each of its tasks: an HPC Pack job id, or a run id (of a job submitted
     from this machine, or of a `run --local` in another shell)."""
     record = _run_of(job, cluster_name, backend_kind)
-    _print_status(_backend_of(record, cluster_name, backend_kind).status(record), as_json)
+    info = _backend_of(record, cluster_name, backend_kind).status(record)
+    if record.local_root:  # the logs are on this machine (a local run, a mounted share): GPU use too
+        from hpcjob.logs import RunLogs
+        from hpcjob.share import LocalFolder
+
+        info = dataclasses.replace(
+            info,
+            gpu_use=tuple(
+                RunLogs(LocalFolder(Path(record.local_root)), record.log_folder, record.nodes).gpu_use()
+            ),
+        )
+    _print_status(info, as_json)
 
 
 def _print_status(info: JobInfo, as_json: bool) -> None:
@@ -491,6 +503,8 @@ def _print_status(info: JobInfo, as_json: bool) -> None:
                 for t in info.tasks
             ],
         }
+        if info.gpu_use:
+            data["gpu_use"] = [dataclasses.asdict(use) for use in info.gpu_use]
         click.echo(json.dumps(data))
         return
     line = f"job {info.job_id} ({info.name}) {info.state}"
@@ -507,6 +521,11 @@ def _print_status(info: JobInfo, as_json: bool) -> None:
     ]
     for row in table(("TASK", "NODE", "STATE", "EXIT CODE", "ERROR"), rows):
         click.echo(row)
+    if info.gpu_use:
+        from hpcjob.cli.tables import gpu_table
+
+        for row in gpu_table(info.gpu_use, now=not info.ended):
+            click.echo(row)
 
 
 @cli.command()

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpcjob.results import JobSummary
+    from hpcjob.results import GpuUse, JobSummary
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> list[str]:
@@ -43,6 +43,8 @@ def metrics_line(metrics: Mapping[str, object]) -> str:
     """The training program's metrics, rounded: `*_s` as durations, `*_fraction` as percentages."""
     shown = []
     for key, value in metrics.items():
+        if isinstance(value, list | dict):
+            continue  # per-rank detail (the GPUs): shown as a table of its own
         if isinstance(value, int | float) and not isinstance(value, bool):
             if key.endswith("_s"):
                 shown.append(f"{key.removesuffix('_s')}={duration(float(value))}")
@@ -66,5 +68,23 @@ def format_summary(summary: JobSummary) -> str:
         lines.append(f"  first failure: {summary.root_cause.describe()}")
     if summary.metrics:
         lines.append(f"  metrics: {metrics_line(summary.metrics)}")
+    if summary.gpu_use:
+        lines += gpu_table(summary.gpu_use, now=False, indent="  ")
     lines.append(f"  logs: {summary.log_dir}")
     return "\n".join(lines)
+
+
+def gpu_table(uses: Sequence[GpuUse], *, now: bool, indent: str = "") -> list[str]:
+    """Each node's GPU use: over the run (mean and peak utilisation, peak memory), or `now` (the latest)."""
+    if now:
+        latest = [(u.node, u.gpus, f"{u.util_mean_pct:.0f}%", _mib(u.memory_peak_mib)) for u in uses]
+        return table(("NODE", "GPUS", "GPU UTIL NOW", "GPU MEMORY NOW"), latest, indent)
+    rows = [
+        (u.node, u.gpus, f"{u.util_mean_pct:.0f}%", f"{u.util_peak_pct:.0f}%", _mib(u.memory_peak_mib))
+        for u in uses
+    ]
+    return table(("NODE", "GPUS", "GPU UTIL MEAN", "GPU UTIL PEAK", "GPU MEMORY PEAK"), rows, indent)
+
+
+def _mib(value: float) -> str:
+    return f"{value / 1024:.1f} GiB" if value >= 1024 else f"{value:.0f} MiB"

@@ -58,10 +58,18 @@ def test_defaults() -> None:
     assert (args.data, args.batch_size, args.num_workers, args.epochs, args.lr, args.seed) == (
         "synthetic",
         64,
-        0,
+        None,  # chosen from the node's CPUs for image folders, none for data in memory
         3,
         0.01,
         0,
+    )
+    assert (args.model, args.image_size, args.decode, args.bf16, args.channels_last, args.prefetch) == (
+        "mlp",
+        None,
+        "cpu",
+        False,
+        False,
+        4,
     )
     assert (args.train_samples, args.test_samples, args.pg_timeout, args.step_sleep) == (
         4096,
