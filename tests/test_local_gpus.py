@@ -80,3 +80,23 @@ def test_without_gpus_the_environment_is_left_alone(tmp_path: Path) -> None:
     _, seen = local_run(tmp_path, "", "-n", "2")
     assert "devices= " in seen["LOCAL1"]  # "" as it was given: no GPU for anyone
     assert "--nproc_per_node=1" in seen["LOCAL2"]
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.skipif(not visible_gpus(os.environ), reason="needs a CUDA GPU")
+def test_the_readme_job_runs_with_two_local_nodes_on_one_real_gpu(tmp_path: Path) -> None:
+    """The first command of the README on a one-GPU machine: it used to stop with NCCL's "Duplicate GPU
+    detected"; now it says once what it does, and trains."""
+    script = Path(__file__).resolve().parents[1] / "training" / "run_ddp.py"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_gpus(os.environ)[0]}
+    result = run_local(
+        "-n", "2", "--mount-point", str(tmp_path / "share"), str(script), "--epochs", "1",
+        "--max-steps-per-epoch", "20", env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (
+        result.stdout.count("runs on the CPU with gloo") + result.stderr.count("runs on the CPU with gloo")
+        == 1
+    )
+    assert "Duplicate GPU" not in result.stdout + result.stderr

@@ -81,6 +81,21 @@ def test_device_decode_gives_the_cpu_path_s_tensors(jpeg_folder: Path) -> None:
         assert (device_images - cpu_images).abs().max().item() < 0.04
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_decode_gives_the_cpu_path_s_tensors_within_tolerance(jpeg_folder: Path) -> None:
+    """nvJPEG rounds its IDCT differently from libjpeg: a few grey levels here and there, no more."""
+    on_cpu = load_image_folder(jpeg_folder, SMALL, "cpu")
+    encoded = load_image_folder(jpeg_folder, SMALL, "device")
+    common = {"rank": 0, "world_size": 1, "batch_size": 4, "num_workers": 0, "seed": 0, "pin_memory": False}
+    cpu = make_loaders(on_cpu, **common)
+    gpu = make_loaders(encoded, device=torch.device("cuda", 0), **common)
+    for (cpu_images, cpu_labels), (gpu_images, gpu_labels) in zip(cpu.test, gpu.test, strict=True):
+        assert gpu_images.is_cuda and torch.equal(gpu_labels.cpu(), cpu_labels)
+        difference = (gpu_images.cpu() - cpu_images).abs()
+        assert difference.mean().item() < 0.02 and difference.max().item() < 0.3
+
+
 def test_device_decode_trains_in_the_sampler_s_order(jpeg_folder: Path) -> None:
     data = load_image_folder(jpeg_folder, SMALL, "device")
     ranks = [
