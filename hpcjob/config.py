@@ -49,6 +49,9 @@ KEYRING_SERVICE = "hpcjob"
 CLUSTER_ENV = "HPCJOB_CLUSTER"
 # hpcjob.emulator.headnode.PASSWORD_ENV, named here so that reading profiles never imports the emulator.
 EMULATOR_PASSWORD_ENV = "HPCJOB_EMULATOR_PASSWORD"
+# `cluster onboard`: the new cluster's admin password and its nodes' authentication key.
+ADMIN_PASSWORD_ENV = "HPCJOB_ADMIN_PASSWORD"
+AUTH_KEY_ENV = "HPCJOB_AUTH_KEY"
 
 # Profile names are TOML keys, keyring keys and command-line arguments: plain, and never an option.
 _PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -58,6 +61,7 @@ _HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9.:-]{0,252}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TOP_LEVEL_KEYS = ("clusters", "default")
 _FINGERPRINT = re.compile(r"[0-9A-Fa-f]{64}")
+_RESOURCE_GROUP = re.compile(r"[-\w.()]{1,90}")
 WINRM_PORT = 5986
 
 
@@ -87,6 +91,10 @@ class ClusterProfile:
     # The SHA-256 fingerprint of the head node's certificate (hex, colons allowed): trusted instead of a
     # CA, for the self-signed certificates WinRM listeners often have.
     cert_fingerprint: str | None = None
+    # The GPUs of each node (their size's, as onboarding writes it): jobs default to one process each.
+    gpus_per_node: int | None = None
+    # The Azure resource group `hpcjob cluster onboard` made for this cluster (`cluster delete` removes it).
+    resource_group: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -155,6 +163,12 @@ class ClusterProfile:
                 raise SpecError(f"{where}: cert_fingerprint replaces ca_bundle and insecure: give only one")
             if self.backend != "winrm":
                 raise SpecError(f"{where}: cert_fingerprint is for the winrm backend only")
+        if self.gpus_per_node is not None and not 1 <= self.gpus_per_node <= 64:
+            raise SpecError(f"{where}: gpus_per_node {self.gpus_per_node} must be between 1 and 64")
+        if self.resource_group is not None and not _RESOURCE_GROUP.fullmatch(self.resource_group):
+            raise SpecError(
+                f"{where}: resource_group {self.resource_group!r} is not an Azure resource group name"
+            )
         if self.smb_server is not None and not _HOST.fullmatch(self.smb_server):
             raise SpecError(f"{where}: smb_server {self.smb_server!r} must be a host name or an address")
         if not 1 <= self.smb_port <= 65535:
@@ -420,7 +434,7 @@ def secret_variables() -> frozenset[str]:
     Never raises: with a broken or missing file, only the fixed names. A profile that fails its checks
     still names its variable.
     """
-    names = {SMB_PASSWORD_ENV, EMULATOR_PASSWORD_ENV}
+    names = {SMB_PASSWORD_ENV, EMULATOR_PASSWORD_ENV, ADMIN_PASSWORD_ENV, AUTH_KEY_ENV}
     with contextlib.suppress(Exception):  # scrubbing goes on whatever the file holds
         for table in _read(config_path()).get("clusters", {}).values():
             source = table.get("password") if isinstance(table, dict) else None

@@ -327,8 +327,13 @@ def test_secret_variables_name_every_password_variable_and_never_raise(config_fi
     from hpcjob.credentials import SMB_PASSWORD_ENV
     from hpcjob.emulator.headnode import PASSWORD_ENV
 
-    fixed = {SMB_PASSWORD_ENV, PASSWORD_ENV}
-    assert fixed == {"HPCJOB_SMB_PASSWORD", "HPCJOB_EMULATOR_PASSWORD"}
+    fixed = {SMB_PASSWORD_ENV, PASSWORD_ENV, config.ADMIN_PASSWORD_ENV, config.AUTH_KEY_ENV}
+    assert fixed == {
+        "HPCJOB_SMB_PASSWORD",
+        "HPCJOB_EMULATOR_PASSWORD",
+        "HPCJOB_ADMIN_PASSWORD",
+        "HPCJOB_AUTH_KEY",
+    }
     assert secret_variables() == fixed  # no file
     config_file.write_text(
         '[clusters.a]\nurl = "https://a"\nuser = "u"\npassword = "env:A_PW"\n'

@@ -172,6 +172,8 @@ def _spec_with_profile(params: dict[str, Any], profile: ClusterProfile) -> JobSp
             params[key] = value
     if params.get("smb_port") == 445 and profile.smb_port != 445:
         params["smb_port"] = profile.smb_port
+    if params.get("gpus_per_node") is None and params.get("nproc_per_node") is None and profile.gpus_per_node:
+        params["gpus_per_node"] = profile.gpus_per_node  # one process per GPU of the cluster's size
     return build_spec(params)
 
 
