@@ -83,6 +83,17 @@ class Backend(Protocol):
         through hpcjob's execution filter; what each node did."""
         ...
 
+    def run_on_nodes(
+        self, name: str, command: str, shape: JobShape, progress: Progress
+    ) -> tuple[JobInfo, list[tuple[str, str]]]:
+        """Run `command` on each node of `shape` in a job named `name` of the user's own (one task per
+        node, not a gang) until it ends: the job, and each node's output as the scheduler keeps it."""
+        ...
+
+    def version(self) -> str | None:
+        """The head node's HPC Pack version, where the backend can ask (None: it cannot)."""
+        ...
+
     def install_filter(self, command: str, shape: JobShape, progress: Progress) -> tuple[bool, str]:
         """Run the filter's install `command` as root on the nodes of `shape` (an administrator's right):
         whether every node succeeded, and what they printed."""

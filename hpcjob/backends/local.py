@@ -221,6 +221,30 @@ class LocalBackend:
         Path(step.mount_point).mkdir(parents=True, exist_ok=True)
         return [MountResult(node, ALREADY_MOUNTED, "a folder of this machine") for node in shape.nodes]
 
+    def run_on_nodes(
+        self, name: str, command: str, shape: JobShape, progress: Printer
+    ) -> tuple[JobInfo, list[tuple[str, str]]]:
+        """Each local node's run of `command`, one after the other (they are all this machine)."""
+        tasks, outputs = [], []
+        for index, node in enumerate(shape.nodes):
+            env = {**os.environ, "HPCJOB_NODE": node}
+            done = subprocess.run(
+                ["/bin/bash", "-c", command],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+                timeout=300,
+            )
+            state = State.FINISHED if done.returncode == 0 else State.FAILED
+            tasks.append(TaskInfo(index + 1, f"probe {node}", state, done.returncode, node))
+            outputs.append((node, done.stdout + done.stderr))
+        failed = any(t.state == State.FAILED for t in tasks)
+        return JobInfo(name, name, State.FAILED if failed else State.FINISHED, "", tuple(tasks)), outputs
+
+    def version(self) -> str | None:
+        return None  # no HPC Pack here
+
     def install_filter(self, command: str, shape: JobShape, progress: Printer) -> tuple[bool, str]:
         return True, "nothing to install: the local nodes share this machine's folders"
 

@@ -545,11 +545,22 @@ class RestBackend:
     def mount(self, name: str, step: MountStep, shape: JobShape, progress: Progress) -> list[MountResult]:
         from hpcjob.render import mount_check_job_xml
 
-        job_id = submit_job(
-            self.client, name, mount_check_job_xml(name, step, shape), None, progress, cluster=self.cluster
-        )
+        return mount_results(*self._node_job(name, mount_check_job_xml(name, step, shape), progress))
+
+    def run_on_nodes(
+        self, name: str, command: str, shape: JobShape, progress: Progress
+    ) -> tuple[JobInfo, list[tuple[str, str]]]:
+        from hpcjob.render import node_job_xml
+
+        return self._node_job(name, node_job_xml(name, command, shape), progress)
+
+    def _node_job(self, name: str, xml: str, progress: Progress) -> tuple[JobInfo, list[tuple[str, str]]]:
+        job_id = submit_job(self.client, name, xml, None, progress, cluster=self.cluster)
         info = wait_for_job(self.client, job_id, progress)
-        return mount_results(info, [(t.node, self.client.task_output(job_id, t.task_id)) for t in info.tasks])
+        return info, [(t.node, self.client.task_output(job_id, t.task_id)) for t in info.tasks]
+
+    def version(self) -> str | None:
+        return self.client.version()
 
     def install_filter(self, command: str, shape: JobShape, progress: Progress) -> tuple[bool, str]:
         from hpcjob.render import admin_job_xml

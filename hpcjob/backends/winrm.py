@@ -348,14 +348,28 @@ class WinRMBackend:
         return [(_node_of(row), str(row.get("Output") or "")) for row in rows]
 
     def _mount_results(self, job_id: int, progress: Progress) -> list[MountResult]:
-        info = follow_job(lambda: self._status(job_id), progress)
-        return mount_results(info, self._outputs(job_id))
+        return mount_results(*self._finished(job_id, progress))
+
+    def _finished(self, job_id: int, progress: Progress) -> tuple[JobInfo, list[tuple[str, str]]]:
+        return follow_job(lambda: self._status(job_id), progress), self._outputs(job_id)
 
     def mount(self, name: str, step: MountStep, shape: JobShape, progress: Progress) -> list[MountResult]:
         from hpcjob.render import mount_check_job_xml
 
         job_id = self._create_and_submit(mount_check_job_xml(name, step, shape), name, progress)
         return self._mount_results(int(job_id), progress)
+
+    def run_on_nodes(
+        self, name: str, command: str, shape: JobShape, progress: Progress
+    ) -> tuple[JobInfo, list[tuple[str, str]]]:
+        from hpcjob.render import node_job_xml
+
+        return self._finished(
+            int(self._create_and_submit(node_job_xml(name, command, shape), name, progress)), progress
+        )
+
+    def version(self) -> str | None:
+        return None  # UNVERIFIED how the HPC cmdlets report it (Get-HpcClusterProperty -Version?): not asked
 
     def install_filter(self, command: str, shape: JobShape, progress: Progress) -> tuple[bool, str]:
         """clusrun /user:system on the nodes, the command in base64 (no quoting can change it)."""

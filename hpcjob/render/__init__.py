@@ -7,6 +7,7 @@ from hpcjob.render.job_xml import (
     job_xml,
     mount_check_job_xml,
     mount_job_xml,
+    node_job_xml,
 )
 from hpcjob.render.text import clusrun_text, plan_json, powershell_text
 
@@ -18,6 +19,7 @@ __all__ = [
     "job_xml",
     "mount_check_job_xml",
     "mount_job_xml",
+    "node_job_xml",
     "plan_json",
     "powershell_text",
 ]

@@ -144,16 +144,21 @@ def mount_check_job_xml(name: str, step: MountStep, shape: JobShape) -> str:
     has hpcjob's execution filter mount it (as root, with the user's credentials, which the node agent
     gives the filter), and which says what the filter did: mounted, already mounted, or why not. Its
     output stays with the scheduler (no files: the share may not be there)."""
-    job, tasks = _job(name, shape, False, step.env, None)
-    for node in step.nodes:
-        _task(tasks, f"mount {node}", MOUNT_CHECK, node)
-    return _text(job)
+    return node_job_xml(name, MOUNT_CHECK, shape, step.env, "mount")
 
 
 def admin_job_xml(name: str, command: str, shape: JobShape) -> str:
     """A job that runs `command` as root on each node (one pinned task per node): only an HPC
     administrator's job runs as root, and only when it asks for it (CCP_MAP_ADMIN_USER=0)."""
-    job, tasks = _job(name, shape, False, ROOT_ENV, None)
+    return node_job_xml(name, command, shape, ROOT_ENV, "root")
+
+
+def node_job_xml(
+    name: str, command: str, shape: JobShape, env: Sequence[tuple[str, str]] = (), label: str = "probe"
+) -> str:
+    """A job that runs `command` on each node of `shape`, one pinned task per node ("<label> NODE"),
+    each reporting on its own (not a gang); its output stays with the scheduler."""
+    job, tasks = _job(name, shape, False, env, None)
     for node in shape.nodes:
-        _task(tasks, f"root {node}", command, node)
+        _task(tasks, f"{label} {node}", command, node)
     return _text(job)

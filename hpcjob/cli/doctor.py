@@ -1,0 +1,102 @@
+"""`hpcjob doctor`: is this cluster fit for a first job? One line per check, the fix under each failure."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+import click
+
+from hpcjob.cli.app import cli
+from hpcjob.cli.cluster import ClusterAccess, backend_option, cluster_option
+
+if TYPE_CHECKING:
+    from hpcjob.doctor import Check
+
+SHARE_PROBE_FILE = ".hpcjob-doctor"  # written (and overwritten) at the share's root to prove it writable
+
+
+@cli.command()
+@cluster_option
+@backend_option
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) -> None:
+    """Check a cluster before the first job: the head node and its version, the credentials, the node
+    group's nodes, each node's GPUs, torch and CUDA and its mount of the share (one short job, a task per
+    node), and the share from this machine. Exits 1 when a check fails."""
+    from hpcjob.doctor import Check, node_check, probe_checks, probe_command, reach_checks, share_check
+    from hpcjob.render import JobShape
+    from hpcjob.spec import DEFAULT_MOUNT_POINT, HpcjobError
+
+    access = ClusterAccess(cluster_name, backend_kind)
+    profile, backend = access.profile, access.backend
+    mount_point = profile.mount_point or DEFAULT_MOUNT_POINT
+    checks: list[Check] = []
+    started = time.monotonic()
+    error: str | None = None
+    try:
+        nodes = backend.nodes(profile.node_group)
+        version = backend.version()
+    except HpcjobError as exc:
+        error, nodes, version = " ".join(str(exc).split()), [], None
+    checks += reach_checks(profile.endpoint, profile.user, version, error, time.monotonic() - started)
+    if error is not None:
+        checks.append(Check("nodes", "skip", "cannot run: the head node did not answer"))
+    else:
+        nodes_checked, usable = node_check(nodes, profile.node_group)
+        checks.append(nodes_checked)
+        if usable:
+            shape = JobShape(tuple(usable), profile.node_group)
+            if not as_json:
+                click.echo(f"hpcjob: probing {len(usable)} node(s) with a short job ...", err=True)
+            try:
+                _, answers = backend.run_on_nodes(
+                    f"hpcjob-doctor-{int(time.time())}", probe_command(mount_point), shape, lambda line: None
+                )
+                checks += probe_checks(answers, profile.gpus_per_node, mount_point, profile.share)
+            except HpcjobError as exc:
+                checks.append(
+                    Check("probe", "fail", " ".join(str(exc).split()), "see `hpcjob status` of the job")
+                )
+    checks.append(share_check(profile.share, _share_error(access)))
+    failed = [check for check in checks if check.failed]
+    if as_json:
+        rows = [{"check": c.name, "result": c.result, "detail": c.detail, "fix": c.fix} for c in checks]
+        click.echo(json.dumps({"cluster": profile.name, "backend": backend.kind, "checks": rows}))
+    else:
+        _print(profile.name, backend.kind, profile.endpoint, checks, failed)
+    if failed:
+        raise SystemExit(1)
+
+
+def _share_error(access: ClusterAccess) -> str | None:
+    """Whether the share can be written from here (None: it can; the profile may name none)."""
+    from hpcjob.spec import HpcjobError, parse_share
+
+    profile = access.profile
+    if profile.share is None:
+        return None
+    try:
+        folder = access.share(
+            parse_share(profile.share), profile.smb_user, profile.smb_server, profile.smb_port
+        )
+        try:
+            folder.write_bytes(SHARE_PROBE_FILE, b"written by hpcjob doctor\n")
+            folder.read_bytes(SHARE_PROBE_FILE)
+        finally:
+            folder.close()
+    except (HpcjobError, OSError) as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
+def _print(name: str, kind: str, endpoint: str, checks: list[Check], failed: list[Check]) -> None:
+    width = max(len(check.name) for check in checks)
+    click.echo(f"cluster {name} ({kind}, {endpoint})")
+    for check in checks:
+        click.echo(f"  {check.result.upper():4}  {check.name.ljust(width)}  {check.detail}")
+        if check.fix and check.failed:
+            click.echo(f"  {'':4}  {''.ljust(width)}  fix: {check.fix}")
+    ran = [check for check in checks if check.result != "skip"]
+    click.echo(f"{len(failed)} of {len(ran)} checks failed" if failed else f"all {len(ran)} checks passed")

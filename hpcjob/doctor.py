@@ -1,0 +1,209 @@
+"""`hpcjob doctor`: whether a cluster is fit for a first job, one check at a time, each with its fix.
+
+Pure: the CLI asks the backend and the share, and hands the answers here; this turns them into checks.
+A probe job runs `probe_command` on every node (one task per node, not a gang, so that each node
+answers for itself): its GPUs, torch and CUDA, and whether the share is mounted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hpcjob.results import NodeInfo
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+PROBE_PREFIX = "HPCJOB_PROBE"
+# torch's answer as one word: version,CUDA works,GPUs it sees (or its error, spaces made commas)
+TORCH_PROBE = "import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.device_count())"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    result: str  # PASS, FAIL or SKIP (could not run: `detail` says why)
+    detail: str
+    fix: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.result == FAIL
+
+
+def probe_command(mount_point: str, python: str = "python3") -> str:
+    """One shell line for every node: `HPCJOB_PROBE key=value` lines (the scheduler keeps the first
+    1500 bytes of a task's output: these fit). `mount_point` is a plain path (the spec's rules)."""
+    p = PROBE_PREFIX
+    return (
+        f"echo {p} gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU '); "
+        f'echo {p} torch=$({python} -c "{TORCH_PROBE}" 2>&1 | tail -n 1 | tr " " ","); '
+        f"if mountpoint -q {mount_point}; then echo {p} mounted=yes; else echo {p} mounted=no; fi"
+    )
+
+
+def parse_probe(output: str) -> dict[str, str]:
+    found = {}
+    for line in output.splitlines():
+        if line.startswith(f"{PROBE_PREFIX} ") and "=" in line:
+            key, _, value = line[len(PROBE_PREFIX) + 1 :].partition("=")
+            found[key.strip()] = value.strip()
+    return found
+
+
+def reach_checks(
+    endpoint: str, user: str, version: str | None, error: str | None, seconds: float
+) -> list[Check]:
+    """The head node answered, and took the credentials (`error`: what the first request raised)."""
+    if error is None:
+        said = f"HPC Pack {version}" if version else "HPC Pack version not known over this backend"
+        return [
+            Check("head node", PASS, f"{endpoint} answered in {seconds:.2f} s, {said}"),
+            Check("credentials", PASS, f"accepted for {user}"),
+        ]
+    if "refused the credentials" in error:
+        return [
+            Check("head node", PASS, f"{endpoint} answered"),
+            Check(
+                "credentials",
+                FAIL,
+                error,
+                "check the user name (DOMAIN\\user) and the password the profile reads",
+            ),
+        ]
+    fix = "check the URL, the network path (VPN, firewall, the head node's port) and the certificate settings"
+    return [
+        Check("head node", FAIL, error, fix),
+        Check("credentials", SKIP, "cannot run: the head node did not answer"),
+    ]
+
+
+def node_check(nodes: Sequence[NodeInfo], group: str | None) -> tuple[Check, list[str]]:
+    """The group's nodes online and healthy; the usable ones."""
+    where = f"node group {group}" if group else "the cluster"
+    usable = [n.name for n in nodes if n.usable]
+    if not nodes:
+        return Check(
+            "nodes", FAIL, f"{where} has no nodes", "check the profile's node_group (`hpcjob nodes`)"
+        ), []
+    others = [f"{n.name} ({n.state}, {n.health})" for n in nodes if not n.usable]
+    if others:
+        names = " ".join(n.name for n in nodes if not n.usable)
+        return (
+            Check(
+                "nodes",
+                FAIL,
+                f"{len(usable)} of {len(nodes)} in {where} usable; not: {', '.join(others)}",
+                f"bring them online (on the head node: Set-HpcNodeState -Name {names} -State online) or "
+                "leave them out of jobs (--exclude-node)",
+            ),
+            usable,
+        )
+    return Check("nodes", PASS, f"{len(usable)} in {where}, all online and healthy"), usable
+
+
+def probe_checks(
+    answers: Sequence[tuple[str, str]], expected_gpus: int | None, mount_point: str, share: str | None
+) -> list[Check]:
+    """GPUs, the share's mount and torch on every node, from each node's probe output."""
+    found = {node: parse_probe(output) for node, output in answers}
+    silent = sorted(node for node, said in found.items() if not said)
+    checks = []
+
+    gpus = {node: int(said["gpus"]) for node, said in found.items() if said.get("gpus", "").isdigit()}
+    counts = sorted(set(gpus.values()))
+    wrong = sorted(
+        node for node, count in gpus.items() if expected_gpus is not None and count != expected_gpus
+    )
+    if not gpus:
+        checks.append(Check("GPUs", SKIP, "no node answered the probe"))
+    elif wrong:
+        checks.append(
+            Check(
+                "GPUs",
+                FAIL,
+                ", ".join(f"{node}: {gpus[node]}" for node in wrong) + f" (the profile says {expected_gpus})",
+                "a node without its GPUs has no NVIDIA driver (use an HPC image) or a GPU fault; "
+                "check `nvidia-smi` on it",
+            )
+        )
+    else:
+        per_node = "/".join(map(str, counts))
+        checks.append(Check("GPUs", PASS, f"{per_node} per node ({len(gpus)} node(s), `nvidia-smi -L`)"))
+
+    unmounted = sorted(node for node, said in found.items() if said.get("mounted") == "no")
+    if not found or len(silent) == len(found):
+        checks.append(Check("share mounted", SKIP, "no node answered the probe"))
+    elif unmounted:
+        checks.append(
+            Check(
+                "share mounted",
+                FAIL,
+                f"{share or 'the share'} is not mounted at {mount_point} on {', '.join(unmounted)}",
+                "hpcjob mount --install (once, as an HPC administrator), then hpcjob mount",
+            )
+        )
+    else:
+        checks.append(Check("share mounted", PASS, f"at {mount_point} on {len(found) - len(silent)} node(s)"))
+
+    torch_ok, torch_bad, versions, no_cuda = [], [], set(), []
+    for node, said in found.items():
+        parts = said.get("torch", "").split(",")
+        if len(parts) == 3 and parts[0][:1].isdigit():
+            torch_ok.append(node)
+            versions.add(parts[0])
+            if gpus.get(node) and parts[1] != "True":
+                no_cuda.append(node)
+        elif said:
+            torch_bad.append(f"{node}: {' '.join(said.get('torch', '').split(',')) or 'no answer'}")
+    if torch_bad:
+        checks.append(
+            Check(
+                "torch",
+                FAIL,
+                "; ".join(torch_bad),
+                "install torch on every node (for example clusrun, or a virtual environment on the share "
+                "given with --python)",
+            )
+        )
+    elif no_cuda:
+        checks.append(
+            Check(
+                "torch",
+                FAIL,
+                f"torch {', '.join(sorted(versions))} cannot use CUDA on {', '.join(no_cuda)}",
+                "install a torch build for the node's CUDA driver (pip install torch from the CUDA index)",
+            )
+        )
+    elif torch_ok:
+        cuda = "CUDA works" if any(gpus.get(n) for n in torch_ok) else "no GPUs: gloo on the CPU"
+        checks.append(
+            Check("torch", PASS, f"{', '.join(sorted(versions))} on {len(torch_ok)} node(s), {cuda}")
+        )
+    else:
+        checks.append(Check("torch", SKIP, "no node answered the probe"))
+    if silent:
+        checks.append(
+            Check(
+                "probe",
+                FAIL,
+                f"no answer from {', '.join(silent)}",
+                "see the probe job's tasks: hpcjob status JOB",
+            )
+        )
+    return checks
+
+
+def share_check(share: str | None, error: str | None) -> Check:
+    if share is None:
+        return Check(
+            "share", SKIP, "the profile names no share", "hpcjob cluster add ... --share //HEAD/CcpSpoolDir"
+        )
+    if error is None:
+        return Check("share", PASS, f"{share} readable and writable from this machine")
+    return Check(
+        "share",
+        FAIL,
+        error,
+        "check the share's path and rights, the SMB user and password, and that port 445 is open to this "
+        "machine",
+    )

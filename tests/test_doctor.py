@@ -1,0 +1,131 @@
+"""`hpcjob doctor` against the emulated head node, over REST and WinRM. The nodes' nvidia-smi, python3 and
+mountpoint are stand-ins (this machine has no GPU, and torch lives in the venv), each answering for the
+node that runs it; the probe job, the scheduler and the checks are the real ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcjob.emulator import HeadNode
+
+from .conftest import Result
+
+PASSWORD = "Doctor-pw-1"
+NODE = 'node=$(basename "$(dirname "$HPCJOB_FILTERS_DIR")")\n'
+STAND_INS = {
+    "nvidia-smi": NODE + 'case "$node" in $NO_GPU) exit 9;; esac\necho "GPU 0: NVIDIA H100 (UUID: GPU-1)"\n'
+    'echo "GPU 1: NVIDIA H100 (UUID: GPU-2)"\n',
+    "python3": NODE + 'case "$node" in $NO_TORCH) echo "Traceback (most recent call last):" >&2\n'
+    "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1;; esac\necho 2.14.1 True 2\n",
+    "mountpoint": NODE + 'case "$node" in $UNMOUNTED) exit 1;; esac\nexit 0\n',
+}
+
+
+@pytest.fixture
+def head(tmp_path: Path) -> Iterator[HeadNode]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in STAND_INS.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + text)
+        (bin_dir / name).chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "NO_GPU": "-",
+        "NO_TORCH": "-",
+        "UNMOUNTED": "-",
+    }
+    with HeadNode(users={"alice": PASSWORD}, env=env) as started:
+        yield started
+
+
+def profile(head: HeadNode, backend: str, tmp_path: Path, **changes: object) -> dict[str, object]:
+    (tmp_path / "share").mkdir(exist_ok=True)
+    return {
+        "url": head.url,
+        "user": "HPC\\alice",
+        "ca_bundle": head.ca_file,
+        "backend": backend,
+        "winrm_url": head.wsman_url,
+        "share": "//HEADNODE/CcpSpoolDir/app",
+        "local_share": str(tmp_path / "share"),
+        "node_group": "GPUNodes",
+        "gpus_per_node": 2,
+        **changes,
+    }
+
+
+def checks(result: Result) -> dict[str, tuple[str, str]]:
+    return {c["check"]: (c["result"], c["detail"]) for c in json.loads(result.out)["checks"]}
+
+
+@pytest.mark.parametrize("backend", ["rest", "winrm"])
+def test_a_healthy_cluster_passes_every_check(
+    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path, backend: str
+) -> None:
+    hpcjob = cli_with_profile(PASSWORD, **profile(head, backend, tmp_path))
+    done = hpcjob("doctor", "--json")
+    assert done.code == 0, done.out + done.err
+    found = checks(done)
+    assert list(found) == ["head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "share"]
+    assert {result for result, _ in found.values()} == {"pass"}
+    assert found["GPUs"][1].startswith("2 per node (3 node(s)")
+    assert found["torch"][1] == "2.14.1 on 3 node(s), CUDA works"
+    assert ("HPC Pack 6." in found["head node"][1]) == (backend == "rest")  # WinRM: not asked
+    assert (tmp_path / "share" / ".hpcjob-doctor").is_file()  # written from here
+    text = hpcjob("doctor")
+    assert text.code == 0 and text.out.splitlines()[-1] == "all 7 checks passed"
+
+
+def test_each_failure_is_named_with_its_fix_and_the_exit_is_1(
+    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # a port nobody listens on: the share is unreachable
+    port = closed.getsockname()[1]
+    unreachable = {"local_share": None, "smb_server": "127.0.0.1", "smb_port": port}
+    hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path, **unreachable))
+    head.cluster.set_node("NODE003", state="Offline")
+    head.cluster.base_env.update(NO_TORCH="NODE002", UNMOUNTED="LOCALHOST")
+    done = hpcjob("doctor")
+    closed.close()
+    assert done.code == 1, done.err
+    lines = done.out.splitlines()
+    text = "\n".join(lines)
+    assert "FAIL  nodes" in text and "NODE003 (Offline, OK)" in text
+    assert "Set-HpcNodeState -Name NODE003 -State online" in text
+    assert "FAIL  torch          NODE002: ModuleNotFoundError: No module named 'torch'" in text
+    assert "FAIL  share mounted  //HEADNODE/CcpSpoolDir/app is not mounted at /app on LOCALHOST" in text
+    assert "FAIL  share  " in text and "port 445" in text
+    assert "PASS  GPUs" in text  # the two usable nodes
+    assert lines[-1] == "4 of 7 checks failed"
+
+
+def test_refused_credentials_fail_and_the_rest_cannot_run(
+    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> None:
+    hpcjob = cli_with_profile("wrong", **profile(head, "winrm", tmp_path))
+    done = hpcjob("doctor", "--json")
+    assert done.code == 1
+    found = checks(done)
+    assert (
+        found["credentials"][0] == "fail"
+        and "refused the credentials of HPC\\alice" in found["credentials"][1]
+    )
+    assert found["nodes"] == ("skip", "cannot run: the head node did not answer")
+    assert "wrong" not in done.out + done.err
+
+
+def test_a_node_without_its_gpus_fails_against_the_profile(
+    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> None:
+    hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path))
+    head.cluster.base_env["NO_GPU"] = "NODE003"
+    found = checks(hpcjob("doctor", "--json"))
+    assert found["GPUs"] == ("fail", "NODE003: 0 (the profile says 2)")
