@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpcjob.results import NodeInfo
+from hpcjob.results import NodeInfo, State
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 PROBE_PREFIX = "HPCJOB_PROBE"
@@ -206,4 +206,39 @@ def share_check(share: str | None, error: str | None) -> Check:
         error,
         "check the share's path and rights, the SMB user and password, and that port 445 is open to this "
         "machine",
+    )
+
+
+def fit_nodes(answers: Sequence[tuple[str, str]]) -> list[str]:
+    """The nodes whose probe found torch and the share mounted: where a job can run."""
+    fit = []
+    for node, output in answers:
+        said = parse_probe(output)
+        parts = said.get("torch", "").split(",")
+        if len(parts) == 3 and parts[0][:1].isdigit() and said.get("mounted") == "yes":
+            fit.append(node)
+    return fit
+
+
+def allreduce_check(nodes: Sequence[str], state: str, metrics: dict[str, object] | None, cause: str) -> Check:
+    """The 2-node all-reduce job's result (hpcjob/probes/allreduce.py's metrics line)."""
+    between = " and ".join(nodes)
+    if state == State.FINISHED and metrics and metrics.get("allreduce_correct") is True:
+        return Check(
+            "all-reduce",
+            PASS,
+            f"{metrics.get('allreduce_backend')}, {metrics.get('allreduce_mb')} MB between {between}: "
+            f"{metrics.get('allreduce_bus_gbps')} GB/s bus bandwidth",
+        )
+    why = cause or (
+        "the sum came out wrong"
+        if metrics and metrics.get("allreduce_correct") is False
+        else f"the job {state}"
+    )
+    return Check(
+        "all-reduce",
+        FAIL,
+        f"between {between}: {why}",
+        "check that the nodes reach each other on the rendezvous port and the interface node.sh picks "
+        "(HPCJOB_IFNAME); rerun the job with NCCL_DEBUG=INFO (hpcjob logs RUN shows it)",
     )

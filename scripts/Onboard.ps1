@@ -26,7 +26,7 @@ param(
     [string]$AdminUser = 'hpcadmin',
     [string]$Image,
     [securestring]$AdminPassword,
-    [switch]$NoMount
+    [switch]$NoCheck
 )
 
 $repo = Split-Path -Parent $PSScriptRoot
@@ -38,7 +38,7 @@ $arguments = @(
     '--vm-size', $VmSize, '--nodes', $Nodes, '--admin-user', $AdminUser
 )
 if ($Image) { $arguments += @('--image', $Image) }
-if ($NoMount) { $arguments += '--no-mount' }
+if ($NoCheck) { $arguments += '--no-check' }
 if (-not $PSCmdlet.ShouldProcess("resource group $ResourceGroup", "deploy HPC Pack cluster $Name")) {
     $arguments += '--print-only'
 }

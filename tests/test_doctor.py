@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,8 +22,10 @@ NODE = 'node=$(basename "$(dirname "$HPCJOB_FILTERS_DIR")")\n'
 STAND_INS = {
     "nvidia-smi": NODE + 'case "$node" in $NO_GPU) exit 9;; esac\necho "GPU 0: NVIDIA H100 (UUID: GPU-1)"\n'
     'echo "GPU 1: NVIDIA H100 (UUID: GPU-2)"\n',
+    # The probe's `python3 -c ...` answers for the node; the all-reduce job's torchrun is the real one.
     "python3": NODE + 'case "$node" in $NO_TORCH) echo "Traceback (most recent call last):" >&2\n'
-    "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1;; esac\necho 2.14.1 True 2\n",
+    "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1;; esac\n"
+    f'if [ "$1" = -c ]; then echo 2.14.1 True 2; else exec "{sys.executable}" "$@"; fi\n',
     "mountpoint": NODE + 'case "$node" in $UNMOUNTED) exit 1;; esac\nexit 0\n',
 }
 
@@ -55,6 +58,7 @@ def profile(head: HeadNode, backend: str, tmp_path: Path, **changes: object) -> 
         "winrm_url": head.wsman_url,
         "share": "//HEADNODE/CcpSpoolDir/app",
         "local_share": str(tmp_path / "share"),
+        "mount_point": str(tmp_path / "share"),  # the emulated nodes are this machine: the same folder
         "node_group": "GPUNodes",
         "gpus_per_node": 2,
         **changes,
@@ -73,14 +77,16 @@ def test_a_healthy_cluster_passes_every_check(
     done = hpcjob("doctor", "--json")
     assert done.code == 0, done.out + done.err
     found = checks(done)
-    assert list(found) == ["head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "share"]
+    assert list(found) == [
+        *("head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "all-reduce", "share")
+    ]
     assert {result for result, _ in found.values()} == {"pass"}
     assert found["GPUs"][1].startswith("2 per node (3 node(s)")
     assert found["torch"][1] == "2.14.1 on 3 node(s), CUDA works"
     assert ("HPC Pack 6." in found["head node"][1]) == (backend == "rest")  # WinRM: not asked
     assert (tmp_path / "share" / ".hpcjob-doctor").is_file()  # written from here
     text = hpcjob("doctor")
-    assert text.code == 0 and text.out.splitlines()[-1] == "all 7 checks passed"
+    assert text.code == 0 and text.out.splitlines()[-1] == "all 8 checks passed"
 
 
 def test_each_failure_is_named_with_its_fix_and_the_exit_is_1(
@@ -101,9 +107,13 @@ def test_each_failure_is_named_with_its_fix_and_the_exit_is_1(
     assert "FAIL  nodes" in text and "NODE003 (Offline, OK)" in text
     assert "Set-HpcNodeState -Name NODE003 -State online" in text
     assert "FAIL  torch          NODE002: ModuleNotFoundError: No module named 'torch'" in text
-    assert "FAIL  share mounted  //HEADNODE/CcpSpoolDir/app is not mounted at /app on LOCALHOST" in text
+    assert (
+        f"FAIL  share mounted  //HEADNODE/CcpSpoolDir/app is not mounted at {tmp_path}/share on LOCALHOST"
+        in text
+    )
     assert "FAIL  share  " in text and "port 445" in text
     assert "PASS  GPUs" in text  # the two usable nodes
+    assert "SKIP  all-reduce     cannot run: it needs two nodes that passed the checks above" in text
     assert lines[-1] == "4 of 7 checks failed"
 
 

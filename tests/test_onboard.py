@@ -67,7 +67,7 @@ def hpcjob(az_env: dict[str, str], tmp_path: Path) -> CommandRunner:
 def onboard(hpcjob: CommandRunner, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
     return hpcjob(
         "cluster", "onboard", "gpu1", "--resource-group", "rg-gpu1", "--location", "eastus", *A100,
-        "--nodes", "2", "--template", str(TEMPLATE), "--no-mount", "--poll-interval", "0.1", *extra, **env,
+        "--nodes", "2", "--template", str(TEMPLATE), "--no-check", "--poll-interval", "0.1", *extra, **env,
     )  # fmt: skip
 
 

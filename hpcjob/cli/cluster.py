@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from hpcjob.backends import Backend
     from hpcjob.config import ClusterProfile
-    from hpcjob.results import JobInfo, Submission
+    from hpcjob.results import JobInfo, JobSummary, Submission
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
     from hpcjob.spec import JobSpec, Share
@@ -272,14 +272,12 @@ def submit(
     folder to the share, mounts the share on the nodes, creates the job from the job XML and submits
     it. Prints the job id; with --wait, follows it to the end.
     """
-    from dataclasses import replace
-
     from hpcjob.config import get_profile
     from hpcjob.plan import make_plan
     from hpcjob.render import job_xml, mount_job_xml
-    from hpcjob.runs import RunRecord, check_new_run_id, save_run
+    from hpcjob.runs import check_new_run_id
     from hpcjob.spec import SpecError
-    from hpcjob.staging import code_files, stage_run
+    from hpcjob.staging import code_files
 
     spec = _spec_with_profile(params, get_profile(cluster_name))
     run_id = params["run_id"] or new_run_id(spec.name)
@@ -301,18 +299,49 @@ def submit(
         return
 
     cluster = ClusterAccess(cluster_name, backend_kind)
-    profile, backend = cluster.profile, cluster.backend
-    plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
 
     def progress(line: str) -> None:
         click.echo(line, err=as_json)
 
+    smb = (params.get("smb_user"), params.get("smb_server"), params["smb_port"])
+    summary = submit_and_follow(
+        cluster, spec, run_id, smb, mount_step=mount_step, wait=wait, progress=progress
+    )
+    if summary is None:
+        return
+    from hpcjob.cli.tables import format_summary
+
+    click.echo(summary.to_json() if as_json else format_summary(summary))
+    sys.exit(summary.exit_code)
+
+
+def submit_and_follow(
+    cluster: ClusterAccess,
+    spec: JobSpec,
+    run_id: str,
+    smb: tuple[str | None, str | None, int],
+    *,
+    mount_step: bool,
+    wait: bool,
+    progress: Callable[[str], None],
+) -> JobSummary | None:
+    """Upload the code, submit the job (recording the run at each step) and, with `wait`, follow it
+    to its summary (the scheduler's states, the share's root cause and metrics)."""
+    from dataclasses import replace
+
+    from hpcjob.runs import RunRecord, check_new_run_id, save_run
+    from hpcjob.staging import stage_run
+
+    profile, backend = cluster.profile, cluster.backend
+    plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
+    smb_user, smb_server, smb_port = smb
+
     def open_share() -> ShareFolder:
         assert spec.share is not None
-        return cluster.share(spec.share, params.get("smb_user"), params.get("smb_server"), params["smb_port"])
+        return cluster.share(spec.share, smb_user, smb_server, smb_port)
 
     if spec.share:
-        progress(stage_run(code_dir, open_share(), spec.job_folder, plan.run_id))
+        progress(stage_run(Path(spec.script).resolve().parent, open_share(), spec.job_folder, plan.run_id))
     else:
         progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
     first = RunRecord.of(
@@ -321,9 +350,9 @@ def submit(
         backend.kind,
         share=spec.share.unc if spec.share else None,
         local_root=profile.local_share,
-        smb_server=params.get("smb_server"),
-        smb_port=params["smb_port"],
-        smb_user=params.get("smb_user") or profile.smb_user or profile.user,
+        smb_server=smb_server,
+        smb_port=smb_port,
+        smb_user=smb_user or profile.smb_user or profile.user,
         cluster=profile.name,
     )
     latest = first
@@ -339,7 +368,7 @@ def submit(
     progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
     if not wait:
         progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
-        return
+        return None
     try:
         info = backend.wait(latest, progress)
     except KeyboardInterrupt:
@@ -347,7 +376,6 @@ def submit(
         sys.exit(130)
     # The scheduler knows the tasks' states; the share which rank failed first, and the metrics.
     from hpcjob.backends.scheduler import job_summary
-    from hpcjob.cli.tables import format_summary
     from hpcjob.share import ShareError
 
     folder = None
@@ -357,14 +385,12 @@ def submit(
         except ShareError as exc:
             progress(f"hpcjob: warning: {exc}: the summary has only what the scheduler knows")
     try:
-        summary = job_summary(
+        return job_summary(
             info, plan, time.monotonic() - started, folder, f"{spec.job_folder}/logs/{plan.run_id}"
         )
     finally:
         if folder is not None:
             folder.close()
-    click.echo(summary.to_json() if as_json else format_summary(summary))
-    sys.exit(summary.exit_code)
 
 
 def log_access(

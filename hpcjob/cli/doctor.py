@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -25,7 +26,15 @@ def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) ->
     """Check a cluster before the first job: the head node and its version, the credentials, the node
     group's nodes, each node's GPUs, torch and CUDA and its mount of the share (one short job, a task per
     node), and the share from this machine. Exits 1 when a check fails."""
-    from hpcjob.doctor import Check, node_check, probe_checks, probe_command, reach_checks, share_check
+    from hpcjob.doctor import (
+        Check,
+        fit_nodes,
+        node_check,
+        probe_checks,
+        probe_command,
+        reach_checks,
+        share_check,
+    )
     from hpcjob.render import JobShape
     from hpcjob.spec import DEFAULT_MOUNT_POINT, HpcjobError
 
@@ -55,6 +64,7 @@ def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) ->
                     f"hpcjob-doctor-{int(time.time())}", probe_command(mount_point), shape, lambda line: None
                 )
                 checks += probe_checks(answers, profile.gpus_per_node, mount_point, profile.share)
+                checks.append(_allreduce(access, fit_nodes(answers), mount_point, as_json))
             except HpcjobError as exc:
                 checks.append(
                     Check("probe", "fail", " ".join(str(exc).split()), "see `hpcjob status` of the job")
@@ -68,6 +78,37 @@ def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) ->
         _print(profile.name, backend.kind, profile.endpoint, checks, failed)
     if failed:
         raise SystemExit(1)
+
+
+def _allreduce(access: ClusterAccess, fit: list[str], mount_point: str, quiet: bool) -> Check:
+    """A 2-node all-reduce job (hpcjob/probes/allreduce.py) through the same path as `hpcjob submit`."""
+    from hpcjob.cli.cluster import submit_and_follow
+    from hpcjob.cli.options import new_run_id
+    from hpcjob.doctor import Check, allreduce_check
+    from hpcjob.spec import JobSpec, parse_share
+
+    profile = access.profile
+    if len(fit) < 2:
+        return Check("all-reduce", "skip", "cannot run: it needs two nodes that passed the checks above")
+    nodes = tuple(fit[:2])
+    spec = JobSpec(
+        script=str(Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"),
+        name="hpcjob-doctor",
+        node_names=nodes,
+        node_group=profile.node_group,
+        share=parse_share(profile.share) if profile.share else None,
+        mount_point=mount_point,
+        runtime_s=300,
+    )
+    if not quiet:
+        click.echo(f"hpcjob: an all-reduce job on {' and '.join(nodes)} ...", err=True)
+    smb = (profile.smb_user, profile.smb_server, profile.smb_port)
+    summary = submit_and_follow(
+        access, spec, new_run_id(spec.name), smb, mount_step=False, wait=True, progress=lambda line: None
+    )
+    assert summary is not None  # waited
+    cause = summary.root_cause.describe() if summary.root_cause else ""
+    return allreduce_check(nodes, summary.state, summary.metrics, cause)
 
 
 def _share_error(access: ClusterAccess) -> str | None:

@@ -66,7 +66,7 @@ KEY_ENV = "HPCJOB_AUTH_KEY"
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     help="A local copy of the pinned template to check against (its SHA-256 must match).",
 )
-@click.option("--no-mount", is_flag=True, help="Do not mount the share on the new nodes.")
+@click.option("--no-check", is_flag=True, help="Do not mount the share and run `hpcjob doctor` afterwards.")
 @click.option(
     "--poll-interval", type=float, default=15.0, show_default=True, help="Seconds between progress polls."
 )
@@ -80,13 +80,14 @@ def cluster_onboard(
     print_only: bool,
     out_dir: Path | None,
     template_file: Path | None,
-    no_mount: bool,
+    no_check: bool,
     poll_interval: float,
     make_default: bool,
     **options: Any,
 ) -> None:
     """Deploy a GPU cluster NAME from HPC Pack's ARM template ("Single head node cluster for Linux
-    workloads", pinned to a commit), then write its profile and mount the share on its nodes.
+    workloads", pinned to a commit), then write its profile, mount the share on its nodes and run
+    `hpcjob doctor`.
 
     Everything is checked before anything is deployed. The admin password and the nodes' authentication
     key reach `az` on its standard input only. Needs the Azure CLI, logged in (`az login`), and Owner or
@@ -161,8 +162,8 @@ def cluster_onboard(
     profile = _write_profile(
         request, table, commands, dns, password_env if from_env else None, secret, make_default
     )
-    if not no_mount:
-        _mount(profile)
+    if not no_check:
+        _check(profile)
     click.echo(f"cluster {name} is ready: next, `hpcjob nodes --cluster {name}`, then `hpcjob submit ...`")
 
 
@@ -273,18 +274,24 @@ def _write_profile(
     return profile
 
 
-def _mount(profile: ClusterProfile) -> None:
-    """`hpcjob mount --install` on the new nodes; a failure is a warning (the cluster exists)."""
+def _check(profile: ClusterProfile) -> None:
+    """`hpcjob mount --install`, then `hpcjob doctor`, on the new cluster; a failure is a warning (the
+    cluster exists), with the command to run again."""
     from hpcjob.cli.app import cli
 
-    try:
-        cli.main(["mount", "--install", "--cluster", profile.name], prog_name="hpcjob", standalone_mode=False)
-    except Exception as exc:  # whatever went wrong, the deployment stands
-        click.echo(
-            f"hpcjob: warning: mounting the share failed ({' '.join(str(exc).split())}); "
-            f"retry with `hpcjob mount --install --cluster {profile.name}`",
-            err=True,
-        )
+    for step in (["mount", "--install"], ["doctor"]):
+        command = [*step, "--cluster", profile.name]
+        try:
+            cli.main(command, prog_name="hpcjob", standalone_mode=False)
+            continue
+        except SystemExit as exc:  # doctor's verdict: it has printed every check
+            failed, why = bool(exc.code), "a check failed"
+        except Exception as exc:  # whatever went wrong, the deployment stands
+            failed, why = True, " ".join(str(exc).split())
+        if failed:
+            click.echo(
+                f"hpcjob: warning: `hpcjob {' '.join(command)}` failed ({why}); run it again", err=True
+            )
 
 
 @cluster.command("delete")
