@@ -27,6 +27,8 @@ from operations import (
 )
 
 SMALL = InputShape(3, 32)
+CPU = torch.device("cpu")
+ONE_RANK = {"rank": 0, "world_size": 1, "num_workers": 0, "seed": 0, "pin_memory": False}
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +63,8 @@ def test_device_decode_gives_the_cpu_path_s_tensors(jpeg_folder: Path) -> None:
     on_cpu = load_image_folder(jpeg_folder, SMALL, "cpu")
     encoded = load_image_folder(jpeg_folder, SMALL, "device")
     assert encoded.device_transforms is not None
-    cpu = make_loaders(on_cpu, rank=0, world_size=1, batch_size=4, num_workers=0, seed=0, pin_memory=False)
-    device = make_loaders(
-        encoded,
-        rank=0,
-        world_size=1,
-        batch_size=4,
-        num_workers=0,
-        seed=0,
-        pin_memory=False,
-        device=torch.device("cpu"),
-    )
+    cpu = make_loaders(on_cpu, batch_size=4, **ONE_RANK)
+    device = make_loaders(encoded, batch_size=4, device=CPU, **ONE_RANK)
     pairs = list(zip(cpu.test, device.test, strict=True))
     assert len(pairs) == 2  # 6 val images, batches of 4
     for (cpu_images, cpu_labels), (device_images, device_labels) in pairs:
@@ -87,9 +80,8 @@ def test_gpu_decode_gives_the_cpu_path_s_tensors_within_tolerance(jpeg_folder: P
     """nvJPEG rounds its IDCT differently from libjpeg: a few grey levels here and there, no more."""
     on_cpu = load_image_folder(jpeg_folder, SMALL, "cpu")
     encoded = load_image_folder(jpeg_folder, SMALL, "device")
-    common = {"rank": 0, "world_size": 1, "batch_size": 4, "num_workers": 0, "seed": 0, "pin_memory": False}
-    cpu = make_loaders(on_cpu, **common)
-    gpu = make_loaders(encoded, device=torch.device("cuda", 0), **common)
+    cpu = make_loaders(on_cpu, batch_size=4, **ONE_RANK)
+    gpu = make_loaders(encoded, batch_size=4, device=torch.device("cuda", 0), **ONE_RANK)
     for (cpu_images, cpu_labels), (gpu_images, gpu_labels) in zip(cpu.test, gpu.test, strict=True):
         assert gpu_images.is_cuda and torch.equal(gpu_labels.cpu(), cpu_labels)
         difference = (gpu_images.cpu() - cpu_images).abs()
@@ -156,35 +148,14 @@ def test_data_in_memory_is_fitted_to_an_image_model_on_the_device(tiny_fashion_m
     from operations import load_fashion_mnist
 
     data = load_fashion_mnist(tiny_fashion_mnist)
-    loaders = make_loaders(
-        data,
-        rank=0,
-        world_size=1,
-        batch_size=5,
-        num_workers=0,
-        seed=0,
-        pin_memory=False,
-        device=torch.device("cpu"),
-        shape=SMALL,
-    )
+    loaders = make_loaders(data, batch_size=5, device=CPU, shape=SMALL, **ONE_RANK)
     images, _ = next(iter(loaders.test))
     assert images.shape == (5, *SMALL.dims)
     grey = resident_tensors(data.test)
     assert grey is not None
     assert torch.allclose(images[:, 0], images[:, 2])  # grey repeated into the three channels
     assert torch.allclose(fit_to(SMALL)(grey[0][:5]), images)
-    assert fit_to(InputShape(1, 28))(grey[0][:5]) is not None
-    mlp = make_loaders(
-        data,
-        rank=0,
-        world_size=1,
-        batch_size=5,
-        num_workers=0,
-        seed=0,
-        pin_memory=False,
-        device=torch.device("cpu"),
-        shape=InputShape(1, 28),
-    )
+    mlp = make_loaders(data, batch_size=5, device=CPU, shape=InputShape(1, 28), **ONE_RANK)
     assert mlp.test.transform is None  # type: ignore[attr-defined]  # already the MLP's shape: no copy
 
 
