@@ -266,3 +266,21 @@ def test_the_entry_scripts_parse_and_pass_only_options_the_command_has(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("az group create --name rg-gpu1")
+
+
+def test_jobs_on_the_new_cluster_run_one_process_per_gpu_of_its_size(
+    hpcjob: CommandRunner, tmp_path: Path
+) -> None:
+    done = onboard(hpcjob, "--vm-size", "Standard_NC96ads_A100_v4")  # 4 GPUs a node (the later option wins)
+    assert done.returncode == 0, done.stderr
+    script = tmp_path / "code" / "train.py"
+    script.parent.mkdir()
+    script.write_text("")
+    nodes = ["--node", "IaaSLnxCN000", "--node", "IaaSLnxCN001"]
+    shown = hpcjob("submit", "--dry-run", "--cluster", "gpu1", *nodes, str(script))
+    assert shown.returncode == 0, shown.stderr
+    assert "--nproc_per_node=4" in shown.stdout and 'NodeGroups="LinuxNodes"' in shown.stdout
+    explicit = hpcjob(
+        "submit", "--dry-run", "--cluster", "gpu1", *nodes, "--nproc-per-node", "2", str(script)
+    )
+    assert "--nproc_per_node=2" in explicit.stdout  # the job's own option wins
