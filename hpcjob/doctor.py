@@ -101,86 +101,54 @@ def node_check(nodes: Sequence[NodeInfo], group: str | None) -> tuple[Check, lis
     return Check("nodes", PASS, f"{len(usable)} in {where}, all online and healthy"), usable
 
 
+@dataclass(frozen=True)
+class NodeProbe:
+    """One node's answer to `probe_command`, read once."""
+
+    node: str
+    said: dict[str, str]
+
+    @classmethod
+    def of(cls, node: str, output: str) -> NodeProbe:
+        return cls(node, parse_probe(output))
+
+    @property
+    def gpus(self) -> int | None:
+        value = self.said.get("gpus", "")
+        return int(value) if value.isdigit() else None
+
+    @property
+    def torch(self) -> tuple[str, bool] | None:
+        """torch's version and whether CUDA works; None when it could not be imported."""
+        parts = self.said.get("torch", "").split(",")
+        return (parts[0], parts[1] == "True") if len(parts) == 3 and parts[0][:1].isdigit() else None
+
+    @property
+    def torch_error(self) -> str:
+        return " ".join(self.said.get("torch", "").split(",")) or "no answer"
+
+    @property
+    def fit(self) -> bool:
+        """Where a job can run: torch there and the share mounted."""
+        return self.torch is not None and self.said.get("mounted") == "yes"
+
+
 def probe_checks(
     answers: Sequence[tuple[str, str]], expected_gpus: int | None, mount_point: str, share: str | None
 ) -> list[Check]:
     """GPUs, the share's mount and torch on every node, from each node's probe output."""
-    found = {node: parse_probe(output) for node, output in answers}
-    silent = sorted(node for node, said in found.items() if not said)
-    checks = []
-
-    gpus = {node: int(said["gpus"]) for node, said in found.items() if said.get("gpus", "").isdigit()}
-    counts = sorted(set(gpus.values()))
-    wrong = sorted(
-        node for node, count in gpus.items() if expected_gpus is not None and count != expected_gpus
-    )
-    if not gpus:
-        checks.append(Check("GPUs", SKIP, "no node answered the probe"))
-    elif wrong:
-        checks.append(
-            Check(
-                "GPUs",
-                FAIL,
-                ", ".join(f"{node}: {gpus[node]}" for node in wrong) + f" (the profile says {expected_gpus})",
-                "a node without its GPUs has no NVIDIA driver (use an HPC image) or a GPU fault; "
-                "check `nvidia-smi` on it",
-            )
-        )
-    else:
-        per_node = "/".join(map(str, counts))
-        checks.append(Check("GPUs", PASS, f"{per_node} per node ({len(gpus)} node(s), `nvidia-smi -L`)"))
-
-    unmounted = sorted(node for node, said in found.items() if said.get("mounted") == "no")
-    if not found or len(silent) == len(found):
-        checks.append(Check("share mounted", SKIP, "no node answered the probe"))
-    elif unmounted:
-        checks.append(
-            Check(
-                "share mounted",
-                FAIL,
-                f"{share or 'the share'} is not mounted at {mount_point} on {', '.join(unmounted)}",
-                "hpcjob mount --install (once, as an HPC administrator), then hpcjob mount",
-            )
-        )
-    else:
-        checks.append(Check("share mounted", PASS, f"at {mount_point} on {len(found) - len(silent)} node(s)"))
-
-    torch_ok, torch_bad, versions, no_cuda = [], [], set(), []
-    for node, said in found.items():
-        parts = said.get("torch", "").split(",")
-        if len(parts) == 3 and parts[0][:1].isdigit():
-            torch_ok.append(node)
-            versions.add(parts[0])
-            if gpus.get(node) and parts[1] != "True":
-                no_cuda.append(node)
-        elif said:
-            torch_bad.append(f"{node}: {' '.join(said.get('torch', '').split(',')) or 'no answer'}")
-    if torch_bad:
-        checks.append(
-            Check(
-                "torch",
-                FAIL,
-                "; ".join(torch_bad),
-                "install torch on every node (for example clusrun, or a virtual environment on the share "
-                "given with --python)",
-            )
-        )
-    elif no_cuda:
-        checks.append(
-            Check(
-                "torch",
-                FAIL,
-                f"torch {', '.join(sorted(versions))} cannot use CUDA on {', '.join(no_cuda)}",
-                "install a torch build for the node's CUDA driver (pip install torch from the CUDA index)",
-            )
-        )
-    elif torch_ok:
-        cuda = "CUDA works" if any(gpus.get(n) for n in torch_ok) else "no GPUs: gloo on the CPU"
-        checks.append(
-            Check("torch", PASS, f"{', '.join(sorted(versions))} on {len(torch_ok)} node(s), {cuda}")
-        )
-    else:
-        checks.append(Check("torch", SKIP, "no node answered the probe"))
+    probes = [NodeProbe.of(node, output) for node, output in answers]
+    answered = [probe for probe in probes if probe.said]
+    if not answered:
+        return [
+            Check(name, SKIP, "no node answered the probe") for name in ("GPUs", "share mounted", "torch")
+        ]
+    checks = [
+        _gpu_check(answered, expected_gpus),
+        _mount_check(answered, mount_point, share),
+        _torch_check(answered),
+    ]
+    silent = [probe.node for probe in probes if not probe.said]
     if silent:
         checks.append(
             Check(
@@ -191,6 +159,58 @@ def probe_checks(
             )
         )
     return checks
+
+
+def _gpu_check(probes: Sequence[NodeProbe], expected: int | None) -> Check:
+    counts = {probe.node: probe.gpus for probe in probes if probe.gpus is not None}
+    if not counts:
+        return Check("GPUs", SKIP, "no node said how many GPUs it has")
+    wrong = [node for node, count in counts.items() if expected is not None and count != expected]
+    if wrong:
+        return Check(
+            "GPUs",
+            FAIL,
+            ", ".join(f"{node}: {counts[node]}" for node in wrong) + f" (the profile says {expected})",
+            "a node without its GPUs has no NVIDIA driver (use an HPC image) or a GPU fault; "
+            "check `nvidia-smi` on it",
+        )
+    per_node = "/".join(str(count) for count in sorted(set(counts.values())))
+    return Check("GPUs", PASS, f"{per_node} per node ({len(counts)} node(s), `nvidia-smi -L`)")
+
+
+def _mount_check(probes: Sequence[NodeProbe], mount_point: str, share: str | None) -> Check:
+    unmounted = [probe.node for probe in probes if probe.said.get("mounted") == "no"]
+    if unmounted:
+        return Check(
+            "share mounted",
+            FAIL,
+            f"{share or 'the share'} is not mounted at {mount_point} on {', '.join(unmounted)}",
+            "hpcjob mount --install (once, as an HPC administrator), then hpcjob mount",
+        )
+    return Check("share mounted", PASS, f"at {mount_point} on {len(probes)} node(s)")
+
+
+def _torch_check(probes: Sequence[NodeProbe]) -> Check:
+    missing = [f"{probe.node}: {probe.torch_error}" for probe in probes if probe.torch is None]
+    if missing:
+        return Check(
+            "torch",
+            FAIL,
+            "; ".join(missing),
+            "install torch on every node (for example clusrun, or a virtual environment on the share "
+            "given with --python)",
+        )
+    versions = ", ".join(sorted({probe.torch[0] for probe in probes if probe.torch}))
+    no_cuda = [probe.node for probe in probes if probe.gpus and probe.torch and not probe.torch[1]]
+    if no_cuda:
+        return Check(
+            "torch",
+            FAIL,
+            f"torch {versions} cannot use CUDA on {', '.join(no_cuda)}",
+            "install a torch build for the node's CUDA driver (pip install torch from the CUDA index)",
+        )
+    cuda = "CUDA works" if any(probe.gpus for probe in probes) else "no GPUs: gloo on the CPU"
+    return Check("torch", PASS, f"{versions} on {len(probes)} node(s), {cuda}")
 
 
 def share_check(share: str | None, error: str | None) -> Check:
@@ -211,13 +231,7 @@ def share_check(share: str | None, error: str | None) -> Check:
 
 def fit_nodes(answers: Sequence[tuple[str, str]]) -> list[str]:
     """The nodes whose probe found torch and the share mounted: where a job can run."""
-    fit = []
-    for node, output in answers:
-        said = parse_probe(output)
-        parts = said.get("torch", "").split(",")
-        if len(parts) == 3 and parts[0][:1].isdigit() and said.get("mounted") == "yes":
-            fit.append(node)
-    return fit
+    return [node for node, output in answers if NodeProbe.of(node, output).fit]
 
 
 def allreduce_check(nodes: Sequence[str], state: str, metrics: dict[str, object] | None, cause: str) -> Check:

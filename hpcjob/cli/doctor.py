@@ -27,6 +27,8 @@ def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) ->
     group's nodes, each node's GPUs, torch and CUDA and its mount of the share (one short job, a task per
     node), and the share from this machine. Exits 1 when a check fails."""
     from hpcjob.doctor import (
+        FAIL,
+        SKIP,
         Check,
         fit_nodes,
         node_check,
@@ -51,7 +53,7 @@ def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) ->
         error, nodes, version = " ".join(str(exc).split()), [], None
     checks += reach_checks(profile.endpoint, profile.user, version, error, time.monotonic() - started)
     if error is not None:
-        checks.append(Check("nodes", "skip", "cannot run: the head node did not answer"))
+        checks.append(Check("nodes", SKIP, "cannot run: the head node did not answer"))
     else:
         nodes_checked, usable = node_check(nodes, profile.node_group)
         checks.append(nodes_checked)
@@ -67,7 +69,7 @@ def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) ->
                 checks.append(_allreduce(access, fit_nodes(answers), mount_point, as_json))
             except HpcjobError as exc:
                 checks.append(
-                    Check("probe", "fail", " ".join(str(exc).split()), "see `hpcjob status` of the job")
+                    Check("probe", FAIL, " ".join(str(exc).split()), "see `hpcjob status` of the job")
                 )
     checks.append(share_check(profile.share, _share_error(access)))
     failed = [check for check in checks if check.failed]
@@ -84,12 +86,12 @@ def _allreduce(access: ClusterAccess, fit: list[str], mount_point: str, quiet: b
     """A 2-node all-reduce job (hpcjob/probes/allreduce.py) through the same path as `hpcjob submit`."""
     from hpcjob.cli.cluster import submit_and_follow
     from hpcjob.cli.options import new_run_id
-    from hpcjob.doctor import Check, allreduce_check
+    from hpcjob.doctor import SKIP, Check, allreduce_check
     from hpcjob.spec import JobSpec, parse_share
 
     profile = access.profile
     if len(fit) < 2:
-        return Check("all-reduce", "skip", "cannot run: it needs two nodes that passed the checks above")
+        return Check("all-reduce", SKIP, "cannot run: it needs two nodes that passed the checks above")
     nodes = tuple(fit[:2])
     spec = JobSpec(
         script=str(Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"),
@@ -133,11 +135,13 @@ def _share_error(access: ClusterAccess) -> str | None:
 
 
 def _print(name: str, kind: str, endpoint: str, checks: list[Check], failed: list[Check]) -> None:
+    from hpcjob.doctor import SKIP
+
     width = max(len(check.name) for check in checks)
     click.echo(f"cluster {name} ({kind}, {endpoint})")
     for check in checks:
         click.echo(f"  {check.result.upper():4}  {check.name.ljust(width)}  {check.detail}")
         if check.fix and check.failed:
             click.echo(f"  {'':4}  {''.ljust(width)}  fix: {check.fix}")
-    ran = [check for check in checks if check.result != "skip"]
+    ran = [check for check in checks if check.result != SKIP]
     click.echo(f"{len(failed)} of {len(ran)} checks failed" if failed else f"all {len(ran)} checks passed")
