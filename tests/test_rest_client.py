@@ -22,11 +22,11 @@ from hpcjob.backends.rest import (
     RestClient,
     RestError,
     RestUnsure,
-    RetryPolicy,
     wait_for_job,
 )
 from hpcjob.backends.scheduler import (
     PollPolicy,
+    RetryPolicy,
     choose_nodes,
     job_summary,
     refuse_taken_names,

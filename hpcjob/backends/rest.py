@@ -11,14 +11,13 @@ says whether the scheduler has it.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hpcjob.backends.scheduler import (
     PollPolicy,
+    RetryPolicy,
     certificate_failure,
     cluster_plan,
     follow_job,
@@ -68,23 +67,6 @@ class CancelError(RestError):
     def __init__(self, message: str, state: str | None) -> None:
         super().__init__(message)
         self.state = state
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Backoff for reads: first wait, growth, longest wait, and the total deadline of one call."""
-
-    first_wait_s: float = 0.5
-    factor: float = 2.0
-    max_wait_s: float = 8.0
-    deadline_s: float = 60.0
-    timeout_s: float = 30.0
-
-    def waits(self) -> Iterable[float]:
-        wait = self.first_wait_s
-        while True:
-            yield wait * random.uniform(0.8, 1.2)  # jitter: many clients do not retry in step
-            wait = min(wait * self.factor, self.max_wait_s)
 
 
 def properties(items: Iterable[Mapping[str, Any]]) -> dict[str, str]:

@@ -5,6 +5,7 @@ Pure logic over the shared types of hpcjob.results; the share is read through a 
 
 from __future__ import annotations
 
+import random
 import ssl
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -34,6 +35,23 @@ if TYPE_CHECKING:
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
     from hpcjob.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff for reads: first wait, growth, longest wait, and the total deadline of one call."""
+
+    first_wait_s: float = 0.5
+    factor: float = 2.0
+    max_wait_s: float = 8.0
+    deadline_s: float = 60.0
+    timeout_s: float = 30.0
+
+    def waits(self) -> Iterable[float]:
+        wait = self.first_wait_s
+        while True:
+            yield wait * random.uniform(0.8, 1.2)  # jitter: many clients do not retry in step
+            wait = min(wait * self.factor, self.max_wait_s)
 
 
 def choose_nodes(

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.backends.rest import RetryPolicy
 from hpcjob.backends.scheduler import (
+    RetryPolicy,
     certificate_failure,
     cluster_plan,
     follow_job,

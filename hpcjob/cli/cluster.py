@@ -415,11 +415,15 @@ def log_access(
     if record.local_root:
         return LocalFolder(Path(record.local_root)), scheduler_end
     if not record.share:
+        why = (
+            f"run {record.run_id} was submitted without a share"
+            if record.job_folder
+            else f"job {record.job_id} was not submitted from this machine: its share and folder are unknown"
+        )
         click.echo(
-            f"hpcjob: warning: run {record.run_id} was submitted without a share, so hpcjob cannot read "
-            "its log files; showing the scheduler's copy of each task's output, which holds only its "
-            "first 1500 bytes (give the share with `hpcjob logs --share UNC --job-folder PATH`, or add "
-            f"it to cluster {record.cluster})",
+            f"hpcjob: warning: {why}, so hpcjob cannot read its log files; showing the scheduler's copy of "
+            "each task's output, which holds only its first 1500 bytes (give the share with `hpcjob logs "
+            f"--share UNC --job-folder PATH`, or add it to cluster {record.cluster})",
             err=True,
         )
     else:
@@ -460,7 +464,7 @@ def _job_id(job: str) -> int | None:
     return int(job)
 
 
-def _run_of(job: str, cluster_name: str | None, backend_kind: str | None) -> RunRecord:
+def run_of(job: str, cluster_name: str | None, backend_kind: str | None) -> RunRecord:
     """JOB's record: a run id or job id recorded on this machine, else a job id on the cluster."""
     from hpcjob.config import get_profile
     from hpcjob.runs import RunRecord, find_run
@@ -496,7 +500,7 @@ def _backend_of(record: RunRecord, cluster_name: str | None, backend_kind: str |
 def status(job: str, cluster_name: str | None, backend_kind: str | None, as_json: bool) -> None:
     """The state of JOB and of each of its tasks: an HPC Pack job id, or a run id (of a job submitted
     from this machine, or of a `run --local` in another shell)."""
-    record = _run_of(job, cluster_name, backend_kind)
+    record = run_of(job, cluster_name, backend_kind)
     info = _backend_of(record, cluster_name, backend_kind).status(record)
     if record.local_root:  # the logs are on this machine (a local run, a mounted share): GPU use too
         from hpcjob.logs import RunLogs
@@ -564,7 +568,7 @@ def _print_status(info: JobInfo, as_json: bool) -> None:
 def cancel(job: str, cluster_name: str | None, backend_kind: str | None, force: bool) -> None:
     """Cancel JOB (a job id, or a run id, also of a `run --local` in another shell). Canceling a job
     that has already ended, or is being canceled, is not an error."""
-    record = _run_of(job, cluster_name, backend_kind)
+    record = run_of(job, cluster_name, backend_kind)
     backend = _backend_of(record, cluster_name, backend_kind)
     shown = f"job {record.job_id}" if record.job_id else f"run {record.run_id}"
     already = backend.cancel(record, force=force)

@@ -262,7 +262,7 @@ def logs(
     cannot be reached, a submitted job's output comes from the scheduler, which keeps only its start.
     """
     from hpcjob.logs import RunLogs
-    from hpcjob.runs import RunRecord, find_run
+    from hpcjob.runs import RunRecord
     from hpcjob.share import LocalFolder, ShareFolder
     from hpcjob.spec import SpecError, check_job_folder, check_run_id, parse_share
 
@@ -282,7 +282,9 @@ def logs(
             share=share,
         )
     else:
-        record = find_run(run_id, cluster_name)
+        from hpcjob.cli.cluster import run_of
+
+        record = run_of(run_id, cluster_name, None)  # a bare job id: the scheduler's copy of the output
     scheduler_end: Callable[[], int | None] | None = None
     folder: ShareFolder | None
     if record.cluster is not None:  # the cluster knows whether the job has ended
