@@ -34,7 +34,7 @@ import sys
 import tempfile
 import tomllib
 import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -52,6 +52,10 @@ EMULATOR_PASSWORD_ENV = "HPCJOB_EMULATOR_PASSWORD"
 # `cluster onboard`: the new cluster's admin password and its nodes' authentication key.
 ADMIN_PASSWORD_ENV = "HPCJOB_ADMIN_PASSWORD"
 AUTH_KEY_ENV = "HPCJOB_AUTH_KEY"
+# A caller's own credential for one command (the PowerShell module's -Credential): it wins over the
+# profile's user and password source, and reaches hpcjob through its environment, never its argv.
+CREDENTIAL_USER_ENV = "HPCJOB_CREDENTIAL_USER"
+CREDENTIAL_PASSWORD_ENV = "HPCJOB_CREDENTIAL_PASSWORD"
 
 # Profile names are TOML keys, keyring keys and command-line arguments: plain, and never an option.
 _PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -301,11 +305,27 @@ def _check_ca_bundle(where: str, path: str) -> None:
         raise SpecError(f"{where}: ca_bundle {path!r}: {exc.strerror}") from None
 
 
+def user_folder(kind: str) -> Path:
+    """hpcjob's folder of `kind` ("config" or "state") for this user: %APPDATA%\\hpcjob (config) and
+    %LOCALAPPDATA%\\hpcjob (state) on Windows, else the XDG base directories (~/.config/hpcjob,
+    ~/.local/state/hpcjob)."""
+    if sys.platform == "win32":
+        variable = "APPDATA" if kind == "config" else "LOCALAPPDATA"
+        base = os.environ.get(variable) or str(
+            Path.home() / "AppData" / ("Roaming" if kind == "config" else "Local")
+        )
+        return Path(base) / "hpcjob"
+    variable, default = {
+        "config": ("XDG_CONFIG_HOME", ".config"),
+        "state": ("XDG_STATE_HOME", ".local/state"),
+    }[kind]
+    return Path(os.environ.get(variable) or Path.home() / default) / "hpcjob"
+
+
 def config_path() -> Path:
     if os.environ.get("HPCJOB_CONFIG"):
         return Path(os.environ["HPCJOB_CONFIG"])
-    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config_home) / "hpcjob" / "clusters.toml"
+    return user_folder("config") / "clusters.toml"
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -434,7 +454,13 @@ def secret_variables() -> frozenset[str]:
     Never raises: with a broken or missing file, only the fixed names. A profile that fails its checks
     still names its variable.
     """
-    names = {SMB_PASSWORD_ENV, EMULATOR_PASSWORD_ENV, ADMIN_PASSWORD_ENV, AUTH_KEY_ENV}
+    names = {
+        SMB_PASSWORD_ENV,
+        EMULATOR_PASSWORD_ENV,
+        ADMIN_PASSWORD_ENV,
+        AUTH_KEY_ENV,
+        CREDENTIAL_PASSWORD_ENV,
+    }
     with contextlib.suppress(Exception):  # scrubbing goes on whatever the file holds
         for table in _read(config_path()).get("clusters", {}).values():
             source = table.get("password") if isinstance(table, dict) else None
@@ -443,8 +469,17 @@ def secret_variables() -> frozenset[str]:
     return frozenset(names)
 
 
+def with_caller_user(profile: ClusterProfile) -> ClusterProfile:
+    """The profile with the caller's user (CREDENTIAL_USER_ENV) in place of its own, when one is given."""
+    user = os.environ.get(CREDENTIAL_USER_ENV)
+    return replace(profile, user=user) if user else profile
+
+
 def password_for(profile: ClusterProfile) -> str:
-    """The REST password, from where the profile says; never stored by hpcjob."""
+    """The head node's password: the caller's (CREDENTIAL_PASSWORD_ENV), else from where the profile
+    says; never stored by hpcjob."""
+    if CREDENTIAL_PASSWORD_ENV in os.environ:
+        return os.environ[CREDENTIAL_PASSWORD_ENV]
     source = profile.password
     if source.startswith("env:"):
         variable = source[4:]

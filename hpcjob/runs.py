@@ -10,7 +10,6 @@ without a record that points to it.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -62,8 +61,9 @@ class RunRecord:
 
 
 def runs_file() -> Path:
-    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state_home) / "hpcjob" / "runs.jsonl"
+    from hpcjob.config import user_folder
+
+    return user_folder("state") / "runs.jsonl"
 
 
 def save_run(record: RunRecord) -> None:
@@ -86,6 +86,17 @@ def _records_newest_first() -> Iterator[RunRecord]:
             yield RunRecord(**{k: v for k, v in data.items() if k in known})
         except (json.JSONDecodeError, TypeError, AttributeError):
             continue
+
+
+def recorded_runs() -> list[RunRecord]:
+    """Each run this machine started or rendered, newest first, as its latest record says."""
+    seen: set[str] = set()
+    latest = []
+    for record in _records_newest_first():
+        if record.run_id not in seen:
+            seen.add(record.run_id)
+            latest.append(record)
+    return latest
 
 
 def find_run(run_id: str, cluster: str | None = None) -> RunRecord:

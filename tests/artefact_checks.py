@@ -177,14 +177,14 @@ def ps_unquote(literal: str) -> str:
     return value
 
 
-def _parse(text: str) -> tuple[bytes, tree_sitter.Node]:
+def parse_powershell(text: str) -> tuple[bytes, tree_sitter.Node]:
     parser = tree_sitter.Parser(tree_sitter.Language(tree_sitter_powershell.language()))
     source = text.encode()
     return source, parser.parse(source).root_node
 
 
 def powershell_errors(text: str) -> bool:
-    return _parse(text)[1].has_error
+    return parse_powershell(text)[1].has_error
 
 
 def _verbatim(node: tree_sitter.Node) -> bool:
@@ -194,7 +194,7 @@ def _verbatim(node: tree_sitter.Node) -> bool:
 def ps_shape(text: str) -> tuple[str, list[str], list[str]]:
     """The script with each comment as #_, each single-quoted string as '_' and the job file's base64
     array as @(_); the strings' values in order; the base64 lines."""
-    source, root = _parse(text)
+    source, root = parse_powershell(text)
     assert not root.has_error
     cuts: list[tuple[int, int, str]] = []
     values: list[str] = []
@@ -202,8 +202,8 @@ def ps_shape(text: str) -> tuple[str, list[str], list[str]]:
 
     def walk(node: tree_sitter.Node) -> None:
         if node.type == "array_expression":
-            strings = [n for n in _descendants(node) if n.type == "string_literal"]
-            chunks.extend(ps_unquote(_text(source, n)) for n in strings)
+            strings = [n for n in descendants(node) if n.type == "string_literal"]
+            chunks.extend(ps_unquote(node_text(source, n)) for n in strings)
             assert all(_verbatim(n) for n in strings)
             cuts.append((node.start_byte, node.end_byte, "@(_)"))
             return
@@ -211,7 +211,7 @@ def ps_shape(text: str) -> tuple[str, list[str], list[str]]:
             cuts.append((node.start_byte, node.end_byte, "#_"))
             return
         if _verbatim(node):
-            values.append(ps_unquote(_text(source, node)))
+            values.append(ps_unquote(node_text(source, node)))
             cuts.append((node.start_byte, node.end_byte, "'_'"))
             return
         for child in node.children:
@@ -225,15 +225,15 @@ def ps_shape(text: str) -> tuple[str, list[str], list[str]]:
     return (shape + source[last:]).decode(), values, chunks
 
 
-def _descendants(node: tree_sitter.Node) -> list[tree_sitter.Node]:
+def descendants(node: tree_sitter.Node) -> list[tree_sitter.Node]:
     found = []
     for child in node.children:
         found.append(child)
-        found.extend(_descendants(child))
+        found.extend(descendants(child))
     return found
 
 
-def _text(source: bytes, node: tree_sitter.Node) -> str:
+def node_text(source: bytes, node: tree_sitter.Node) -> str:
     return source[node.start_byte : node.end_byte].decode()
 
 

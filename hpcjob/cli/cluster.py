@@ -197,9 +197,9 @@ class ClusterAccess:
 
     def __init__(self, cluster_name: str | None, backend_kind: str | None = None) -> None:
         from hpcjob.backends import open_backend
-        from hpcjob.config import get_profile, password_for
+        from hpcjob.config import get_profile, password_for, with_caller_user
 
-        self.profile = get_profile(cluster_name)
+        self.profile = with_caller_user(get_profile(cluster_name))
         self.password = password_for(self.profile)
         if self.profile.insecure:
             click.echo(
@@ -253,7 +253,8 @@ backend_option = click.option(
     "--json",
     "as_json",
     is_flag=True,
-    help="With --wait, print the summary as JSON (the fields of `run --local --json`); progress to stderr.",
+    help="Print the run and job id as JSON, with --wait the summary (the fields of `run --local --json`); "
+    "progress to stderr.",
 )
 @smb_options
 @job_options
@@ -308,6 +309,11 @@ def submit(
         cluster, spec, run_id, smb, mount_step=mount_step, wait=wait, progress=progress
     )
     if summary is None:
+        if as_json:
+            from hpcjob.runs import find_run
+
+            record = find_run(run_id)
+            click.echo(json.dumps({"run_id": run_id, "job_id": record.job_id, "cluster": record.cluster}))
         return
     from hpcjob.cli.tables import format_summary
 
@@ -512,14 +518,16 @@ def status(job: str, cluster_name: str | None, backend_kind: str | None, as_json
                 RunLogs(LocalFolder(Path(record.local_root)), record.log_folder, record.nodes).gpu_use()
             ),
         )
-    _print_status(info, as_json)
+    # A bare job id (not submitted from here) has no record: its name is hpcjob's run id.
+    _print_status(info, record.run_id if record.job_folder else info.name, as_json)
 
 
-def _print_status(info: JobInfo, as_json: bool) -> None:
+def _print_status(info: JobInfo, run_id: str, as_json: bool) -> None:
     exit_code = info.exit_code() if info.ended else None
     if as_json:
         data = {
             "job_id": info.job_id,
+            "run_id": run_id,
             "name": info.name,
             "state": info.state,
             "error": info.error,

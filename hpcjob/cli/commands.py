@@ -141,6 +141,10 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     hpcjob. The exit code is 0 when the job finished, the exit code of what failed first when it
     failed, 130 when canceled.
     """
+    from hpcjob.spec import SpecError
+
+    if sys.platform == "win32":  # its nodes are bash and torchrun processes in POSIX process groups
+        raise SpecError("run --local needs Linux: on Windows, run it in WSL")
     from hpcjob.backends.local import (
         LocalBackend,
         cancel_on_signals,
@@ -153,7 +157,6 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     from hpcjob.gpus import default_procs_per_node, visible_gpus
     from hpcjob.runs import RunRecord, save_run
     from hpcjob.share import LocalFolder
-    from hpcjob.spec import SpecError
     from hpcjob.staging import upload
 
     if not local:
