@@ -1,24 +1,33 @@
-"""A record of the runs this client started, so that `hpcjob logs RUN_ID` knows where to look.
+"""The runs this machine started: where each one's files are (RunRecord), and its history.
 
-One JSON object a line in `$XDG_STATE_HOME/hpcjob/runs.jsonl` (default ~/.local/state). It holds
-where the run's files are (a local path, or a share and how to reach it), never a credential. A run
-on a cluster is recorded before its first job is created, and again at each step (`state`, the job
-ids): the latest record of a run id supersedes the earlier ones, so that no job hpcjob made is left
-without a record that points to it.
+An SQLite database, `runs.db` in hpcjob's state folder (~/.local/state/hpcjob, on Windows
+%LOCALAPPDATA%\\hpcjob). One row a run: where its files are (a local path, or a share and how to reach
+it; never a credential), the command, the plan and tags it started with, the job's state as last seen,
+and its summary once it has ended. A run on a cluster is recorded before its first job is created, and
+again at each step (the job ids), so that no job hpcjob made is left without a record that points to
+it. Every change is one IMMEDIATE transaction, so hpcjob processes writing at once wait for each other
+instead of losing a record. The schema has a version (SQLite's user_version) and a migration for each;
+the runs.jsonl of hpcjob 0.1 is imported once, when the database is made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+import re
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.spec import SpecError
+from hpcjob.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
     from hpcjob.plan import JobPlan
+    from hpcjob.results import JobSummary
 
 
 @dataclass(frozen=True)
@@ -60,43 +69,320 @@ class RunRecord:
         return f"{self.job_folder}/logs/{self.run_id}"
 
 
-def runs_file() -> Path:
+# Each migration takes the database from the version before it to its own; user_version says which ran.
+MIGRATIONS = (
+    """
+    CREATE TABLE runs (
+        run_id        TEXT PRIMARY KEY,
+        started       REAL NOT NULL,  -- unix time of the run's first record
+        updated       REAL NOT NULL,
+        name          TEXT NOT NULL,
+        backend       TEXT NOT NULL,
+        cluster       TEXT,
+        job_id        TEXT,
+        nodes         INTEGER NOT NULL,
+        gpus_per_node INTEGER,
+        state         TEXT,           -- the job's state as last seen (Running, Finished, Failed, ...)
+        exit_code     INTEGER,
+        wall_s        REAL,
+        record        TEXT NOT NULL,  -- the RunRecord, as JSON
+        command       TEXT,           -- the hpcjob command that started it
+        plan          TEXT,           -- the job, as `render --format json` writes it
+        summary       TEXT            -- the JobSummary at its end, as JSON
+    );
+    CREATE INDEX runs_by_start ON runs (started);
+    CREATE INDEX runs_by_job ON runs (job_id);
+    CREATE TABLE tags (
+        run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        key    TEXT NOT NULL,
+        value  TEXT NOT NULL,
+        PRIMARY KEY (run_id, key)
+    );
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+ENDED_STATES = ("Finished", "Failed", "Canceled")
+_RUN_ID_TIME = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
+
+
+def history_file() -> Path:
     from hpcjob.config import user_folder
 
-    return user_folder("state") / "runs.jsonl"
+    return user_folder("state") / "runs.db"
 
 
-def save_run(record: RunRecord) -> None:
-    path = runs_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(asdict(record)) + "\n")
+def legacy_runs_file() -> Path:
+    """hpcjob 0.1's record of runs, one JSON object a line: imported into the database once."""
+    return history_file().with_name("runs.jsonl")
 
 
-def _records_newest_first() -> Iterator[RunRecord]:
-    path = runs_file()
-    # A line torn or garbled by hand is skipped, not fatal: the others still find their runs.
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+@contextlib.contextmanager
+def _history(write: bool = True) -> Iterator[sqlite3.Connection]:
+    """The database, migrated, inside one IMMEDIATE transaction (committed when the block ends). A read
+    where there is no database yet makes none: it reads an empty one in memory (with what it imports)."""
+    path = history_file()
+    try:
+        if write:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        where = str(path) if write or path.exists() else ":memory:"
+        connection = sqlite3.connect(where, timeout=30, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise HpcjobError(f"cannot open the run history {path}: {exc}") from None
+    try:
+        connection.execute("PRAGMA foreign_keys = ON")
+        connection.execute("BEGIN IMMEDIATE")
+        _migrate(connection)
+        yield connection
+        connection.execute("COMMIT")
+    except sqlite3.DatabaseError as exc:
+        with contextlib.suppress(sqlite3.Error):
+            connection.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            raise HpcjobError(f"the run history {path} stayed locked by another hpcjob for 30 s") from None
+        raise HpcjobError(
+            f"the run history {path} is damaged ({exc}): move it aside (hpcjob starts a new one) and keep it "
+            "for the runs it knew"
+        ) from None
+    finally:
+        connection.close()
+
+
+def _migrate(connection: sqlite3.Connection) -> None:
+    version = int(connection.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise HpcjobError(
+            f"the run history {history_file()} was written by a newer hpcjob (schema {version}, this one "
+            f"knows {SCHEMA_VERSION}): upgrade hpcjob"
+        )
+    for script in MIGRATIONS[version:]:
+        for statement in script.split(";"):
+            if statement.strip():
+                connection.execute(statement)
+    if version == 0:
+        _import_legacy(connection)
+    if version < SCHEMA_VERSION:
+        connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _import_legacy(connection: sqlite3.Connection) -> None:
+    """The runs.jsonl of hpcjob 0.1, oldest line first, so that a run's latest line wins. A line torn or
+    garbled by hand is skipped. Its runs start when their run ids say, else when the file was written."""
+    path = legacy_runs_file()
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        written = path.stat().st_mtime
+    except OSError:
+        return
     known = {f.name for f in fields(RunRecord)}
-    for line in reversed(lines):
+    for line in lines:
         try:
             data = json.loads(line)
             data["nodes"] = tuple(data.get("nodes", ()))
-            # Keys of a newer hpcjob are skipped, not fatal.
-            yield RunRecord(**{k: v for k, v in data.items() if k in known})
+            record = RunRecord(**{k: v for k, v in data.items() if k in known})
         except (json.JSONDecodeError, TypeError, AttributeError):
             continue
+        match = _RUN_ID_TIME.search(record.run_id)
+        started = written
+        if match:
+            with contextlib.suppress(ValueError):
+                started = datetime.strptime(match[1], "%Y%m%d-%H%M%S").timestamp()
+        _upsert(connection, record, started=started)
+
+
+def _upsert(
+    connection: sqlite3.Connection,
+    record: RunRecord,
+    *,
+    started: float | None = None,
+    command: str | None = None,
+    plan: str | None = None,
+    gpus_per_node: int | None = None,
+) -> None:
+    now = time.time()
+    connection.execute(
+        """
+        INSERT INTO runs (run_id, started, updated, name, backend, cluster, job_id, nodes, gpus_per_node,
+                          record, command, plan)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (run_id) DO UPDATE SET
+            updated = excluded.updated, name = excluded.name, backend = excluded.backend,
+            cluster = excluded.cluster, job_id = excluded.job_id, nodes = excluded.nodes,
+            record = excluded.record,
+            gpus_per_node = COALESCE(excluded.gpus_per_node, runs.gpus_per_node),
+            command = COALESCE(excluded.command, runs.command), plan = COALESCE(excluded.plan, runs.plan)
+        """,
+        (
+            record.run_id, started or now, now, record.name, record.backend, record.cluster, record.job_id,
+            len(record.nodes), gpus_per_node, json.dumps(asdict(record)), command, plan,
+        ),
+    )  # fmt: skip
+
+
+def save_run(
+    record: RunRecord,
+    *,
+    command: str | None = None,
+    plan: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    gpus_per_node: int | None = None,
+) -> None:
+    """Record the run (again: the latest record of a run id supersedes the earlier ones); the command,
+    plan, tags and GPUs per node are kept from the first record that gives them."""
+    with _history() as connection:
+        _upsert(connection, record, command=command, plan=plan, gpus_per_node=gpus_per_node)
+        for key, value in (tags or {}).items():
+            connection.execute(
+                "INSERT OR REPLACE INTO tags (run_id, key, value) VALUES (?, ?, ?)",
+                (record.run_id, key, value),
+            )
+
+
+def record_end(summary: JobSummary) -> None:
+    """The run's summary, at its end: state, exit code, wall time, nodes, root cause, metrics."""
+    with _history() as connection:
+        connection.execute(
+            "UPDATE runs SET state = ?, exit_code = ?, wall_s = ?, summary = ?, updated = ? WHERE run_id = ?",
+            (
+                summary.state.value, summary.exit_code, summary.wall_time_s, summary.to_json(), time.time(),
+                summary.run_id,
+            ),
+        )  # fmt: skip
+
+
+def record_state(run_id: str, state: str, exit_code: int | None) -> None:
+    """The job's state as just seen (`hpcjob status`), where no summary says more."""
+    with _history() as connection:
+        connection.execute(
+            "UPDATE runs SET state = ?, exit_code = COALESCE(?, exit_code), updated = ? "
+            "WHERE run_id = ? AND summary IS NULL",
+            (state, exit_code, time.time(), run_id),
+        )
+
+
+def _record_of(text: str) -> RunRecord:
+    data = json.loads(text)
+    data["nodes"] = tuple(data.get("nodes", ()))
+    known = {f.name for f in fields(RunRecord)}
+    return RunRecord(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One run as the history knows it."""
+
+    record: RunRecord
+    started: float
+    updated: float
+    state: str | None
+    exit_code: int | None
+    wall_s: float | None
+    gpus_per_node: int | None
+    command: str | None
+    plan: dict[str, Any] | None
+    summary: JobSummary | None
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def node_hours(self) -> float | None:
+        return None if self.wall_s is None else len(self.record.nodes) * self.wall_s / 3600
+
+    @property
+    def gpu_hours(self) -> float | None:
+        if self.node_hours is None or not self.gpus_per_node:
+            return None
+        return self.node_hours * self.gpus_per_node
+
+    @property
+    def samples_per_s(self) -> float | None:
+        value = (self.summary.metrics or {}).get("samples_per_sec") if self.summary else None
+        return float(value) if isinstance(value, int | float) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self.record),
+            "started": self.started,
+            "updated": self.updated,
+            "job_state": self.state,
+            "exit_code": self.exit_code,
+            "wall_s": self.wall_s,
+            "gpus_per_node": self.gpus_per_node,
+            "node_hours": self.node_hours,
+            "gpu_hours": self.gpu_hours,
+            "samples_per_s": self.samples_per_s,
+            "tags": self.tags,
+            "command": self.command,
+            "plan": self.plan,
+            "summary": json.loads(self.summary.to_json()) if self.summary else None,
+        }
+
+
+def history(
+    *,
+    cluster: str | None = None,
+    backend: str | None = None,
+    state: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    since: float | None = None,
+    last: int | None = None,
+) -> list[HistoryEntry]:
+    """The runs recorded here, newest first, of `cluster`/`backend`, in `state` (the job's, else the
+    submission's last step), with every one of `tags`, started at or after `since`."""
+    from hpcjob.results import JobSummary
+
+    query = (
+        "SELECT run_id, started, updated, state, exit_code, wall_s, gpus_per_node, record, command, plan, "
+    )
+    query += "summary FROM runs WHERE 1 = 1"
+    values: list[Any] = []
+    for column, wanted in (("cluster", cluster), ("backend", backend)):
+        if wanted is not None:
+            query += f" AND {column} = ?"
+            values.append(wanted)
+    if since is not None:
+        query += " AND started >= ?"
+        values.append(since)
+    for key, value in (tags or {}).items():
+        query += (
+            " AND EXISTS (SELECT 1 FROM tags t WHERE t.run_id = runs.run_id AND t.key = ? AND t.value = ?)"
+        )
+        values += [key, value]
+    query += " ORDER BY started DESC, rowid DESC"
+    entries = []
+    with _history(write=False) as connection:
+        rows = connection.execute(query, values).fetchall()
+        all_tags: dict[str, dict[str, str]] = {}
+        for run_id, key, value in connection.execute("SELECT run_id, key, value FROM tags ORDER BY key"):
+            all_tags.setdefault(run_id, {})[key] = value
+    for run_id, started, updated, job_state, exit_code, wall_s, gpus, record, command, plan, summary in rows:
+        entry = HistoryEntry(
+            record=_record_of(record),
+            started=started,
+            updated=updated,
+            state=job_state,
+            exit_code=exit_code,
+            wall_s=wall_s,
+            gpus_per_node=gpus,
+            command=command,
+            plan=json.loads(plan) if plan else None,
+            summary=JobSummary.from_json(summary) if summary else None,
+            tags=all_tags.get(run_id, {}),
+        )
+        if state is None or state.lower() in (str(job_state).lower(), str(entry.record.state).lower()):
+            entries.append(entry)
+    return entries[:last]
+
+
+def _records_newest_first() -> Iterator[RunRecord]:
+    with _history(write=False) as connection:
+        rows = connection.execute("SELECT record FROM runs ORDER BY updated DESC, rowid DESC").fetchall()
+    for (record,) in rows:
+        with contextlib.suppress(json.JSONDecodeError, TypeError, AttributeError):
+            yield _record_of(record)
 
 
 def recorded_runs() -> list[RunRecord]:
     """Each run this machine started or rendered, newest first, as its latest record says."""
-    seen: set[str] = set()
-    latest = []
-    for record in _records_newest_first():
-        if record.run_id not in seen:
-            seen.add(record.run_id)
-            latest.append(record)
-    return latest
+    return [entry.record for entry in history()]
 
 
 def find_run(run_id: str, cluster: str | None = None) -> RunRecord:
@@ -136,6 +422,6 @@ def check_new_run_id(run_id: str) -> None:
             else:
                 used = f"a {record.backend} run"
             raise SpecError(
-                f"run id {run_id!r} is taken: {used} has it (see {runs_file()}); choose another "
-                "--run-id, or leave it out for a new one"
+                f"run id {run_id!r} is taken: {used} has it (see `hpcjob runs show {run_id}`); choose "
+                "another --run-id, or leave it out for a new one"
             )

@@ -129,6 +129,23 @@ def parse_node_names(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
+_TAG_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def parse_tags(items: Iterable[str]) -> dict[str, str]:
+    """`--tag key=value` items: keys plain (letters, digits, _.-), values printable, at most 256 characters;
+    a key given twice keeps its last value."""
+    tags = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not _TAG_KEY.fullmatch(key):
+            raise SpecError(f"--tag {item!r} must be KEY=VALUE, the key of letters, digits, '_', '.' or '-'")
+        if len(value) > 256 or not value.isprintable():
+            raise SpecError(f"--tag {key}: the value must be printable and at most 256 characters")
+        tags[key] = value
+    return tags
+
+
 def parse_duration(text: str) -> int:
     """A run-time limit in seconds: `90m`, `12h`, `1d12h30m`, `45s`, or the scheduler's own
     `[[DD:]HH:]MM` form (`job submit /runtime:`)."""

@@ -58,7 +58,9 @@ def leftover_processes(run_id: str) -> list[int]:
 def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     run_id = "e2e-ok-1"
     result = subprocess.run(
-        hpcjob_run(tmp_path, run_id, "-n", "2", str(TRAIN), "--epochs", "2", *SMALL),
+        hpcjob_run(
+            tmp_path, run_id, "-n", "2", "--tag", "exp=base line", str(TRAIN), "--epochs", "2", *SMALL
+        ),
         capture_output=True,
         text=True,
         timeout=240,
@@ -88,6 +90,39 @@ def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     )
     assert logs.returncode == 0  # the run has ended: --follow returns at once with its exit code
     assert "] epoch 2/2" in logs.stdout and "[LOCAL1 err]" in logs.stdout and "[LOCAL2 err]" in logs.stdout
+    # The run's history: found by its tag, with its end and metrics; `runs show` gives it whole.
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcjob.cli",
+            "runs",
+            "--json",
+            "--tag",
+            "exp=base line",
+            "--state",
+            "finished",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    [entry] = json.loads(listed.stdout)
+    assert (entry["run_id"], entry["job_state"], entry["exit_code"]) == (run_id, "Finished", 0)
+    assert entry["samples_per_s"] == metrics["samples_per_sec"] > 0 and entry["tags"] == {"exp": "base line"}
+    assert entry["node_hours"] == pytest.approx(2 * summary["wall_time_s"] / 3600)
+    assert "--tag 'exp=base line'" in entry["command"] and entry["plan"]["run_id"] == run_id
+    shown = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "runs", "show", run_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"run {run_id} (run_ddp) on local" in shown.stdout
+    assert f"checkpoints: {tmp_path}/hpcjob/run_ddp/checkpoints" in shown.stdout
+    assert "LOCAL2" in shown.stdout and "accuracy" in shown.stdout
 
 
 FAILING = """

@@ -33,7 +33,6 @@ OWN = {
     "AdminPassword",
     "AuthenticationKey",
     "State",
-    "Last",
     "Timeout",
 }
 # Wait-HpcTorchJob polls `status` itself: its -PollSeconds is the module's, not an option.
@@ -271,7 +270,12 @@ def test_each_parameter_is_an_option_of_the_command_and_each_option_a_parameter(
     arguments = [p for p in command.params if isinstance(p, click.Argument)]
     own = OWN | OWN_BY_COMMAND.get(function.name, set())
     if ":" not in key:  # the function's whole param block: every parameter handed on, or its own
-        handed = set(entry["Options"]) | set(entry["Arguments"])
+        handed = {
+            name
+            for other, each in MOD.cli.items()
+            if other.split(":")[0] == key
+            for name in [*each["Options"], *each["Arguments"]]
+        }
         assert set(function.parameters) - own == handed, key
     for name, option in entry["Options"].items():
         assert option in by_option, (
@@ -342,6 +346,8 @@ def test_every_parameter_set_at_once_is_accepted_by_the_click_command(key: str, 
             low, high = parameter.valid_range
             bound[name] = int(high) if parameter.type == "int" else high
             bound[name] = int(low) if parameter.type == "int" and low >= 1 else bound[name]
+        elif parameter.type == "hashtable":
+            bound[name] = {"key": "value"}
         elif parameter.type == "string[]":
             bound[name] = ["GPU001", "GPU002"]
         else:
@@ -383,8 +389,8 @@ SETS = [
         {"script": "-odd.py", "name": "--wait", "wait": False, "dry_run": True},
     ),
     ("Get-HpcTorchJob", {"Id": "-7"}, {"job": "-7", "as_json": True}),
-    ("Get-HpcTorchJob:List", {"Last": 5, "Cluster": "prod"},
-     {"last": 5, "cluster_name": "prod", "as_json": True}),
+    ("Get-HpcTorchJob:List", {"Last": 5, "Cluster": "prod", "Tag": {"exp": "a b"}, "Since": "7d"},
+     {"last": 5, "cluster_name": "prod", "as_json": True, "tag_items": ("exp=a b",), "since": "7d"}),
     ("Stop-HpcTorchJob", {"Id": "12", "Force": True, "Backend": "winrm"},
      {"job": "12", "force": True, "backend_kind": "winrm"}),
     ("Receive-HpcTorchJobLog", {"Id": "12", "Follow": True, "Node": "GPU2"},

@@ -15,7 +15,7 @@ import pytest
 from hpcjob.backends.rest import RestClient, RestError, submit_job
 from hpcjob.emulator import HeadNode
 from hpcjob.results import Submission
-from hpcjob.runs import RunRecord, find_run, runs_file, save_run
+from hpcjob.runs import RunRecord, find_run, save_run
 
 from .conftest import Result
 
@@ -155,8 +155,8 @@ def test_a_reused_run_id_is_refused_before_anything_is_sent(
     again = submit(hpcjob, script, "exp-1")
     assert (again.code, again.out) == (2, "")
     assert again.err == (
-        f"hpcjob: error: run id 'exp-1' is taken: job {job} on cluster emu has it (see {runs_file()}); "
-        "choose another --run-id, or leave it out for a new one\n"
+        f"hpcjob: error: run id 'exp-1' is taken: job {job} on cluster emu has it (see `hpcjob runs show "
+        "exp-1`); choose another --run-id, or leave it out for a new one\n"
     )
     assert len(head.requests) == 0
     # Made elsewhere: this machine has no record of it, the cluster has.

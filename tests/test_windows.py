@@ -10,9 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from hpcjob.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hpcjob"
@@ -105,7 +102,7 @@ def test_configuration_and_records_live_in_the_windows_folders(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from hpcjob.config import config_path, user_folder
-    from hpcjob.runs import runs_file
+    from hpcjob.runs import history_file
 
     monkeypatch.setattr(sys, "platform", "win32")
     monkeypatch.delenv("HPCJOB_CONFIG", raising=False)
@@ -113,7 +110,7 @@ def test_configuration_and_records_live_in_the_windows_folders(
     monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "Local"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))  # not read on Windows
     assert config_path() == tmp_path / "Roaming" / "hpcjob" / "clusters.toml"
-    assert runs_file() == tmp_path / "Local" / "hpcjob" / "runs.jsonl"
+    assert history_file() == tmp_path / "Local" / "hpcjob" / "runs.db"
     monkeypatch.delenv("LOCALAPPDATA")
     monkeypatch.setenv("USERPROFILE", str(tmp_path / "user"))
     monkeypatch.setenv("HOME", str(tmp_path / "user"))
@@ -156,35 +153,3 @@ def test_the_caller_s_credential_wins_over_the_profile_and_never_reaches_the_tas
     assert with_caller_user(profile).user == "CONTOSO\\bob"
     assert password_for(profile) == "b0b's secret"  # not the profile's variable, which is not set
     assert CREDENTIAL_PASSWORD_ENV in secret_variables()
-
-
-def test_the_runs_command_lists_this_machine_s_runs_newest_first(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    import json
-
-    from hpcjob.runs import RunRecord, save_run
-
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-    for run_id, cluster, state in (
-        ("a-1", "prod", "created"),
-        ("b-2", None, None),
-        ("a-1", "prod", "submitted"),
-    ):
-        backend = "rest" if cluster else "local"
-        job_id = "7" if cluster else None
-        save_run(
-            RunRecord(
-                run_id, run_id[0], backend, "hpcjob/x", ("N1",), cluster=cluster, state=state, job_id=job_id
-            )
-        )
-    listed = CliRunner().invoke(cli, ["runs", "--json"])
-    assert listed.exit_code == 0, listed.output
-    assert [(r["run_id"], r["state"]) for r in json.loads(listed.output)] == [
-        ("a-1", "submitted"),
-        ("b-2", None),
-    ]
-    only = CliRunner().invoke(cli, ["runs", "--cluster", "prod", "--last", "1"])
-    assert only.output.splitlines()[0].split() == ["RUN", "NAME", "WHERE", "NODES", "RECORDED", "JOB"]
-    assert only.output.splitlines()[1].split() == ["a-1", "a", "prod", "N1", "submitted", "7"]
-    assert len(only.output.splitlines()) == 2

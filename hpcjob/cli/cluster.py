@@ -15,10 +15,19 @@ import click
 
 from hpcjob.backends import BACKENDS, CLUSTER_BACKENDS, WINRM_TRANSPORTS
 from hpcjob.cli.app import cli
-from hpcjob.cli.options import PASS_THROUGH, TEXT, build_spec, job_options, new_run_id, smb_options
+from hpcjob.cli.options import (
+    PASS_THROUGH,
+    TEXT,
+    build_spec,
+    job_options,
+    new_run_id,
+    smb_options,
+    started_command,
+    tag_option,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from hpcjob.backends import Backend
     from hpcjob.config import ClusterProfile
@@ -257,6 +266,7 @@ backend_option = click.option(
     "progress to stderr.",
 )
 @smb_options
+@tag_option
 @job_options
 def submit(
     cluster_name: str | None,
@@ -265,6 +275,7 @@ def submit(
     dry_run: bool,
     mount_step: bool,
     as_json: bool,
+    tag_items: tuple[str, ...],
     **params: Any,
 ) -> None:
     """Submit SCRIPT to an HPC Pack cluster, over its REST API or WinRM as the profile says.
@@ -277,9 +288,10 @@ def submit(
     from hpcjob.plan import make_plan
     from hpcjob.render import job_xml, mount_job_xml
     from hpcjob.runs import check_new_run_id
-    from hpcjob.spec import SpecError
+    from hpcjob.spec import SpecError, parse_tags
     from hpcjob.staging import code_files
 
+    tags = parse_tags(tag_items)
     spec = _spec_with_profile(params, get_profile(cluster_name))
     run_id = params["run_id"] or new_run_id(spec.name)
     check_new_run_id(run_id)
@@ -306,7 +318,7 @@ def submit(
 
     smb = (params.get("smb_user"), params.get("smb_server"), params["smb_port"])
     summary = submit_and_follow(
-        cluster, spec, run_id, smb, mount_step=mount_step, wait=wait, progress=progress
+        cluster, spec, run_id, smb, mount_step=mount_step, wait=wait, progress=progress, tags=tags
     )
     if summary is None:
         if as_json:
@@ -330,12 +342,15 @@ def submit_and_follow(
     mount_step: bool,
     wait: bool,
     progress: Callable[[str], None],
+    tags: Mapping[str, str] | None = None,
 ) -> JobSummary | None:
     """Upload the code, submit the job (recording the run at each step) and, with `wait`, follow it
     to its summary (the scheduler's states, the share's root cause and metrics)."""
     from dataclasses import replace
 
-    from hpcjob.runs import RunRecord, check_new_run_id, save_run
+    from hpcjob.render import plan_json
+    from hpcjob.runs import RunRecord, check_new_run_id, record_end, save_run
+    from hpcjob.spec import HpcjobError
     from hpcjob.staging import stage_run
 
     profile, backend = cluster.profile, cluster.backend
@@ -366,7 +381,13 @@ def submit_and_follow(
     def record(step: Submission) -> None:
         nonlocal latest
         latest = replace(first, state=step.state, job_id=step.job_id, mount_job_id=step.mount_job_id)
-        save_run(latest)
+        save_run(
+            latest,
+            command=started_command(),
+            plan=plan_json(plan),
+            tags=tags,
+            gpus_per_node=spec.gpus_per_node,
+        )
 
     check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload
     started = time.monotonic()
@@ -391,9 +412,12 @@ def submit_and_follow(
         except ShareError as exc:
             progress(f"hpcjob: warning: {exc}: the summary has only what the scheduler knows")
     try:
-        return job_summary(
+        summary = job_summary(
             info, plan, time.monotonic() - started, folder, f"{spec.job_folder}/logs/{plan.run_id}"
         )
+        with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
+            record_end(summary)
+        return summary
     finally:
         if folder is not None:
             folder.close()
@@ -508,6 +532,10 @@ def status(job: str, cluster_name: str | None, backend_kind: str | None, as_json
     from this machine, or of a `run --local` in another shell)."""
     record = run_of(job, cluster_name, backend_kind)
     info = _backend_of(record, cluster_name, backend_kind).status(record)
+    if record.job_folder:  # a run of this machine's: its history learns the state
+        from hpcjob.runs import record_state
+
+        record_state(record.run_id, info.state, info.exit_code() if info.ended else None)
     if record.local_root:  # the logs are on this machine (a local run, a mounted share): GPU use too
         from hpcjob.logs import RunLogs
         from hpcjob.share import LocalFolder

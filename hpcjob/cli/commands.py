@@ -25,6 +25,8 @@ from hpcjob.cli.options import (
     new_run_id,
     open_smb,
     smb_options,
+    started_command,
+    tag_option,
 )
 
 if TYPE_CHECKING:
@@ -131,8 +133,11 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     metavar="SECONDS",
     help="How long stopped nodes get after SIGINT before SIGKILL.",
 )
+@tag_option
 @job_options
-def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: Any) -> None:
+def run(
+    local: bool, as_json: bool, quiet: bool, grace_period: float, tag_items: tuple[str, ...], **params: Any
+) -> None:
     """Run SCRIPT as a distributed job and wait for it; exit with the job's exit code.
 
     With --local, each node is a real `python3 -m torch.distributed.run` started the way HPC Pack
@@ -155,12 +160,15 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     from hpcjob.cli.tables import format_summary
     from hpcjob.config import secret_variables
     from hpcjob.gpus import default_procs_per_node, visible_gpus
-    from hpcjob.runs import RunRecord, save_run
+    from hpcjob.render import plan_json
+    from hpcjob.runs import RunRecord, record_end, save_run
     from hpcjob.share import LocalFolder
+    from hpcjob.spec import HpcjobError, parse_tags
     from hpcjob.staging import upload
 
     if not local:
         raise SpecError("run needs --local: this version runs jobs on this machine only")
+    tags = parse_tags(tag_items)
     if importlib.util.find_spec("torch") is None:
         raise SpecError(f"run --local needs torch in {sys.executable}: pip install 'hpcjob[train]'")
     code_dir = Path(params["script"]).resolve().parent
@@ -197,10 +205,18 @@ def run(local: bool, as_json: bool, quiet: bool, grace_period: float, **params: 
     upload(Path(spec.script).resolve().parent, LocalFolder(share_root), spec.job_folder)
     pid, pid_start = this_process()
     save_run(
-        RunRecord.of(plan, spec.job_folder, "local", local_root=str(share_root), pid=pid, pid_start=pid_start)
+        RunRecord.of(
+            plan, spec.job_folder, "local", local_root=str(share_root), pid=pid, pid_start=pid_start
+        ),
+        command=started_command(),
+        plan=plan_json(plan),
+        tags=tags,
+        gpus_per_node=len(gpus[0].split(",")) if gpus else None,
     )
     cancel_on_signals()
     summary = backend.run(plan, progress=progress, echo_output=not quiet)
+    with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
+        record_end(summary)
     with contextlib.suppress(OSError):
         click.echo(summary.to_json() if as_json else format_summary(summary))
     sys.exit(summary.exit_code)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import secrets
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -274,6 +276,21 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
         fields["rdzv_port"] = params["rdzv_port"]
     fields.update(overrides)
     return JobSpec(**fields)
+
+
+tag_option = click.option(
+    "--tag",
+    "tag_items",
+    multiple=True,
+    type=TEXT,
+    metavar="KEY=VALUE",
+    help="Label the run in this machine's history (`hpcjob runs --tag KEY=VALUE`), repeatable.",
+)
+
+
+def started_command() -> str:
+    """The hpcjob command line as it was given, for the run's history (it never holds a secret)."""
+    return shlex.join(["hpcjob", *sys.argv[1:]])
 
 
 def new_run_id(name: str) -> str:

@@ -1,17 +1,39 @@
-"""`hpcjob runs`: the runs this machine started, as recorded here (hpcjob.runs)."""
+"""`hpcjob runs`: the history of the runs this machine started (hpcjob.runs), one run whole, and plots."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import re
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 import click
 
 from hpcjob.cli.app import cli
 from hpcjob.cli.options import TEXT
 
+if TYPE_CHECKING:
+    from hpcjob.runs import HistoryEntry
 
-@cli.command("runs")
+_AGO = re.compile(r"(\d+)([dhm])")
+
+
+def parse_since(text: str, now: float) -> float:
+    """`--since`: a date or time (2026-11-01, 2026-11-01T09:30) in local time, or an age (7d, 12h, 30m)."""
+    from hpcjob.spec import SpecError
+
+    if match := _AGO.fullmatch(text.strip()):
+        return now - int(match[1]) * {"d": 86400, "h": 3600, "m": 60}[match[2]]
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise SpecError(
+            f"--since {text!r} must be a date (2026-11-01), a time (2026-11-01T09:30) or an age (7d, 12h)"
+        ) from None
+
+
+@cli.group("runs", invoke_without_command=True)
 @click.option("--cluster", "cluster_name", type=TEXT, metavar="NAME", help="Only the runs on this cluster.")
 @click.option(
     "--backend",
@@ -20,22 +42,142 @@ from hpcjob.cli.options import TEXT
     metavar="KIND",
     help="Only the runs of this backend: local, rest, winrm, or manual (rendered for submitting by hand).",
 )
+@click.option(
+    "--state",
+    type=TEXT,
+    metavar="STATE",
+    help="Only runs in this state as last seen (Running, Finished, Failed, Canceled, or a submission step).",
+)
+@click.option(
+    "--tag", "tag_items", multiple=True, type=TEXT, metavar="KEY=VALUE", help="Only runs with this tag."
+)
+@click.option("--since", type=TEXT, metavar="WHEN", help="Only runs started since: 2026-11-01, 7d, 12h.")
 @click.option("--last", type=click.IntRange(min=1), metavar="N", help="Only the newest N runs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON, one object each.")
-def runs(cluster_name: str | None, backend_kind: str | None, last: int | None, as_json: bool) -> None:
-    """The runs this machine started (run --local, submit) or rendered, newest first: run id, name,
-    where it ran, its nodes, the last step recorded and the job id. `hpcjob status RUN` asks for its
-    state now."""
-    from hpcjob.runs import recorded_runs
-
-    chosen = [
-        r for r in recorded_runs() if cluster_name in (None, r.cluster) and backend_kind in (None, r.backend)
-    ][:last]
-    if as_json:
-        click.echo(json.dumps([dataclasses.asdict(r) for r in chosen]))
+@click.pass_context
+def runs(
+    ctx: click.Context,
+    cluster_name: str | None,
+    backend_kind: str | None,
+    state: str | None,
+    tag_items: tuple[str, ...],
+    since: str | None,
+    last: int | None,
+    as_json: bool,
+) -> None:
+    """The runs this machine started (run --local, submit) or rendered, newest first: where, nodes x
+    GPUs, state as last seen, start, wall time, node- and GPU-hours, samples/s and tags. `hpcjob status
+    RUN` asks for a job's state now; `hpcjob runs show RUN` gives one run whole."""
+    if ctx.invoked_subcommand is not None:
         return
-    from hpcjob.cli.tables import table
+    from hpcjob.runs import history
+    from hpcjob.spec import parse_tags
 
-    rows = [(r.run_id, r.name, r.cluster or r.backend, ",".join(r.nodes), r.state, r.job_id) for r in chosen]
-    for line in table(("RUN", "NAME", "WHERE", "NODES", "RECORDED", "JOB"), rows):
+    entries = history(
+        cluster=cluster_name,
+        backend=backend_kind,
+        state=state,
+        tags=parse_tags(tag_items),
+        since=parse_since(since, time.time()) if since else None,
+        last=last,
+    )
+    if as_json:
+        click.echo(json.dumps([entry.to_dict() for entry in entries]))
+        return
+    from hpcjob.cli.tables import duration, number, table
+
+    def hours(value: float | None) -> str | None:
+        return None if value is None else f"{value:.2f}"
+
+    rows = [
+        (
+            e.record.run_id,
+            e.record.name,
+            e.record.cluster or e.record.backend,
+            f"{len(e.record.nodes)}x{e.gpus_per_node}" if e.gpus_per_node else str(len(e.record.nodes)),
+            e.state or e.record.state,
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(e.started)),
+            None if e.wall_s is None else duration(e.wall_s),
+            hours(e.node_hours),
+            hours(e.gpu_hours),
+            None if e.samples_per_s is None else number(e.samples_per_s),
+            " ".join(f"{k}={v}" for k, v in e.tags.items()) or None,
+        )
+        for e in entries
+    ]
+    header = (
+        "RUN",
+        "NAME",
+        "WHERE",
+        "NODES",
+        "STATE",
+        "START",
+        "WALL",
+        "NODE-H",
+        "GPU-H",
+        "SAMPLES/S",
+        "TAGS",
+    )
+    for line in table(header, rows):
         click.echo(line)
+
+
+@runs.command("show")
+@click.argument("run_id", metavar="RUN")
+@click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
+def runs_show(run_id: str, as_json: bool) -> None:
+    """One run whole: the command, the job, its nodes and their exit codes, the root cause, the metrics,
+    and where its logs and checkpoints are. RUN is a run id or the job id of a submitted job."""
+    entry = find_entry(run_id)
+    if as_json:
+        click.echo(json.dumps(entry.to_dict()))
+        return
+    for line in describe(entry):
+        click.echo(line)
+
+
+def find_entry(run_id: str) -> HistoryEntry:
+    from hpcjob.runs import history
+    from hpcjob.spec import SpecError
+
+    for entry in history():
+        if run_id in (entry.record.run_id, entry.record.job_id):
+            return entry
+    raise SpecError(f"no run {run_id!r} in this machine's history: `hpcjob runs` lists them")
+
+
+def describe(entry: HistoryEntry) -> list[str]:
+    """`runs show`: the run as a person reads it."""
+    from hpcjob.cli.tables import duration, format_summary
+
+    record = entry.record
+    where = f"cluster {record.cluster} over {record.backend}" if record.cluster else record.backend
+    lines = [
+        f"run {record.run_id} ({record.name}) on {where}"
+        + (f", job {record.job_id}" if record.job_id else "")
+    ]
+    lines.append(f"  started:  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(entry.started))}")
+    state = entry.state or record.state or "unknown"
+    if entry.exit_code is not None:
+        state += f", exit code {entry.exit_code}"
+    lines.append(
+        f"  state:    {state}" + (f" after {duration(entry.wall_s)}" if entry.wall_s is not None else "")
+    )
+    if entry.command:
+        lines.append(f"  command:  {entry.command}")
+    if entry.tags:
+        lines.append("  tags:     " + " ".join(f"{k}={v}" for k, v in entry.tags.items()))
+    gpus = f" x {entry.gpus_per_node} GPU(s)" if entry.gpus_per_node else ""
+    lines.append(f"  nodes:    {', '.join(record.nodes)}{gpus}")
+    if entry.plan:
+        lines.append(f"  job:      {entry.plan.get('command_line', '')}")
+    base = record.local_root or record.share or "the share"
+    lines.append(f"  logs:     {base}/{record.log_folder}")
+    lines.append(f"  checkpoints: {base}/{record.job_folder}/checkpoints (the training program's default)")
+    if entry.node_hours is not None:
+        gpu_hours = f", {entry.gpu_hours:.2f} GPU-hours" if entry.gpu_hours is not None else ""
+        lines.append(f"  cost:     {entry.node_hours:.2f} node-hours{gpu_hours}")
+    if entry.summary is not None:
+        lines.append("")
+        lines += format_summary(entry.summary).splitlines()
+    return lines

@@ -42,7 +42,7 @@ $script:Cli = @{
     'Submit-HpcTorchJob'       = @{
         Words     = @('submit', '--json')
         Options   = $script:ClusterOptions + $script:SmbOptions + $script:JobOptions + @{
-            Wait = '--wait'; NoMountStep = '--no-mount-step'
+            Wait = '--wait'; NoMountStep = '--no-mount-step'; Tag = '--tag'
         }
         Arguments = @('Script', 'ArgumentList')
         WhatIf    = '--dry-run'
@@ -50,7 +50,7 @@ $script:Cli = @{
     }
     'Invoke-HpcTorchJob'       = @{
         Words     = @('run', '--local', '--json')
-        Options   = $script:JobOptions + @{ Quiet = '--quiet'; GracePeriod = '--grace-period' }
+        Options   = $script:JobOptions + @{ Quiet = '--quiet'; GracePeriod = '--grace-period'; Tag = '--tag' }
         Arguments = @('Script', 'ArgumentList')
         Unexposed = @()
     }
@@ -62,9 +62,10 @@ $script:Cli = @{
     }
     'Get-HpcTorchJob:List'     = @{
         Words     = @('runs', '--json')
-        Options   = @{ Cluster = '--cluster'; Last = '--last' }
+        Options   = @{ Cluster = '--cluster'; Last = '--last'; Tag = '--tag'; Since = '--since' }
         Arguments = @()
-        Unexposed = @('--backend')
+        # The module keeps the jobs in -State as `status` sees them now, not as last recorded.
+        Unexposed = @('--backend', '--state')
     }
     'Wait-HpcTorchJob'         = @{
         Words     = @('status', '--json')
@@ -326,6 +327,7 @@ function Submit-HpcTorchJob {
         [string]$SmbUser,
         [string]$SmbServer,
         [ValidateRange(1, 65535)][int]$SmbPort,
+        [hashtable]$Tag,
         [switch]$Wait,
         [switch]$NoMountStep,
         [pscredential]$Credential
@@ -383,6 +385,7 @@ function Invoke-HpcTorchJob {
         [ValidateSet('Lowest', 'BelowNormal', 'Normal', 'AboveNormal', 'Highest')][string]$Priority,
         [string]$JobTemplate,
         [string[]]$ExcludeNode,
+        [hashtable]$Tag,
         [switch]$Quiet,
         [ValidateRange(0, 86400)][double]$GracePeriod
     )
@@ -397,7 +400,8 @@ function Get-HpcTorchJob {
 
     .DESCRIPTION
     With -Id, those jobs (run ids, or HPC Pack job ids); without, the newest -Last runs this machine
-    started (hpcjob runs). -State keeps the jobs in those states.
+    started (hpcjob runs; -Tag, -Since and -Cluster choose among them). -State keeps the jobs in those
+    states now.
 
     .EXAMPLE
     Get-HpcTorchJob -Id 1234
@@ -413,6 +417,8 @@ function Get-HpcTorchJob {
         [ValidateSet('Configuring', 'Submitted', 'Validating', 'ExternalValidation', 'Queued', 'Running',
             'Finishing', 'Finished', 'Failed', 'Canceled', 'Canceling')][string[]]$State,
         [ValidateRange(1, 10000)][int]$Last = 20,
+        [hashtable]$Tag,
+        [string]$Since,
         [string]$Cluster,
         [ValidateSet('rest', 'winrm')][string]$Backend,
         [pscredential]$Credential
@@ -421,7 +427,9 @@ function Get-HpcTorchJob {
         $ids = $Id
         if (-not $PSBoundParameters.ContainsKey('Id')) {
             $listing = @{ Last = $Last }
-            if ($Cluster) { $listing.Cluster = $Cluster }
+            foreach ($name in @('Cluster', 'Tag', 'Since')) {
+                if ($PSBoundParameters.ContainsKey($name)) { $listing[$name] = $PSBoundParameters[$name] }
+            }
             $runs = Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Get-HpcTorchJob:List' -Bound $listing
             # A run rendered for submitting by hand has no job hpcjob can ask about.
             $ids = @($runs | Where-Object { $_.backend -ne 'manual' } | ForEach-Object { $_.run_id })
