@@ -22,7 +22,7 @@ from hpcjob.emulator import HeadNode
 from hpcjob.emulator.cluster import Actor, NodeSpec
 from hpcjob.render.winrm import SCRIPTS, bootstrap_command, script_input, winrm_script
 
-from .artefact_checks import _parse
+from .artefact_checks import parse_powershell
 from .conftest import Result, empty_script, stand_in_python
 
 PASSWORD = "Winrm-s3cret-Pw!"
@@ -208,7 +208,7 @@ def test_each_script_matches_its_golden_file_and_parses(
 ) -> None:
     text = winrm_script(name)
     golden(f"winrm/{name}.ps1", text)
-    assert not _parse(text)[1].has_error
+    assert not parse_powershell(text)[1].has_error
     assert text.isascii()
 
 
@@ -217,7 +217,7 @@ def test_the_bootstrap_command_line_is_fixed_short_and_parses(golden: Callable[[
     line = " ".join([command, *arguments])
     golden("winrm/bootstrap-command.txt", line + "\n")
     script = base64.b64decode(arguments[-1]).decode("utf-16-le")
-    assert not _parse(script)[1].has_error
+    assert not parse_powershell(script)[1].has_error
     assert len(line) < 2000  # far below cmd.exe's 8191, and below the few KB -EncodedCommand takes
 
 
