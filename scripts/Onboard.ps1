@@ -15,5 +15,7 @@ Takes New-HpcTorchCluster's parameters (Get-Help New-HpcTorchCluster -Full after
 Checks, writes the parameters file and prints the az commands; deploys nothing.
 #>
 Import-Module (Join-Path (Split-Path -Parent $PSScriptRoot) 'powershell\HpcTorch\HpcTorch.psd1') -Force
-# Splatting $args hands the named parameters (-Name gpu1 ..., -WhatIf) on as they were given.
-New-HpcTorchCluster @args
+# Splatting $args hands the named parameters (-Name gpu1 ..., -WhatIf) on as they were given; a failure
+# is the script's exit code too (for `powershell -File`).
+New-HpcTorchCluster @args -ErrorVariable failed
+if ($failed) { exit 1 }

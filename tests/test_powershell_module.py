@@ -426,9 +426,11 @@ def test_no_secret_is_ever_an_argument_and_credentials_go_through_the_environmen
     for variable in (CREDENTIAL_USER_ENV, CREDENTIAL_PASSWORD_ENV, ADMIN_PASSWORD_ENV, AUTH_KEY_ENV):
         assert f"'{variable}'" in text  # the module's names are hpcjob's
     # The one place a process starts: with the argument list built from the table, nothing else.
-    assert re.findall(r"& \$\w+ @\w+", text) == ["& $executable @arguments"]
+    assert re.findall(r"& \$\w+ @\w+", text) == ["& $executable @native"]
+    assert "$native = ConvertTo-NativeArgument $arguments" in text
 
 
 def test_scripts_onboard_is_the_module_s_command() -> None:
     script = (ROOT / "scripts" / "Onboard.ps1").read_text(encoding="utf-8")
     assert "powershell\\HpcTorch\\HpcTorch.psd1" in script and "New-HpcTorchCluster @args" in script
+    assert "if ($failed) { exit 1 }" in script

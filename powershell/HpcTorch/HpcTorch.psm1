@@ -188,6 +188,27 @@ function Get-HpcTorchExecutable {
     return $found.Source
 }
 
+function ConvertTo-NativeArgument {
+    # Windows PowerShell 5.1 and PowerShell 7 before 7.3 (or with $PSNativeCommandArgumentPassing =
+    # 'Legacy') join native arguments without escaping: quote each as the C runtime splits them, so that
+    # an embedded '"', a trailing '\' or an empty value arrives as it was.
+    param([string[]]$Arguments)
+    $mode = Get-Variable -Name PSNativeCommandArgumentPassing -ValueOnly -ErrorAction Ignore
+    if ($PSVersionTable.PSVersion -ge [version]'7.3' -and $mode -ne 'Legacy') { return , $Arguments }
+    $quoted = foreach ($argument in $Arguments) {
+        if ($argument -eq '') { '""' }
+        elseif ($argument -notmatch '[\s"]') { $argument }
+        else { '"' + (($argument -replace '(\\*)"', '$1$1\"') -replace '(\\+)$', '$1$1') + '"' }
+    }
+    return , @($quoted)
+}
+
+function Resolve-HpcTorchPath {
+    # A path of this machine as hpcjob (a native program) needs it: ~ and PowerShell drives resolved.
+    param([Parameter(Mandatory = $true)][System.Management.Automation.PSCmdlet]$Caller, [string]$Path)
+    return $Caller.GetUnresolvedProviderPathFromPSPath($Path)
+}
+
 function ConvertTo-PlainText {
     param([Parameter(Mandatory = $true)][securestring]$Secret)
     return [System.Net.NetworkCredential]::new('', $Secret).Password
@@ -208,21 +229,27 @@ function Invoke-HpcTorchCli {
         [System.Collections.IDictionary]$Secrets = @{}
     )
     $arguments = ConvertTo-HpcTorchArgument -Command $Command -Bound $Bound -WhatIf:$WhatIf
+    $native = ConvertTo-NativeArgument $arguments
     $executable = Get-HpcTorchExecutable
+    # The variables are this process's for the call (its child inherits them), then restored.
+    $environment = @{ PYTHONIOENCODING = 'utf-8' } + $Secrets
     $saved = @{}
-    foreach ($variable in $Secrets.Keys) {
+    foreach ($variable in $environment.Keys) {
         $saved[$variable] = [Environment]::GetEnvironmentVariable($variable)
-        [Environment]::SetEnvironmentVariable($variable, $Secrets[$variable])
+        [Environment]::SetEnvironmentVariable($variable, $environment[$variable])
     }
+    $encoding = [Console]::OutputEncoding
     $stdout = [System.Collections.Generic.List[string]]::new()
-    $message = $null
+    $messages = [System.Collections.Generic.List[string]]::new()
     try {
-        # hpcjob's stderr arrives as error records: progress, and its one-line error at the end.
+        [Console]::OutputEncoding = [System.Text.UTF8Encoding]::new($false)
+        # hpcjob's stderr arrives as error records: progress, and its one-line errors at the end.
         $ErrorActionPreference = 'Continue'
-        & $executable @arguments 2>&1 | ForEach-Object {
+        $PSNativeCommandUseErrorActionPreference = $false
+        & $executable @native 2>&1 | ForEach-Object {
             if ($_ -is [System.Management.Automation.ErrorRecord]) {
-                $line = $_.ToString()
-                if ($line.StartsWith('hpcjob: error: ')) { $message = $line.Substring(15) }
+                $line = $_.Exception.Message
+                if ($line.StartsWith('hpcjob: error: ')) { $messages.Add($line.Substring(15)) }
                 else { Write-Host $line }
             }
             elseif ($Text) { $_ }
@@ -231,8 +258,10 @@ function Invoke-HpcTorchCli {
         $exitCode = $LASTEXITCODE
     }
     finally {
+        [Console]::OutputEncoding = $encoding
         foreach ($variable in $saved.Keys) { [Environment]::SetEnvironmentVariable($variable, $saved[$variable]) }
     }
+    $message = $messages -join '; '
     if (-not $Text -and $stdout.Count -gt 0) {
         $json = ($stdout -join "`n").Trim()
         if ($json.StartsWith('[') -or $json.StartsWith('{')) {
@@ -280,7 +309,8 @@ function Submit-HpcTorchJob {
     The training script; its folder is what gets uploaded.
 
     .PARAMETER ArgumentList
-    Arguments for the script.
+    Arguments for the script. Give them with -ArgumentList: after the script, a word such as -d would be
+    taken for a parameter of this command.
 
     .PARAMETER Credential
     The head node's user and password, instead of the profile's: they reach hpcjob through its
@@ -332,6 +362,7 @@ function Submit-HpcTorchJob {
         [switch]$NoMountStep,
         [pscredential]$Credential
     )
+    $PSBoundParameters['Script'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Script
     $target = if ($Node) { $Node -join ', ' } elseif ($Nodes) { "$Nodes node(s)" } else { 'the cluster' }
     if ($PSCmdlet.ShouldProcess($target, "Submit $Script")) {
         Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Submit-HpcTorchJob' -Bound $PSBoundParameters `
@@ -389,6 +420,7 @@ function Invoke-HpcTorchJob {
         [switch]$Quiet,
         [ValidateRange(0, 86400)][double]$GracePeriod
     )
+    $PSBoundParameters['Script'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Script
     Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Invoke-HpcTorchJob' -Bound $PSBoundParameters `
         -TypeName 'HpcTorch.JobSummary'
 }
@@ -439,8 +471,10 @@ function Get-HpcTorchJob {
             foreach ($name in @('Cluster', 'Backend')) {
                 if ($PSBoundParameters.ContainsKey($name)) { $bound[$name] = $PSBoundParameters[$name] }
             }
+            # Id: what this job was asked by, so that piping it on names the same job.
             Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Get-HpcTorchJob' -Bound $bound `
                 -TypeName 'HpcTorch.Job' -Secrets (Get-CredentialSecret $Credential) |
+                Add-Member -NotePropertyName Id -NotePropertyValue $one -PassThru |
                 Where-Object { -not $State -or $State -contains $_.state }
         }
     }
@@ -481,7 +515,7 @@ function Wait-HpcTorchJob {
                 if (-not $job) { break }  # the error is written: nothing to wait for
                 if ($script:EndedStates -contains $job.state) {
                     Write-Progress -Activity "Job $one" -Completed
-                    $job
+                    Add-Member -InputObject $job -NotePropertyName Id -NotePropertyValue $one -PassThru
                     break
                 }
                 $waited = ([DateTime]::UtcNow - $started).TotalSeconds
@@ -510,7 +544,7 @@ function Stop-HpcTorchJob {
     .EXAMPLE
     Get-HpcTorchJob -State Running | Stop-HpcTorchJob -Force
     #>
-    [CmdletBinding(SupportsShouldProcess = $true, ConfirmImpact = 'High')]
+    [CmdletBinding(SupportsShouldProcess = $true, ConfirmImpact = 'Medium')]
     param(
         [Parameter(Mandatory = $true, Position = 0, ValueFromPipeline = $true, ValueFromPipelineByPropertyName = $true)]
         [Alias('run_id', 'RunId')][ValidateNotNullOrEmpty()][string[]]$Id,
@@ -648,8 +682,14 @@ function Test-HpcTorchCluster {
         [ValidateSet('rest', 'winrm')][string]$Backend,
         [pscredential]$Credential
     )
+    # doctor --json is one report: {cluster, backend, checks}; the checks are what a user filters.
     Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Test-HpcTorchCluster' -Bound $PSBoundParameters `
-        -TypeName 'HpcTorch.Check' -Secrets (Get-CredentialSecret $Credential)
+        -Secrets (Get-CredentialSecret $Credential) | ForEach-Object {
+        foreach ($check in $_.checks) {
+            $check.PSObject.TypeNames.Insert(0, 'HpcTorch.Check')
+            $check
+        }
+    }
 }
 
 function New-HpcTorchCluster {
@@ -692,8 +732,18 @@ function New-HpcTorchCluster {
         [switch]$Default
     )
     $secrets = @{}
+    $deploying = -not $WhatIfPreference -and -not (Test-Path "Env:$script:AdminPasswordVariable")
+    if (-not $AdminPassword -and $deploying) {
+        # hpcjob's own prompt would go to the output this module reads: ask here instead.
+        $AdminPassword = Read-Host -AsSecureString -Prompt "Admin password for the VMs of cluster $Name"
+    }
     if ($AdminPassword) { $secrets[$script:AdminPasswordVariable] = ConvertTo-PlainText $AdminPassword }
     if ($AuthenticationKey) { $secrets[$script:AuthKeyVariable] = ConvertTo-PlainText $AuthenticationKey }
+    foreach ($name in @('Template', 'OutputFolder')) {
+        if ($PSBoundParameters.ContainsKey($name)) {
+            $PSBoundParameters[$name] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $PSBoundParameters[$name]
+        }
+    }
     $deploy = $PSCmdlet.ShouldProcess("resource group $ResourceGroup", "Deploy HPC Pack cluster $Name")
     if ($deploy -or $WhatIfPreference) {
         Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'New-HpcTorchCluster' -Bound $PSBoundParameters -Text `
