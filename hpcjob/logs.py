@@ -7,11 +7,13 @@ shim's records of failed ranks in `.hpcjob-exits/`, and `summary.json` when the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hpcjob.results import (
     GpuUse,
@@ -27,6 +29,8 @@ from hpcjob.results import (
 from hpcjob.share import ShareFolder
 
 SUMMARY_FILE = "summary.json"
+# Where the training program writes each rank's metrics over time (training/timeline.py).
+TIMELINE_FOLDER = "metrics"
 # Where the worker shim records failing ranks (hpcjob/node/node.sh sets HPCJOB_EXIT_DIR to it).
 EXIT_RECORDS = ".hpcjob-exits"
 # How much of the end of a node's stderr is searched for the line that says why it failed.
@@ -119,6 +123,27 @@ class RunLogs:
                 continue
             lines += data.decode("utf-8", "replace").splitlines()
         return gpu_use_of_run(find_metrics(lines)) or latest_gpu_use(lines)
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """Every rank's metrics over time (metrics/*.jsonl, written by the training program), in time
+        order; a line cut short or not JSON is skipped."""
+        folder = _join(self.log_folder, TIMELINE_FOLDER)
+        try:
+            names = sorted(n for n in self.folder.listdir(folder) if n.endswith(".jsonl"))
+        except FileNotFoundError:
+            return []
+        lines = []
+        for name in names:
+            try:
+                text = self.folder.read_bytes(f"{folder}/{name}").decode("utf-8", "replace")
+            except FileNotFoundError:
+                continue
+            for line in text.splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    data = json.loads(line)
+                    if isinstance(data, dict) and isinstance(data.get("t"), int | float):
+                        lines.append(data)
+        return sorted(lines, key=lambda d: float(d["t"]))
 
 
 def _join(log_folder: str, name: str) -> str:

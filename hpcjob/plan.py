@@ -29,6 +29,10 @@ class TaskPlan:
 
 # The job environment variable that asks hpcjob's execution filter (hpcjob/node/mount_filter.py) to
 # mount a share on the node before the task starts, with the job owner's credentials.
+# Elastic jobs: each rendezvous round's workers get a store of their own. torchrun's default shares one
+# TCP store across rounds, so the workers of a restarted round can read the addresses the lost round's
+# workers left there, and fail to connect (seen with gloo in torch 2.14).
+SEPARATE_ROUND_STORES = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 MOUNT_VAR = "HPCJOB_MOUNT"
 # What the filter did, in the task's environment: mounted, already mounted, or "failed: <why>".
 MOUNT_RESULT_VAR = "HPCJOB_MOUNT_RESULT"
@@ -69,6 +73,8 @@ class JobPlan:
     runtime_s: int | None = None
     priority: str | None = None
     job_template: str | None = None
+    # An elastic job: at least this many nodes go on without the others (None: a gang of all).
+    min_nodes: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -122,6 +128,8 @@ def make_plan(
             script_args=spec.script_args,
             max_restarts=spec.max_restarts,
             rdzv_join_timeout=spec.rdzv_join_timeout,
+            rdzv_last_call=spec.rdzv_last_call,
+            min_nnodes=spec.min_nodes if spec.elastic else None,
         )
     )
     if len(line) > spec.command_limit:
@@ -143,6 +151,8 @@ def make_plan(
     )
     mount = None
     env = spec.env
+    if spec.elastic and all(name != SEPARATE_ROUND_STORES[0] for name, _ in env):
+        env = (*env, SEPARATE_ROUND_STORES)
     if spec.share is not None:
         mount = mount_step(spec.share.unc, root, spec.mount_options, nodes, log_dir)
         if len(mount.command) > spec.command_limit:
@@ -168,6 +178,7 @@ def make_plan(
         runtime_s=spec.runtime_s,
         priority=spec.priority,
         job_template=spec.job_template,
+        min_nodes=spec.min_nodes if spec.elastic else None,
     )
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from typing import Any
 
 # The training program's last line of results (training/run_ddp.py documents the contract).
 METRICS_PREFIX = "HPCJOB_METRICS "
@@ -141,6 +142,8 @@ class JobSummary:
     root_cause: RootCause | None = None
     metrics: dict[str, object] | None = None
     job_id: str | None = None  # the scheduler's, for a submitted job
+    # An elastic job's losses, one line each: which node, when, and how the others went on.
+    events: list[str] = field(default_factory=list)
 
     @property
     def gpu_use(self) -> list[GpuUse]:
@@ -161,6 +164,41 @@ class JobSummary:
         if data.get("root_cause") is not None:
             data["root_cause"] = RootCause(**data["root_cause"])
         return cls(**data)
+
+
+def elastic_events(lost: Iterable[TaskEnd], timeline: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line for each node an elastic job lost: where its training was when it ended (the last
+    timeline line of that node before then), and how the job went on (the first restart of the workers
+    after it: on how many nodes, from which epoch's checkpoint)."""
+    events = []
+    for end in sorted(lost, key=lambda e: e.time):
+        line = f"{end.node} lost"
+        before = [
+            t
+            for t in timeline
+            if str(t.get("node", "")).upper() == end.node.upper() and t.get("t", 0) <= end.time
+        ]
+        progress = [t for t in before if t.get("event") in ("step", "epoch")]
+        if progress:
+            last = max(progress, key=lambda t: float(t["t"]))
+            where = f"step {last['step']}" if last["event"] == "step" else "its end"
+            line += f" at epoch {last['epoch']}, {where}"
+        line += f" (exit code {end.exit_code})"
+        restarts = [
+            t
+            for t in timeline
+            if t.get("event") == "start" and t.get("t", 0) > end.time and t.get("restart", 0) > 0
+        ]
+        if restarts:
+            first = min(restarts, key=lambda t: float(t["t"]))
+            same = {str(t.get("node")) for t in restarts if t.get("restart") == first.get("restart")}
+            epoch = int(first.get("first_epoch", 1)) - 1
+            checkpoint = f"the epoch-{epoch} checkpoint" if epoch > 0 else "the start (no checkpoint yet)"
+            line += f"; continued on {len(same)} node(s) from {checkpoint}"
+        else:
+            line += "; the others went on"
+        events.append(line)
+    return events
 
 
 def parse_exit_records(lines: Iterable[str]) -> list[RootCause]:

@@ -202,7 +202,11 @@ class JobSpec:
     job_folder: str = ""
     rdzv_port: int = DEFAULT_RDZV_PORT
     rdzv_join_timeout: int | None = None
+    # Elastic: how long the rendezvous waits for more nodes once it has the minimum (torchrun's 30 s).
+    rdzv_last_call: int | None = None
     max_restarts: int = 0
+    # An elastic job: it goes on while at least this many of its nodes remain (None: all of them).
+    min_nodes: int | None = None
     env: tuple[tuple[str, str], ...] = ()
     python: str = "python3"
     command_limit: int = DEFAULT_COMMAND_LIMIT
@@ -230,6 +234,11 @@ class JobSpec:
     @property
     def node_count(self) -> int:
         return self.nodes or 1
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job outlives the loss of a node (fewer nodes than it has may go on)."""
+        return self.min_nodes is not None and self.min_nodes < self.node_count
 
     @property
     def procs_per_node(self) -> int:
@@ -277,8 +286,19 @@ class JobSpec:
         if not 1 <= self.rdzv_port <= 65535:
             raise SpecError(f"--rdzv-port {self.rdzv_port} must be between 1 and 65535")
         _positive("--rdzv-timeout", self.rdzv_join_timeout)
+        _positive("--rdzv-last-call", self.rdzv_last_call)
         if self.max_restarts < 0:
             raise SpecError(f"--max-restarts {self.max_restarts} must not be negative")
+        if self.min_nodes is not None:
+            if not 1 <= self.min_nodes <= self.node_count:
+                raise SpecError(
+                    f"--min-nodes {self.min_nodes} must be between 1 and the job's {self.node_count} nodes"
+                )
+            if self.elastic and self.max_restarts < 1:
+                raise SpecError(
+                    "--min-nodes: an elastic job re-forms after a lost node by restarting its workers; "
+                    "give --max-restarts 1 or more"
+                )
         if not re.fullmatch(r"[A-Za-z0-9._/+-]+", self.python):
             raise SpecError(f"--python {self.python!r} must be a program name or path without spaces")
         _positive("command length limit", self.command_limit)

@@ -32,6 +32,8 @@ class TorchrunCommand:
     script_args: tuple[str, ...] = ()
     max_restarts: int = 0
     rdzv_join_timeout: int | None = None
+    rdzv_last_call: int | None = None
+    min_nnodes: int | None = None  # elastic: torchrun's --nnodes=MIN:MAX
 
 
 def bash_quote(word: str) -> str:
@@ -55,11 +57,13 @@ def command_line(cmd: TorchrunCommand) -> str:
     rdzv_conf = "is_host=$HPCJOB_IS_HOST"
     if cmd.rdzv_join_timeout is not None:
         rdzv_conf += f",join_timeout={cmd.rdzv_join_timeout}"
+    if cmd.rdzv_last_call is not None:
+        rdzv_conf += f",last_call_timeout={cmd.rdzv_last_call}"
     helper = bash_join([".", NODE_HELPER, cmd.store_node, cmd.rdzv_id])
     torchrun = [
         bash_quote(cmd.python),
         "-m torch.distributed.run",
-        f"--nnodes={cmd.nnodes}",
+        f"--nnodes={cmd.nnodes}" if cmd.min_nnodes is None else f"--nnodes={cmd.min_nnodes}:{cmd.nnodes}",
         f"--nproc_per_node={cmd.nproc_per_node}",
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={bash_quote(cmd.rdzv_endpoint)}",

@@ -327,12 +327,16 @@ def test_secret_variables_name_every_password_variable_and_never_raise(config_fi
     from hpcjob.credentials import SMB_PASSWORD_ENV
     from hpcjob.emulator.headnode import PASSWORD_ENV
 
-    fixed = {SMB_PASSWORD_ENV, PASSWORD_ENV, config.ADMIN_PASSWORD_ENV, config.AUTH_KEY_ENV}
+    fixed = {
+        SMB_PASSWORD_ENV, PASSWORD_ENV, config.ADMIN_PASSWORD_ENV, config.AUTH_KEY_ENV,
+        config.CREDENTIAL_PASSWORD_ENV,
+    }  # fmt: skip
     assert fixed == {
         "HPCJOB_SMB_PASSWORD",
         "HPCJOB_EMULATOR_PASSWORD",
         "HPCJOB_ADMIN_PASSWORD",
         "HPCJOB_AUTH_KEY",
+        "HPCJOB_CREDENTIAL_PASSWORD",
     }
     assert secret_variables() == fixed  # no file
     config_file.write_text(

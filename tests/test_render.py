@@ -29,6 +29,23 @@ def test_job_xml_golden(nodes: int, golden: Callable[[str, str], None]) -> None:
     golden(f"job-{nodes}node.xml", xml_for(nodes))
 
 
+def test_elastic_job_xml_golden_and_the_emulator_takes_it(golden: Callable[[str, str], None]) -> None:
+    """An elastic job (--min-nodes 2 of 3): the same exclusive node-unit job of all its nodes, but one
+    failed task no longer ends it; torchrun's --nnodes=2:3, a store per rendezvous round."""
+    from hpcjob.emulator.jobxml import parse_job_xml
+
+    spec = cluster_spec(3, min_nodes=2, max_restarts=3)
+    text = job_xml(make_plan(spec, spec.node_names, RUN_ID))
+    golden("job-elastic-3node.xml", text)
+    draft = parse_job_xml(text)
+    assert (draft.props["FailOnTaskFailure"], draft.props["IsExclusive"]) == ("False", "True")
+    assert (draft.props["MinNodes"], draft.props["MaxNodes"]) == ("3", "3")
+    assert draft.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert all("--nnodes=2:3" in task.props["CommandLine"] for task in draft.tasks)
+    rigid = cluster_spec(3, min_nodes=3, max_restarts=3)  # all nodes needed: the gang of old
+    assert job_xml(make_plan(rigid, rigid.node_names, RUN_ID)).count('FailOnTaskFailure="true"') == 1
+
+
 def test_clusrun_golden(golden: Callable[[str, str], None]) -> None:
     spec = cluster_spec(2)
     golden("clusrun-2node.txt", clusrun_text(make_plan(spec, spec.node_names, RUN_ID)))

@@ -453,8 +453,12 @@ def train_one_epoch(
     step_sleep: float = 0.0,
     on_first_step: Callable[[], None] | None = None,
     options: StepOptions = StepOptions(),
+    on_progress: Callable[[int, float, int, float], None] | None = None,
+    progress_every: int = 0,
 ) -> TrainStats:
-    """Run one epoch (or ``max_steps`` steps) and time how long the loop waits for data."""
+    """Run one epoch (or ``max_steps`` steps) and time how long the loop waits for data. Every
+    ``progress_every`` steps, ``on_progress(steps, loss sum, samples, data wait s)`` hears the totals so
+    far (reading the loss waits for the device then: only when asked for)."""
     model.train()
     loss_fn = nn.CrossEntropyLoss()
     non_blocking = device.type == "cuda"
@@ -484,6 +488,8 @@ def train_one_epoch(
         steps += 1
         if steps == 1 and on_first_step is not None:
             on_first_step()
+        if on_progress is not None and progress_every and steps % progress_every == 0:
+            on_progress(steps, float(loss_sum.item()), samples, data_wait)
         if step_sleep > 0:
             time.sleep(step_sleep)
     total_loss = float(loss_sum.item())  # waits for queued GPU work, so the loop time is honest

@@ -75,6 +75,7 @@ from operations import (
     save_checkpoint,
     train_one_epoch,
 )
+from timeline import Timeline, default_folder
 
 MOMENTUM = 0.9
 T = TypeVar("T")
@@ -189,6 +190,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-dir", type=Path, default=Path("checkpoints"), help="default: ./checkpoints"
     )
     runtime.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    runtime.add_argument(
+        "--metrics-dir",
+        type=Path,
+        default=default_folder(),
+        help="where each rank writes its metrics over time, as JSON lines (default: the run's log folder's "
+        "metrics/ under hpcjob, else none)",
+    )
+    runtime.add_argument(
+        "--metrics-every",
+        type=non_negative_int,
+        default=50,
+        help="steps between a rank's metrics lines (0: one line an epoch; default: 50)",
+    )
     runtime.add_argument(
         "--gpu-report-every",
         type=non_negative_float,
@@ -508,8 +522,24 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
         f"epochs={args.epochs} first_epoch={completed + 1}"
     )
 
+    timeline = (
+        Timeline(
+            args.metrics_dir,
+            rank=ctx.env.rank,
+            local_rank=ctx.env.local_rank,
+            world_size=ctx.env.world_size,
+            restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            monitor=monitor,
+        )
+        if args.metrics_dir is not None
+        else None
+    )
+    if timeline is not None:
+        timeline.start(completed + 1)
     for epoch in epochs_to_run(completed, args.epochs):
         loaders.train_sampler.set_epoch(epoch)  # a different, but reproducible, shuffle every epoch
+        if timeline is not None:
+            timeline.begin_epoch()
         train_stats = train_one_epoch(
             ddp_model,
             loaders.train,
@@ -522,6 +552,8 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
             if epoch == completed + 1
             else None,
             options=options,
+            on_progress=partial(timeline.step, epoch) if timeline is not None else None,
+            progress_every=args.metrics_every,
         )
         eval_stats = evaluate(model, loaders.test, ctx.device, options)
         sums = ctx.all_reduce(local_sums(train_stats, eval_stats))
@@ -530,11 +562,15 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
         totals = totals.add(epoch_totals)
         util = epoch_gpu_util(ctx, monitor)
         ctx.log(format_epoch_line(last, args.epochs) + (f" gpu_util={util:.0f}%" if util is not None else ""))
+        if timeline is not None:
+            timeline.epoch(last)
         state = Checkpoint(epoch, model.state_dict(), optimizer.state_dict(), last, totals, data.num_classes)
         ctx.on_all_ranks(
             ctx.main_only(partial(save_checkpoint, state, checkpoint_path)), "writing the checkpoint"
         )
 
+    if timeline is not None:
+        timeline.close()
     assert last is not None  # epochs_to_run was not empty
     gpus = gpu_use(ctx, monitor)
     ctx.log(format_metrics_line(final_metrics(args, ctx, last, totals, completed, started, gpus)))

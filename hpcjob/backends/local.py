@@ -41,6 +41,7 @@ from hpcjob.results import (
     Submission,
     TaskEnd,
     TaskInfo,
+    elastic_events,
     find_metrics,
     job_exit_code,
 )
@@ -286,7 +287,7 @@ class LocalBackend:
                         node.result.exit_code = code
                         node.result.state = State.FINISHED if code == 0 else State.FAILED
                         progress(f"{node.task.node}: {node.result.state} (exit code {code})")
-                        if code != 0 and failed_first is None:
+                        if code != 0 and failed_first is None and not self._goes_on(plan, nodes, progress):
                             failed_first = node
                 if failed_first is not None:
                     state = State.FAILED
@@ -295,7 +296,9 @@ class LocalBackend:
                     self._stop(nodes, progress)
                     break
                 if all(n.result.state.ended for n in nodes):
-                    state = State.FINISHED
+                    finished = sum(n.result.state is State.FINISHED for n in nodes)
+                    # An elastic job succeeds when enough of its nodes saw it through.
+                    state = State.FINISHED if finished >= (plan.min_nodes or len(nodes)) else State.FAILED
                     break
                 if plan.runtime_s is not None and time.monotonic() - start > plan.runtime_s:
                     # As the scheduler does with a job past its run-time limit: cancel it.
@@ -318,6 +321,19 @@ class LocalBackend:
         # Tells `hpcjob logs --follow` in another terminal that the job has ended.
         (Path(plan.log_dir) / SUMMARY_FILE).write_text(summary.to_json(), encoding="utf-8")
         return summary
+
+    @staticmethod
+    def _goes_on(plan: JobPlan, nodes: Sequence[_Node], progress: Printer) -> bool:
+        """After a task failed: whether the job goes on without it (an elastic job with at least its
+        minimum of nodes left; the others re-form the rendezvous and restart from the checkpoint)."""
+        if plan.min_nodes is None:
+            return False
+        left = sum(n.result.state is not State.FAILED for n in nodes)
+        if left < plan.min_nodes:
+            progress(f"{left} node(s) left, fewer than the job's minimum of {plan.min_nodes}")
+            return False
+        progress(f"going on with {left} node(s) (elastic job: at least {plan.min_nodes})")
+        return True
 
     @staticmethod
     def _node(task: TaskPlan) -> _Node:
@@ -388,13 +404,19 @@ class LocalBackend:
         wall_time: float,
     ) -> JobSummary:
         root_cause = None
+        ends = [
+            TaskEnd(n.task.node, n.result.exit_code, n.ended_at)
+            for n in nodes
+            if n.result.exit_code is not None and n.ended_at is not None
+        ]
         if state is State.FAILED:
-            ends = [
-                TaskEnd(n.task.node, n.result.exit_code, n.ended_at)
-                for n in nodes
-                if n.result.exit_code is not None and n.ended_at is not None
-            ]
             root_cause = read_root_cause(LocalFolder(Path(plan.log_dir)), "", ends, stopped_at)
+        events: list[str] = []
+        if plan.min_nodes is not None:
+            # The nodes lost while the job went on: not those it stopped itself.
+            lost = [e for e in ends if e.exit_code != 0 and (stopped_at is None or e.time < stopped_at)]
+            timeline = RunLogs(LocalFolder(Path(plan.log_dir)), "", plan.nodes).timeline()
+            events = elastic_events(lost, timeline)
         lines: list[str] = []
         for node in nodes:
             path = Path(node.task.stdout_path)
@@ -413,6 +435,7 @@ class LocalBackend:
             nodes=[n.result for n in nodes],
             root_cause=root_cause,
             metrics=find_metrics(lines),
+            events=events,
         )
 
 

@@ -138,6 +138,13 @@ def job_options(command: F) -> F:
             help="How long torchrun waits for all nodes to join [default: torchrun's, 900].",
         ),
         click.option(
+            "--rdzv-last-call",
+            type=click.IntRange(1),
+            metavar="SECONDS",
+            help="Elastic job: how long the rendezvous waits for more nodes once it has --min-nodes "
+            "[default: torchrun's, 30].",
+        ),
+        click.option(
             "--env", "env_items", multiple=True, metavar="K=V", help="Job environment variable, repeatable."
         ),
         click.option(
@@ -146,6 +153,14 @@ def job_options(command: F) -> F:
             default=0,
             show_default=True,
             help="torchrun restarts of the worker group after a failure.",
+        ),
+        click.option(
+            "--min-nodes",
+            type=click.IntRange(1),
+            metavar="N",
+            help="Elastic job: go on while at least N of its nodes remain, the workers restarted from the "
+            "last checkpoint (needs --max-restarts; the first node hosts the rendezvous and must stay) "
+            "[default: all nodes].",
         ),
         click.option(
             "--python", type=TEXT, default="python3", show_default=True, help="Python on the nodes."
@@ -259,7 +274,9 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
         else params["mount_options"],
         "job_folder": params["job_folder"] or "",
         "rdzv_join_timeout": params["rdzv_timeout"],
+        "rdzv_last_call": params["rdzv_last_call"],
         "max_restarts": params["max_restarts"],
+        "min_nodes": params["min_nodes"],
         "env": parse_env(params["env_items"]),
         "python": params["python"],
         "command_limit": DEFAULT_COMMAND_LIMIT

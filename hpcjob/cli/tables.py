@@ -64,6 +64,7 @@ def format_summary(summary: JobSummary) -> str:
     ]
     rows = [(node.node, node.state, node.exit_code) for node in summary.nodes]
     lines += table(("NODE", "STATE", "EXIT CODE"), rows, indent="  ")
+    lines += [f"  {event}" for event in summary.events]
     if summary.root_cause:
         lines.append(f"  first failure: {summary.root_cause.describe()}")
     if summary.metrics:

@@ -47,23 +47,26 @@ class JobShape:
 def _job(
     name: str,
     shape: JobShape,
-    gang: bool,
+    *,
+    exclusive: bool,
+    fail_on_task_failure: bool,
     env: Sequence[tuple[str, str]],
     runtime_s: int | None,
 ) -> tuple[ET.Element, ET.Element]:
-    """The job element. A gang (the training job) has its nodes to itself and ends when one task fails;
-    the per-node jobs (mount, install) leave the other tasks to run, so that every node reports."""
+    """The job element. The training job has its nodes to itself and, as a gang, ends when one task
+    fails; an elastic one goes on (its other nodes re-form without the lost one), and so do the per-node
+    jobs (mount, install), so that every node reports."""
     n = str(len(shape.nodes))
     job = ET.Element("Job")
     job.set("Version", JOB_VERSION)
     job.set("Name", name)
     if shape.job_template:
         job.set("JobTemplate", shape.job_template)
-    job.set("IsExclusive", _bool(gang))
+    job.set("IsExclusive", _bool(exclusive))
     job.set("UnitType", "Node")
     job.set("AutoCalculateMax", _bool(False))
     job.set("AutoCalculateMin", _bool(False))
-    job.set("FailOnTaskFailure", _bool(gang))
+    job.set("FailOnTaskFailure", _bool(fail_on_task_failure))
     if shape.priority:
         job.set("Priority", shape.priority)
     if runtime_s:
@@ -109,8 +112,16 @@ def _text(job: ET.Element) -> str:
 
 
 def job_xml(plan: JobPlan) -> str:
-    """The training job: exclusive nodes, one pinned torchrun task per node, logs on the share."""
-    job, tasks = _job(plan.run_id, JobShape.of(plan), True, plan.env, plan.runtime_s)
+    """The training job: exclusive nodes, one pinned torchrun task per node, logs on the share. All
+    MinNodes=MaxNodes nodes start it, elastic or not: an elastic job only outlives losing some."""
+    job, tasks = _job(
+        plan.run_id,
+        JobShape.of(plan),
+        exclusive=True,
+        fail_on_task_failure=plan.min_nodes is None,
+        env=plan.env,
+        runtime_s=plan.runtime_s,
+    )
     for task in plan.tasks:
         _task(
             tasks,
@@ -158,7 +169,7 @@ def node_job_xml(
 ) -> str:
     """A job that runs `command` on each node of `shape`, one pinned task per node ("<label> NODE"),
     each reporting on its own (not a gang); its output stays with the scheduler."""
-    job, tasks = _job(name, shape, False, env, None)
+    job, tasks = _job(name, shape, exclusive=False, fail_on_task_failure=False, env=env, runtime_s=None)
     for node in shape.nodes:
         _task(tasks, f"{label} {node}", command, node)
     return _text(job)

@@ -22,6 +22,8 @@ $script:JobOptions = @{
     JobFolder    = '--job-folder'
     RdzvPort     = '--rdzv-port'
     RdzvTimeout  = '--rdzv-timeout'
+    RdzvLastCall = '--rdzv-last-call'
+    MinNodes     = '--min-nodes'
     Environment  = '--env'
     MaxRestarts  = '--max-restarts'
     Python       = '--python'
@@ -347,6 +349,8 @@ function Submit-HpcTorchJob {
         [ValidateRange(1, 2147483647)][int]$RdzvTimeout,
         [hashtable]$Environment,
         [ValidateRange(0, 1000)][int]$MaxRestarts,
+        [ValidateRange(1, 100000)][int]$MinNodes,
+        [ValidateRange(1, 2147483647)][int]$RdzvLastCall,
         [string]$Python,
         [ValidateRange(1, 1048576)][int]$CommandLimit,
         [string]$RunId,
@@ -409,6 +413,8 @@ function Invoke-HpcTorchJob {
         [ValidateRange(1, 2147483647)][int]$RdzvTimeout,
         [hashtable]$Environment,
         [ValidateRange(0, 1000)][int]$MaxRestarts,
+        [ValidateRange(1, 100000)][int]$MinNodes,
+        [ValidateRange(1, 2147483647)][int]$RdzvLastCall,
         [string]$Python,
         [ValidateRange(1, 1048576)][int]$CommandLimit,
         [string]$RunId,
