@@ -64,7 +64,8 @@ def test_a_lost_node_and_the_job_goes_on_from_the_last_checkpoint(tmp_path: Path
     ]
     [event] = summary["events"]
     assert re.fullmatch(
-        r"LOCAL3 lost at epoch 2, step \d+ \(exit code 137\); continued on 2 node\(s\) from the epoch-1 checkpoint",
+        r"LOCAL3 lost at epoch 2, step \d+ \(exit code 137\); "
+        r"continued on 2 node\(s\) from the epoch-1 checkpoint",
         event,
     ), event
     metrics = summary["metrics"]
