@@ -28,8 +28,8 @@ fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 echo "bootstrap: installing hpcjob with torch and the test tools into .venv (a few minutes the first time)" >&2
 # torch/torchvision are pinned in pyproject.toml: an unpinned torch would pull a multi-GB CUDA build.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[train,gpu,rest,share,winrm,emulator,dev]" 2>&1 \
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[train,gpu,rest,share,winrm,emulator,plot,dev]" 2>&1 \
     | grep -v "^WARNING: Location .* is ignored" >&2 || true
-.venv/bin/python -c 'import hpcjob, torch, torchvision, smbclient, requests, pytest' \
+.venv/bin/python -c 'import hpcjob, torch, torchvision, smbclient, requests, pytest, matplotlib' \
     || { echo "bootstrap: the install failed, see above" >&2; exit 1; }
 echo "$wanted" > "$stamp"

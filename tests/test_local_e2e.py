@@ -123,6 +123,19 @@ def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     assert f"run {run_id} (run_ddp) on local" in shown.stdout
     assert f"checkpoints: {tmp_path}/hpcjob/run_ddp/checkpoints" in shown.stdout
     assert "LOCAL2" in shown.stdout and "accuracy" in shown.stdout
+    # Its metrics over time, drawn from the timeline the training program wrote: no GPU, no GPU panels.
+    picture = tmp_path / "run.png"
+    plotted = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "runs", "plot", run_id, "-o", str(picture)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plotted.returncode == 0, plotted.stderr
+    assert (
+        plotted.stdout == f"{picture}: training loss, samples/s (this rank), data wait (share of step time)\n"
+    )
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 FAILING = """

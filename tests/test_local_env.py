@@ -83,6 +83,26 @@ def test_status_and_cancel_of_a_local_run_from_another_shell(tmp_path: Path) -> 
         ["1", "LOCAL1", "Running", "-"],
         ["2", "LOCAL2", "Running", "-"],
     ]
+    # A running job's newest line of metrics over time (here written by hand: the script is a stand-in).
+    record = json.loads(hpcjob("runs", "show", "other-1", "--json").stdout)
+    metrics = Path(record["local_root"]) / record["job_folder"] / "logs" / "other-1" / "metrics"
+    metrics.mkdir()
+    step = {
+        "t": time.time(),
+        "event": "step",
+        "node": "LOCAL2",
+        "rank": 1,
+        "epoch": 3,
+        "step": 40,
+        "loss": 0.5,
+    }
+    (metrics / "LOCAL2-0.jsonl").write_text(json.dumps(step) + "\n")
+    assert json.loads(hpcjob("status", "other-1", "--json").stdout)["latest"] == step
+    assert (
+        hpcjob("status", "other-1")
+        .stdout.splitlines()[-1]
+        .startswith("latest: epoch 3 step 40: loss 0.5 (LOCAL2 rank 1, ")
+    )
     canceled = hpcjob("cancel", "other-1")
     assert (canceled.returncode, canceled.stdout) == (0, "run other-1 canceled\n"), canceled.stderr
     run.communicate(timeout=30)

@@ -540,20 +540,21 @@ def status(job: str, cluster_name: str | None, backend_kind: str | None, as_json
         from hpcjob.logs import RunLogs
         from hpcjob.share import LocalFolder
 
-        info = dataclasses.replace(
-            info,
-            gpu_use=tuple(
-                RunLogs(LocalFolder(Path(record.local_root)), record.log_folder, record.nodes).gpu_use()
-            ),
-        )
+        run_logs = RunLogs(LocalFolder(Path(record.local_root)), record.log_folder, record.nodes)
+        info = dataclasses.replace(info, gpu_use=tuple(run_logs.gpu_use()))
+        steps = [line for line in run_logs.timeline() if line.get("event") == "step"]
+        latest = steps[-1] if steps and not info.ended else None
+    else:
+        latest = None
     # A bare job id (not submitted from here) has no record: its name is hpcjob's run id.
-    _print_status(info, record.run_id if record.job_folder else info.name, as_json)
+    _print_status(info, record.run_id if record.job_folder else info.name, as_json, latest)
 
 
-def _print_status(info: JobInfo, run_id: str, as_json: bool) -> None:
+def _print_status(info: JobInfo, run_id: str, as_json: bool, latest: dict[str, Any] | None = None) -> None:
+    """The job and its tasks; `latest`: a running job's newest line of metrics over time."""
     exit_code = info.exit_code() if info.ended else None
     if as_json:
-        data = {
+        data: dict[str, Any] = {
             "job_id": info.job_id,
             "run_id": run_id,
             "name": info.name,
@@ -573,6 +574,8 @@ def _print_status(info: JobInfo, run_id: str, as_json: bool) -> None:
         }
         if info.gpu_use:
             data["gpu_use"] = [dataclasses.asdict(use) for use in info.gpu_use]
+        if latest is not None:
+            data["latest"] = latest
         click.echo(json.dumps(data))
         return
     line = f"job {info.job_id} ({info.name}) {info.state}"
@@ -589,6 +592,17 @@ def _print_status(info: JobInfo, run_id: str, as_json: bool) -> None:
     ]
     for row in table(("TASK", "NODE", "STATE", "EXIT CODE", "ERROR"), rows):
         click.echo(row)
+    if latest is not None:
+        from hpcjob.cli.tables import number
+
+        ago = time.time() - float(latest["t"])
+        figures = ", ".join(
+            f"{key} {number(latest[key])}" for key in ("loss", "samples_per_sec") if key in latest
+        )
+        click.echo(
+            f"latest: epoch {latest.get('epoch')} step {latest.get('step')}: {figures} "
+            f"({latest.get('node')} rank {latest.get('rank')}, {ago:.0f} s ago)"
+        )
     if info.gpu_use:
         from hpcjob.cli.tables import gpu_table
 

@@ -14,7 +14,8 @@ from hpcjob.cli.app import cli
 from hpcjob.cli.options import TEXT
 
 if TYPE_CHECKING:
-    from hpcjob.runs import HistoryEntry
+    from hpcjob.runs import HistoryEntry, RunRecord
+    from hpcjob.share import ShareFolder
 
 _AGO = re.compile(r"(\d+)([dhm])")
 
@@ -181,3 +182,53 @@ def describe(entry: HistoryEntry) -> list[str]:
         lines.append("")
         lines += format_summary(entry.summary).splitlines()
     return lines
+
+
+@runs.command("plot")
+@click.argument("run_ids", metavar="RUN...", nargs=-1, required=True)
+@click.option(
+    "-o", "--output", "out", type=click.Path(dir_okay=False), default="run.png", show_default=True,
+    help="The PNG to write.",
+)  # fmt: skip
+def runs_plot(run_ids: tuple[str, ...], out: str) -> None:
+    """Draw runs' metrics over time into a PNG: training loss, samples/s, data wait and, where a GPU was
+    watched, its utilisation and memory, a line per node and rank; several runs side by side."""
+    from pathlib import Path
+
+    from hpcjob.logs import RunLogs
+    from hpcjob.plot import plot_runs
+
+    timelines = {}
+    for run_id in run_ids:
+        record = find_entry(run_id).record
+        folder = run_folder(record)
+        try:
+            timelines[record.run_id] = RunLogs(folder, record.log_folder, record.nodes).timeline()
+        finally:
+            folder.close()
+    drawn = plot_runs(timelines, Path(out))
+    click.echo(f"{out}: {', '.join(drawn.panels)}")
+
+
+def run_folder(record: RunRecord) -> ShareFolder:
+    """Where the run's files are, read from here: a local folder, or the share over SMB."""
+    from pathlib import Path
+
+    from hpcjob.share import LocalFolder
+    from hpcjob.spec import SpecError, parse_share
+
+    if record.local_root:
+        return LocalFolder(Path(record.local_root))
+    if not record.share:
+        raise SpecError(f"run {record.run_id} has no share recorded: its files cannot be read from here")
+    share = parse_share(record.share)
+    if record.cluster:
+        from hpcjob.cli.cluster import ClusterAccess
+
+        return ClusterAccess(record.cluster, record.backend).share(
+            share, record.smb_user, record.smb_server, record.smb_port or 445
+        )
+    from hpcjob.cli.options import open_smb
+
+    return open_smb(share, {"smb_user": record.smb_user, "smb_server": record.smb_server,
+                            "smb_port": record.smb_port or 445})  # fmt: skip

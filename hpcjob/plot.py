@@ -1,0 +1,88 @@
+"""Pictures of runs: each rank's metrics over time (the training program's timeline), one line per node
+and rank, several runs side by side. matplotlib is the `plot` extra; it is imported only here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcjob.spec import SpecError
+
+# (the timeline's field, the panel's title); a panel no run has figures for is left out, not drawn flat.
+PANELS = (
+    ("loss", "training loss"),
+    ("samples_per_sec", "samples/s (this rank)"),
+    ("data_wait_fraction", "data wait (share of step time)"),
+    ("gpu_util_pct", "GPU utilisation (%)"),
+    ("gpu_memory_mib", "GPU memory (MiB)"),
+)
+
+
+@dataclass
+class Drawn:
+    """What a picture shows: its panels, and the labelled lines in each."""
+
+    panels: dict[str, list[str]] = field(default_factory=dict)
+
+
+def series(timeline: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list[Mapping[str, Any]]]:
+    """The step lines of a run's timeline, by (node, rank at the time), in time order."""
+    by_rank: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for line in timeline:
+        if line.get("event") == "step":
+            by_rank.setdefault((str(line.get("node")), int(line.get("rank", 0))), []).append(line)
+    return by_rank
+
+
+def plot_runs(timelines: Mapping[str, Sequence[Mapping[str, Any]]], out: Path) -> Drawn:
+    """Draw each run's timeline (run id -> its lines) into `out` (PNG): a panel per metric, a line per
+    node and rank, time since the run's start on the x axis; runs told apart by line style."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SpecError("runs plot needs matplotlib: pip install 'hpcjob[plot]'") from None
+    runs = {run: series(lines) for run, lines in timelines.items()}
+    if not any(runs.values()):
+        raise SpecError(
+            "no metrics over time in these runs: the training program writes them under hpcjob "
+            "(metrics/ in the run's log folder; --metrics-every)"
+        )
+    shown = [(key, title) for key, title in PANELS if _has(runs, key)]
+    columns = 2 if len(shown) > 1 else 1
+    rows = (len(shown) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(7 * columns, 3.2 * rows), squeeze=False)
+    drawn = Drawn()
+    styles = ("-", "--", ":", "-.")
+    for index, (key, title) in enumerate(shown):
+        axis = axes[index // columns][index % columns]
+        axis.set_title(title)
+        axis.set_xlabel("seconds since the run's start")
+        labels = drawn.panels.setdefault(title, [])
+        for number, (run, by_rank) in enumerate(runs.items()):
+            start = min((float(line["t"]) for lines in by_rank.values() for line in lines), default=0.0)
+            for (node, rank), lines in sorted(by_rank.items()):
+                points = [(float(line["t"]) - start, float(line[key])) for line in lines if key in line]
+                if not points:
+                    continue
+                label = f"{node} rank {rank}" if len(runs) == 1 else f"{run}: {node} rank {rank}"
+                axis.plot(*zip(*points, strict=True), styles[number % len(styles)], label=label)
+                labels.append(label)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize="small")
+    for index in range(len(shown), rows * columns):
+        axes[index // columns][index % columns].set_visible(False)
+    figure.suptitle(", ".join(timelines))
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return drawn
+
+
+def _has(runs: Mapping[str, Mapping[tuple[str, int], Sequence[Mapping[str, Any]]]], key: str) -> bool:
+    return any(key in line for by_rank in runs.values() for lines in by_rank.values() for line in lines)
