@@ -166,19 +166,18 @@ class JobSummary:
         return cls(**data)
 
 
-def elastic_events(lost: Iterable[TaskEnd], timeline: Sequence[Mapping[str, Any]]) -> list[str]:
+def elastic_events(
+    lost: Iterable[TaskEnd], timeline: Sequence[Mapping[str, Any]], procs_per_node: int
+) -> list[str]:
     """One line for each node an elastic job lost: where its training was when it ended (the last
-    timeline line of that node before then), and how the job went on (the first restart of the workers
-    after it: on how many nodes, from which epoch's checkpoint)."""
+    timeline line of that node), and how the job went on (the first restart of the workers
+    after it: on how many nodes, its world size over `procs_per_node`, from which epoch's checkpoint)."""
     events = []
     for end in sorted(lost, key=lambda e: e.time):
         line = f"{end.node} lost"
-        before = [
-            t
-            for t in timeline
-            if str(t.get("node", "")).upper() == end.node.upper() and t.get("t", 0) <= end.time
-        ]
-        progress = [t for t in before if t.get("event") in ("step", "epoch")]
+        # A lost node writes nothing after its end (whose time may be only a bound): its last line.
+        mine = [t for t in timeline if str(t.get("node", "")).upper() == end.node.upper()]
+        progress = [t for t in mine if t.get("event") in ("step", "epoch")]
         if progress:
             last = max(progress, key=lambda t: float(t["t"]))
             where = f"step {last['step']}" if last["event"] == "step" else "its end"
@@ -191,10 +190,10 @@ def elastic_events(lost: Iterable[TaskEnd], timeline: Sequence[Mapping[str, Any]
         ]
         if restarts:
             first = min(restarts, key=lambda t: float(t["t"]))
-            same = {str(t.get("node")) for t in restarts if t.get("restart") == first.get("restart")}
+            nodes = int(first.get("world_size", 0)) // max(procs_per_node, 1)
             epoch = int(first.get("first_epoch", 1)) - 1
             checkpoint = f"the epoch-{epoch} checkpoint" if epoch > 0 else "the start (no checkpoint yet)"
-            line += f"; continued on {len(same)} node(s) from {checkpoint}"
+            line += f"; continued on {nodes} node(s) from {checkpoint}"
         else:
             line += "; the others went on"
         events.append(line)

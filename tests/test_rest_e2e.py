@@ -165,6 +165,39 @@ def test_the_same_job_over_winrm_trains_mounts_and_logs(cluster: Cluster) -> Non
     assert "Finished, exit code 0" in shown.stdout.splitlines()[0]
 
 
+@pytest.mark.parametrize("backend", ["rest", "winrm"])
+def test_an_elastic_job_goes_on_when_a_node_becomes_unreachable(cluster: Cluster, backend: str) -> None:
+    """`--min-nodes 2` of 3 through either front door: mid-epoch 2 the head node loses NODE003 (health
+    Error: its task is killed and fails); the other two re-form and finish from epoch 1's checkpoint,
+    and the summary says so, although the scheduler saw a task fail (FailOnTaskFailure is off)."""
+    run_id = f"elastic-{backend}"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "hpcjob.cli", "submit", "--backend", backend, "--wait", "--json", "-n", "3",
+         "--min-nodes", "2", "--max-restarts", "2", "--rdzv-last-call", "2", "--run-id", run_id,
+         "--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo",
+         str(TRAIN), "--epochs", "4", "--train-samples", "1200", "--batch-size", "40", "--step-sleep", "0.05",
+         "--metrics-every", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    timeline = cluster.share_dir / "hpcjob" / "run_ddp" / "logs" / run_id / "metrics" / "NODE003-0.jsonl"
+    deadline = time.monotonic() + 180
+    while not (timeline.is_file() and '"epoch": 2, "step"' in timeline.read_text()):
+        assert time.monotonic() < deadline and job.poll() is None, job.communicate()
+        time.sleep(0.1)
+    cluster.head.set_node("NODE003", health="Error")
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["state"] == "Finished" and summary["root_cause"] is None
+    assert [(n["node"], n["state"]) for n in summary["nodes"]][2] == ("NODE003", "Failed")
+    [event] = summary["events"]
+    assert event.startswith("NODE003 lost at epoch 2, step ") and event.endswith(
+        "; continued on 2 node(s) from the epoch-1 checkpoint"
+    ), event
+    assert summary["metrics"]["epochs_completed"] == 4 and summary["metrics"]["resumed_from_epoch"] == 1
+    cluster.head.set_node("NODE003", health="OK")
+
+
 FAILING = """
 import os, sys, time
 import torch, torch.distributed as dist

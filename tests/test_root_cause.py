@@ -131,3 +131,24 @@ def test_python_missing_on_the_nodes_is_named_even_quietly(tmp_path: Path) -> No
         and line.endswith("nosuchpython: command not found")
         for line in lines
     ), lines
+
+
+def test_an_elastic_job_s_losses_read_from_the_timeline() -> None:
+    from hpcjob.results import TaskEnd, elastic_events
+
+    timeline = [
+        {"t": 10.0, "event": "start", "node": "N3", "world_size": 6, "restart": 0, "first_epoch": 1},
+        {"t": 20.0, "event": "epoch", "node": "N3", "epoch": 1},
+        {"t": 25.0, "event": "step", "node": "N3", "epoch": 2, "step": 40},
+        # The agents restart at their own counts; the world size says how many nodes went on.
+        {"t": 31.0, "event": "start", "node": "N2", "world_size": 4, "restart": 2, "first_epoch": 2},
+        {"t": 31.5, "event": "start", "node": "N1", "world_size": 4, "restart": 1, "first_epoch": 2},
+    ]
+    lost = [TaskEnd("n3", 137, 30.0), TaskEnd("N9", 1, 5.0)]
+    assert elastic_events(lost, timeline, procs_per_node=2) == [  # in the order they were lost
+        "N9 lost (exit code 1); continued on 2 node(s) from the epoch-1 checkpoint",
+        "n3 lost at epoch 2, step 40 (exit code 137); continued on 2 node(s) from the epoch-1 checkpoint",
+    ]
+    assert elastic_events([TaskEnd("N3", 9, 35.0)], timeline, 2) == [
+        "N3 lost at epoch 2, step 40 (exit code 9); the others went on"  # no restart seen after it
+    ]

@@ -87,6 +87,7 @@ class _Node:
     tails: list[Tail]
     process: TaskProcess | None = None
     ended_at: float | None = None  # seconds since the epoch, as the worker shim's records say it
+    alive_at: float | None = None  # when it was last seen running
 
     def running(self) -> bool:
         return self.process is not None and self.process.popen.poll() is None
@@ -280,10 +281,16 @@ class LocalBackend:
                 if echo_output:
                     _echo(nodes, progress)
                 for node in nodes:
-                    if node.result.state is State.RUNNING and not node.running():
+                    if node.result.state is State.RUNNING and node.running():
+                        node.alive_at = time.time()
+                    elif node.result.state is State.RUNNING:
                         assert node.process is not None
                         code = exit_code(node.process.popen.returncode)
-                        node.ended_at = time.time()
+                        # A task killed from outside (its whole node: a signal, not an exit) died as early
+                        # as just after it was last seen running, maybe before its peers' ranks failed
+                        # for its loss: that earliest time is the one to put in order.
+                        killed = code > 128 and node.alive_at is not None
+                        node.ended_at = node.alive_at if killed else time.time()
                         node.result.exit_code = code
                         node.result.state = State.FINISHED if code == 0 else State.FAILED
                         progress(f"{node.task.node}: {node.result.state} (exit code {code})")
@@ -416,7 +423,7 @@ class LocalBackend:
             # The nodes lost while the job went on: not those it stopped itself.
             lost = [e for e in ends if e.exit_code != 0 and (stopped_at is None or e.time < stopped_at)]
             timeline = RunLogs(LocalFolder(Path(plan.log_dir)), "", plan.nodes).timeline()
-            events = elastic_events(lost, timeline)
+            events = elastic_events(lost, timeline, plan.nproc_per_node)
         lines: list[str] = []
         for node in nodes:
             path = Path(node.task.stdout_path)

@@ -25,6 +25,8 @@ from hpcjob.results import (
     NodeResult,
     RootCause,
     State,
+    TaskEnd,
+    elastic_events,
     find_metrics,
     job_exit_code,
 )
@@ -206,11 +208,15 @@ def job_summary(
                 continue
             lines.extend(text.splitlines())
     failed_codes = [t.exit_code for t in info.tasks if t.state == State.FAILED and t.exit_code]
+    state, events = State(info.state), list[str]()
+    if plan.min_nodes is not None and info.ended:
+        state, events = _elastic_end(plan, nodes, state, folder, log_folder)
+        cause = None if state is State.FINISHED else cause
     return JobSummary(
         name=plan.name,
         run_id=plan.run_id,
-        state=State(info.state),
-        exit_code=job_exit_code(info.state, failed_codes[0] if failed_codes else None, cause),
+        state=state,
+        exit_code=job_exit_code(state, failed_codes[0] if failed_codes else None, cause),
         wall_time_s=round(wall_time_s, 3),
         job_dir=plan.job_dir,
         log_dir=plan.log_dir,
@@ -218,7 +224,29 @@ def job_summary(
         root_cause=cause,
         metrics=find_metrics(lines),
         job_id=info.job_id,
+        events=events,
     )
+
+
+def _elastic_end(
+    plan: JobPlan, nodes: Sequence[NodeResult], state: State, folder: ShareFolder | None, log_folder: str
+) -> tuple[State, list[str]]:
+    """An elastic job that enough nodes saw through has finished, whatever the scheduler calls a job
+    with a failed task; and each lost node is an event. Where the share has no end time of a lost node
+    (a node that went down runs no exit trap), its last timeline line stands in for it."""
+    from hpcjob.logs import RunLogs, read_task_ends
+
+    assert plan.min_nodes is not None
+    if sum(n.state is State.FINISHED for n in nodes) < plan.min_nodes:
+        return state, []
+    timeline = RunLogs(folder, log_folder, plan.nodes).timeline() if folder is not None else []
+    ends = {e.node.upper(): e.time for e in read_task_ends(folder, log_folder)} if folder is not None else {}
+    lost = []
+    for node in (n for n in nodes if n.state is State.FAILED):
+        seen = [float(t["t"]) for t in timeline if str(t.get("node", "")).upper() == node.node.upper()]
+        at = ends.get(node.node.upper()) or max(seen, default=0.0)
+        lost.append(TaskEnd(node.node, node.exit_code if node.exit_code is not None else 1, at))
+    return State.FINISHED, elastic_events(lost, timeline, plan.nproc_per_node)
 
 
 def follow_job(
