@@ -13,7 +13,7 @@ from hpcjob.spec import SpecError
 # (the timeline's field, the panel's title); a panel no run has figures for is left out, not drawn flat.
 PANELS = (
     ("loss", "training loss"),
-    ("samples_per_sec", "samples/s (this rank)"),
+    ("samples_per_sec", "samples/s"),
     ("data_wait_fraction", "data wait (share of step time)"),
     ("gpu_util_pct", "GPU utilisation (%)"),
     ("gpu_memory_mib", "GPU memory (MiB)"),
@@ -28,11 +28,15 @@ class Drawn:
 
 
 def series(timeline: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list[Mapping[str, Any]]]:
-    """The step lines of a run's timeline, by (node, rank at the time), in time order."""
+    """The step lines of a run's timeline (this rank's figures every few steps), by (node, rank at the
+    time), in time order; a run too short for any has its epoch lines instead (the epoch's figures of
+    all ranks, its training loss as the loss)."""
+    steps = [line for line in timeline if line.get("event") == "step"]
+    if not steps:
+        steps = [{**line, "loss": line["train_loss"]} for line in timeline if line.get("event") == "epoch"]
     by_rank: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
-    for line in timeline:
-        if line.get("event") == "step":
-            by_rank.setdefault((str(line.get("node")), int(line.get("rank", 0))), []).append(line)
+    for line in steps:
+        by_rank.setdefault((str(line.get("node")), int(line.get("rank", 0))), []).append(line)
     return by_rank
 
 

@@ -31,7 +31,7 @@ def test_two_runs_side_by_side_with_gpu_panels(tmp_path: Path) -> None:
         {"a-1": timeline("GPU1", 0, True) + timeline("GPU2", 1, True), "b-2": timeline("GPU1", 0, True)}, out
     )
     assert list(drawn.panels) == [
-        "training loss", "samples/s (this rank)", "data wait (share of step time)", "GPU utilisation (%)",
+        "training loss", "samples/s", "data wait (share of step time)", "GPU utilisation (%)",
         "GPU memory (MiB)",
     ]  # fmt: skip
     assert drawn.panels["GPU memory (MiB)"] == ["a-1: GPU1 rank 0", "a-1: GPU2 rank 1", "b-2: GPU1 rank 0"]
@@ -42,6 +42,14 @@ def test_without_a_gpu_its_series_are_left_out_not_drawn_as_zeros(tmp_path: Path
     drawn = plot_runs({"c-3": timeline("LOCAL1", 0, False)}, tmp_path / "c.png")
     assert "GPU utilisation (%)" not in drawn.panels
     assert drawn.panels["training loss"] == ["LOCAL1 rank 0"]
+
+
+def test_a_run_too_short_for_step_lines_is_drawn_from_its_epochs(tmp_path: Path) -> None:
+    epochs = [{"t": 100.0 + e, "event": "epoch", "node": "LOCAL1", "rank": 0, "epoch": e,
+               "train_loss": 1.0 / e, "samples_per_sec": 900.0, "data_wait_fraction": 0.02}
+              for e in (1, 2)]  # fmt: skip
+    drawn = plot_runs({"e-5": epochs}, tmp_path / "e.png")
+    assert drawn.panels["training loss"] == ["LOCAL1 rank 0"] and "GPU memory (MiB)" not in drawn.panels
 
 
 def test_a_run_without_a_timeline_is_one_line(tmp_path: Path) -> None:
