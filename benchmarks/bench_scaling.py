@@ -48,11 +48,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128, help="batch per rank")
     parser.add_argument("--plot", type=Path, help="also draw the table into this PNG (matplotlib)")
     args = parser.parse_args()
-    print(f"bench_scaling: {os.cpu_count()} CPU core(s); weak scaling, batch {args.batch_size} a rank", flush=True)
+    cores = os.cpu_count()
+    print(f"bench_scaling: {cores} CPU core(s); weak scaling, batch {args.batch_size} a rank", flush=True)
     figures: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as share:
         for nodes in args.nodes:
-            runs = [throughput(nodes, Path(share), i, args.steps, args.batch_size) for i in range(args.repeats)]
+            runs = [
+                throughput(nodes, Path(share), i, args.steps, args.batch_size) for i in range(args.repeats)
+            ]
             figures[nodes] = statistics.median(runs)
             print(f"  {nodes} node(s): {figures[nodes]:.0f} samples/s", flush=True)
     base = figures.get(1) or figures[min(figures)] / min(figures)
@@ -73,7 +76,7 @@ def main() -> None:
         left.legend()
         right.plot(sizes, [figures[n] / (n * base) * 100 for n in sizes], "o-")
         right.set(title="efficiency (%)", xlabel="nodes", xticks=sizes, ylim=(0, 110))
-        figure.suptitle(f"hpcjob run --local, weak scaling, {os.cpu_count()} CPU core(s)")
+        figure.suptitle(f"hpcjob run --local, weak scaling, {cores} CPU core(s)")
         figure.tight_layout()
         figure.savefig(args.plot, dpi=100)
         print(f"bench_scaling: plot in {args.plot}")
