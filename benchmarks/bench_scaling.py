@@ -33,7 +33,9 @@ def throughput(nodes: int, share: Path, index: int, steps: int, batch: int) -> f
         "--epochs", "2", "--batch-size", str(batch), "--max-steps-per-epoch", str(steps),
         "--train-samples", str(steps * batch * nodes), "--test-samples", "256", "--no-resume",
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    # The runs' history goes beside the share, not into the user's.
+    env = {**os.environ, "XDG_STATE_HOME": str(share / ".state"), "LOCALAPPDATA": str(share / ".state")}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     if done.returncode != 0:
         raise SystemExit(f"bench_scaling: {nodes} node(s) failed:\n{done.stderr[-2000:]}")
     metrics = json.loads(done.stdout)["metrics"]

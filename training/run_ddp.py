@@ -587,6 +587,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        # Training on the CPU: the processes sharing this node's CPUs (all local nodes' on `run --local`)
+        # split them, rather than each taking them all and taking turns.
+        torch.set_num_threads(max(1, node_cpus() // processes_on_node(os.environ)))
     timeout = timedelta(seconds=args.pg_timeout)
     if env.under_torchrun:
         dist.init_process_group(backend, init_method="env://", timeout=timeout)

@@ -305,3 +305,27 @@ def test_checkpoint_for_another_model_fails_cleanly(
     assert run_ddp.main([*SMALL_RUN, "--epochs", "2", "--checkpoint-dir", str(tmp_path)]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "does not fit this model" in line and "--no-resume" in line
+
+
+@pytest.mark.usefixtures("no_torchrun")
+def test_a_cpu_run_splits_the_cpus_and_writes_its_timeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    threads = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("HPCJOB_PROCESSES_ON_HOST", "4096")  # more processes on this host than CPUs
+    monkeypatch.setenv("HPCJOB_NODE", "LOCAL7")
+    try:
+        flags = [*SMALL_RUN, "--checkpoint-dir", str(tmp_path), "--epochs", "2"]
+        assert run_ddp.main([*flags, "--metrics-dir", str(tmp_path / "metrics"), "--metrics-every", "2"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    lines = [json.loads(line) for line in (tmp_path / "metrics" / "LOCAL7-0.jsonl").read_text().splitlines()]
+    assert (lines[0]["event"], lines[0]["first_epoch"]) == ("start", 1)
+    steps = [line for line in lines if line["event"] == "step"]
+    assert steps and all(line["step"] % 2 == 0 and line["samples_per_sec"] > 0 for line in steps)
+    assert {line["epoch"] for line in steps} == {1, 2} and all("gpu_util_pct" not in line for line in steps)
+    assert [line["epoch"] for line in lines if line["event"] == "epoch"] == [1, 2]
+    assert all(line["node"] == "LOCAL7" and line["world_size"] == 1 for line in lines)
