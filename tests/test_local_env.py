@@ -103,6 +103,7 @@ def test_status_and_cancel_of_a_local_run_from_another_shell(tmp_path: Path) -> 
         .stdout.splitlines()[-1]
         .startswith("latest: epoch 3 step 40: loss 0.5 (LOCAL2 rank 1, ")
     )
+    assert hpcjob("logs", "other-1").stderr.startswith("latest: epoch 3 step 40: loss 0.5 (LOCAL2 rank 1, ")
     canceled = hpcjob("cancel", "other-1")
     assert (canceled.returncode, canceled.stdout) == (0, "run other-1 canceled\n"), canceled.stderr
     run.communicate(timeout=30)

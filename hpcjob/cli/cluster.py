@@ -593,16 +593,9 @@ def _print_status(info: JobInfo, run_id: str, as_json: bool, latest: dict[str, A
     for row in table(("TASK", "NODE", "STATE", "EXIT CODE", "ERROR"), rows):
         click.echo(row)
     if latest is not None:
-        from hpcjob.cli.tables import number
+        from hpcjob.cli.tables import latest_line
 
-        ago = time.time() - float(latest["t"])
-        figures = ", ".join(
-            f"{key} {number(latest[key])}" for key in ("loss", "samples_per_sec") if key in latest
-        )
-        click.echo(
-            f"latest: epoch {latest.get('epoch')} step {latest.get('step')}: {figures} "
-            f"({latest.get('node')} rank {latest.get('rank')}, {ago:.0f} s ago)"
-        )
+        click.echo(latest_line(latest, time.time()))
     if info.gpu_use:
         from hpcjob.cli.tables import gpu_table
 

@@ -56,6 +56,17 @@ def metrics_line(metrics: Mapping[str, object]) -> str:
     return ", ".join(shown)
 
 
+def latest_line(step: Mapping[str, object], now: float) -> str:
+    """A running job's newest metrics line (the training program's timeline), as `status` and `logs`
+    show it."""
+    figures = ", ".join(f"{key} {number(step[key])}" for key in ("loss", "samples_per_sec") if key in step)
+    ago = now - float(str(step.get("t", now)))
+    return (
+        f"latest: epoch {step.get('epoch')} step {step.get('step')}: {figures} "
+        f"({step.get('node')} rank {step.get('rank')}, {ago:.0f} s ago)"
+    )
+
+
 def format_summary(summary: JobSummary) -> str:
     """How every backend ends a job it followed: state, each node, the first failure, the metrics."""
     lines = [
