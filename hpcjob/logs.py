@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -140,10 +141,37 @@ class RunLogs:
                 continue
             for line in text.splitlines():
                 with contextlib.suppress(json.JSONDecodeError):
-                    data = json.loads(line)
-                    if isinstance(data, dict) and isinstance(data.get("t"), int | float):
-                        lines.append(data)
+                    clean = timeline_line(json.loads(line))
+                    if clean is not None:
+                        lines.append(clean)
         return sorted(lines, key=lambda d: float(d["t"]))
+
+
+# The timeline's fields and their types (training/timeline.py writes them); others are dropped.
+_TIMELINE_TEXT = ("event", "node")
+_TIMELINE_INTS = ("rank", "world_size", "restart", "epoch", "step", "first_epoch")
+
+
+def timeline_line(data: object) -> dict[str, Any] | None:
+    """A timeline line with its fields of the right types only (a hand, or another program, may have
+    written anything there): the time, text, whole numbers, and finite figures; None without a time."""
+    if not isinstance(data, dict) or not _finite(data.get("t")):
+        return None
+    clean: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _TIMELINE_TEXT:
+            if isinstance(value, str):
+                clean[key] = value
+        elif key in _TIMELINE_INTS:
+            if isinstance(value, int) and not isinstance(value, bool):
+                clean[key] = value
+        elif _finite(value):
+            clean[key] = float(value)
+    return clean
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _join(log_folder: str, name: str) -> str:

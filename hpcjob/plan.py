@@ -27,12 +27,12 @@ class TaskPlan:
     stderr_path: str
 
 
-# The job environment variable that asks hpcjob's execution filter (hpcjob/node/mount_filter.py) to
-# mount a share on the node before the task starts, with the job owner's credentials.
 # Elastic jobs: each rendezvous round's workers get a store of their own. torchrun's default shares one
 # TCP store across rounds, so the workers of a restarted round can read the addresses the lost round's
 # workers left there, and fail to connect (seen with gloo in torch 2.14).
 SEPARATE_ROUND_STORES = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+# The job environment variable that asks hpcjob's execution filter (hpcjob/node/mount_filter.py) to
+# mount a share on the node before the task starts, with the job owner's credentials.
 MOUNT_VAR = "HPCJOB_MOUNT"
 # What the filter did, in the task's environment: mounted, already mounted, or "failed: <why>".
 MOUNT_RESULT_VAR = "HPCJOB_MOUNT_RESULT"

@@ -33,7 +33,8 @@ def series(timeline: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list[
     all ranks, its training loss as the loss)."""
     steps = [line for line in timeline if line.get("event") == "step"]
     if not steps:
-        steps = [{**line, "loss": line["train_loss"]} for line in timeline if line.get("event") == "epoch"]
+        epochs = [line for line in timeline if line.get("event") == "epoch"]
+        steps = [{**line, "loss": line["train_loss"]} if "train_loss" in line else line for line in epochs]
     by_rank: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for line in steps:
         by_rank.setdefault((str(line.get("node")), int(line.get("rank", 0))), []).append(line)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -157,13 +157,21 @@ class JobSummary:
 
     @classmethod
     def from_json(cls, text: str) -> JobSummary:
-        data = json.loads(text)
-        data.pop("gpu_use", None)  # derived from the metrics
+        # Fields of a newer hpcjob are left out (gpu_use is derived from the metrics).
+        data = _known(cls, json.loads(text))
         data["state"] = State(data["state"])
-        data["nodes"] = [NodeResult(**{**n, "state": State(n["state"])}) for n in data.get("nodes", [])]
+        data["nodes"] = [
+            NodeResult(**{**_known(NodeResult, n), "state": State(n["state"])}) for n in data.get("nodes", [])
+        ]
         if data.get("root_cause") is not None:
-            data["root_cause"] = RootCause(**data["root_cause"])
+            data["root_cause"] = RootCause(**_known(RootCause, data["root_cause"]))
         return cls(**data)
+
+
+def _known(kind: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The items of `data` that are fields of the dataclass `kind`."""
+    names = {f.name for f in fields(kind)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def elastic_events(
@@ -180,13 +188,13 @@ def elastic_events(
         progress = [t for t in mine if t.get("event") in ("step", "epoch")]
         if progress:
             last = max(progress, key=lambda t: float(t["t"]))
-            where = f"step {last['step']}" if last["event"] == "step" else "its end"
-            line += f" at epoch {last['epoch']}, {where}"
+            where = f"step {last.get('step', '?')}" if last["event"] == "step" else "its end"
+            line += f" at epoch {last.get('epoch', '?')}, {where}"
         line += f" (exit code {end.exit_code})"
         restarts = [
             t
             for t in timeline
-            if t.get("event") == "start" and t.get("t", 0) > end.time and t.get("restart", 0) > 0
+            if t.get("event") == "start" and float(t.get("t", 0)) > end.time and int(t.get("restart", 0)) > 0
         ]
         if restarts:
             first = min(restarts, key=lambda t: float(t["t"]))

@@ -118,33 +118,43 @@ def legacy_runs_file() -> Path:
 
 @contextlib.contextmanager
 def _history(write: bool = True) -> Iterator[sqlite3.Connection]:
-    """The database, migrated, inside one IMMEDIATE transaction (committed when the block ends). A read
-    where there is no database yet makes none: it reads an empty one in memory (with what it imports)."""
+    """The database, migrated, inside one transaction (committed when the block ends): IMMEDIATE to
+    write, so that writers wait for each other. A read where there is no database yet makes none: it
+    reads an empty one in memory (with what it imports). The file is its owner's alone."""
     path = history_file()
     try:
         if write:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                path.touch(mode=0o600)
         where = str(path) if write or path.exists() else ":memory:"
         connection = sqlite3.connect(where, timeout=30, isolation_level=None)
     except (OSError, sqlite3.Error) as exc:
         raise HpcjobError(f"cannot open the run history {path}: {exc}") from None
     try:
         connection.execute("PRAGMA foreign_keys = ON")
-        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         _migrate(connection)
         yield connection
         connection.execute("COMMIT")
     except sqlite3.DatabaseError as exc:
         with contextlib.suppress(sqlite3.Error):
             connection.execute("ROLLBACK")
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-            raise HpcjobError(f"the run history {path} stayed locked by another hpcjob for 30 s") from None
-        raise HpcjobError(
-            f"the run history {path} is damaged ({exc}): move it aside (hpcjob starts a new one) and keep it "
-            "for the runs it knew"
-        ) from None
+        raise HpcjobError(_history_problem(path, exc)) from None
     finally:
         connection.close()
+
+
+def _history_problem(path: Path, exc: sqlite3.Error) -> str:
+    text = str(exc)
+    if "locked" in text:
+        return f"the run history {path} stayed locked by another hpcjob for 30 s"
+    if "not a database" in text or "malformed" in text:
+        return (
+            f"the run history {path} is damaged ({text}): move it aside (hpcjob starts a new one) and keep "
+            "it for the runs it knew"
+        )
+    return f"cannot read or write the run history {path}: {text}"
 
 
 def _migrate(connection: sqlite3.Connection) -> None:
@@ -173,14 +183,11 @@ def _import_legacy(connection: sqlite3.Connection) -> None:
         written = path.stat().st_mtime
     except OSError:
         return
-    known = {f.name for f in fields(RunRecord)}
     for line in lines:
         try:
-            data = json.loads(line)
-            data["nodes"] = tuple(data.get("nodes", ()))
-            record = RunRecord(**{k: v for k, v in data.items() if k in known})
-        except (json.JSONDecodeError, TypeError, AttributeError):
-            continue
+            record = _record_of(line)
+        except ValueError:
+            continue  # a line torn or garbled by hand: the others still find their runs
         match = _RUN_ID_TIME.search(record.run_id)
         started = written
         if match:
@@ -227,7 +234,8 @@ def save_run(
     gpus_per_node: int | None = None,
 ) -> None:
     """Record the run (again: the latest record of a run id supersedes the earlier ones); the command,
-    plan, tags and GPUs per node are kept from the first record that gives them."""
+    plan and GPUs per node are kept from the first record that gives them, tags added (a key given
+    again takes its new value)."""
     with _history() as connection:
         _upsert(connection, record, command=command, plan=plan, gpus_per_node=gpus_per_node)
         for key, value in (tags or {}).items():
@@ -259,11 +267,34 @@ def record_state(run_id: str, state: str, exit_code: int | None) -> None:
         )
 
 
+_RECORD_INTS = {"smb_port", "pid", "pid_start"}
+_RECORD_REQUIRED = {"run_id", "name", "backend", "job_folder"}
+
+
 def _record_of(text: str) -> RunRecord:
-    data = json.loads(text)
-    data["nodes"] = tuple(data.get("nodes", ()))
-    known = {f.name for f in fields(RunRecord)}
-    return RunRecord(**{k: v for k, v in data.items() if k in known})
+    """A RunRecord from its JSON; ValueError when the text is not one (keys of a newer hpcjob are
+    left out, values of the wrong type are not taken)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    values: dict[str, Any] = {}
+    for f in fields(RunRecord):
+        value = data.get(f.name)
+        if f.name == "nodes":
+            if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
+                raise ValueError("nodes must be a list of names")
+            values["nodes"] = tuple(value)
+        elif value is None:
+            if f.name in _RECORD_REQUIRED:
+                raise ValueError(f"{f.name} is missing")
+        elif isinstance(value, int if f.name in _RECORD_INTS else str) and not isinstance(value, bool):
+            values[f.name] = value
+        else:
+            raise ValueError(f"{f.name} has the wrong type")
+    return RunRecord(**values)
 
 
 @dataclass(frozen=True)
@@ -327,12 +358,7 @@ def history(
 ) -> list[HistoryEntry]:
     """The runs recorded here, newest first, of `cluster`/`backend`, in `state` (the job's, else the
     submission's last step), with every one of `tags`, started at or after `since`."""
-    from hpcjob.results import JobSummary
-
-    query = (
-        "SELECT run_id, started, updated, state, exit_code, wall_s, gpus_per_node, record, command, plan, "
-    )
-    query += "summary FROM runs WHERE 1 = 1"
+    query = f"SELECT {_ENTRY_COLUMNS} FROM runs WHERE 1 = 1"
     values: list[Any] = []
     for column, wanted in (("cluster", cluster), ("backend", backend)):
         if wanted is not None:
@@ -347,42 +373,76 @@ def history(
         )
         values += [key, value]
     query += " ORDER BY started DESC, rowid DESC"
-    entries = []
     with _history(write=False) as connection:
-        rows = connection.execute(query, values).fetchall()
-        all_tags: dict[str, dict[str, str]] = {}
-        for run_id, key, value in connection.execute("SELECT run_id, key, value FROM tags ORDER BY key"):
-            all_tags.setdefault(run_id, {})[key] = value
-    for run_id, started, updated, job_state, exit_code, wall_s, gpus, record, command, plan, summary in rows:
-        entry = HistoryEntry(
-            record=_record_of(record),
-            started=started,
-            updated=updated,
-            state=job_state,
-            exit_code=exit_code,
-            wall_s=wall_s,
-            gpus_per_node=gpus,
-            command=command,
-            plan=json.loads(plan) if plan else None,
-            summary=JobSummary.from_json(summary) if summary else None,
-            tags=all_tags.get(run_id, {}),
-        )
-        if state is None or state.lower() in (str(job_state).lower(), str(entry.record.state).lower()):
-            entries.append(entry)
+        entries = _entries(connection, connection.execute(query, values).fetchall())
+    if state is not None:
+        wanted = state.lower()
+        entries = [e for e in entries if wanted in (str(e.state).lower(), str(e.record.state).lower())]
     return entries[:last]
+
+
+def find_entry(run_or_job_id: str) -> HistoryEntry:
+    """The run whose run id, else job id, this is (the latest updated of those with that job id)."""
+    query = f"SELECT {_ENTRY_COLUMNS} FROM runs WHERE run_id = ? OR job_id = ? ORDER BY run_id = ? DESC, "
+    query += "updated DESC LIMIT 1"
+    with _history(write=False) as connection:
+        found = _entries(connection, connection.execute(query, [run_or_job_id] * 3).fetchall())
+    if not found:
+        raise SpecError(f"no run {run_or_job_id!r} in this machine's history: `hpcjob runs` lists them")
+    return found[0]
+
+
+_ENTRY_COLUMNS = (
+    "run_id, started, updated, state, exit_code, wall_s, gpus_per_node, record, command, plan, summary"
+)
+
+
+def _entries(connection: sqlite3.Connection, rows: list[Any]) -> list[HistoryEntry]:
+    """Rows of _ENTRY_COLUMNS as entries; a row whose record cannot be read is left out, a summary or
+    plan that cannot be read (a newer hpcjob's, a hand's) is shown as missing."""
+    from hpcjob.results import JobSummary
+
+    tags: dict[str, dict[str, str]] = {}
+    for run_id, key, value in connection.execute("SELECT run_id, key, value FROM tags ORDER BY key"):
+        tags.setdefault(run_id, {})[key] = value
+    entries = []
+    for run_id, started, updated, job_state, exit_code, wall_s, gpus, record, command, plan, summary in rows:
+        try:
+            run = _record_of(record)
+        except ValueError:
+            continue
+        try:
+            ended = JobSummary.from_json(summary) if summary else None
+        except (ValueError, TypeError, KeyError):
+            ended = None
+        try:
+            job = json.loads(plan) if plan else None
+        except ValueError:
+            job = None
+        entries.append(
+            HistoryEntry(
+                run,
+                started,
+                updated,
+                job_state,
+                exit_code,
+                wall_s,
+                gpus,
+                command,
+                job,
+                ended,
+                tags.get(run_id, {}),
+            )
+        )
+    return entries
 
 
 def _records_newest_first() -> Iterator[RunRecord]:
     with _history(write=False) as connection:
         rows = connection.execute("SELECT record FROM runs ORDER BY updated DESC, rowid DESC").fetchall()
     for (record,) in rows:
-        with contextlib.suppress(json.JSONDecodeError, TypeError, AttributeError):
+        with contextlib.suppress(ValueError):
             yield _record_of(record)
-
-
-def recorded_runs() -> list[RunRecord]:
-    """Each run this machine started or rendered, newest first, as its latest record says."""
-    return [entry.record for entry in history()]
 
 
 def find_run(run_id: str, cluster: str | None = None) -> RunRecord:

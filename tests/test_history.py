@@ -209,3 +209,38 @@ def test_the_runs_jsonl_of_hpcjob_0_1_is_imported_once() -> None:
     assert [r["run_id"] for r in runs()] == ["z-1", "mine", "train-20261101-093000-ab12"]
     assert legacy.is_file()  # kept, for hpcjob 0.1 and for whoever wants it
     assert find_run("41", "prod").state == "submitted"
+
+
+def test_lines_and_rows_of_the_wrong_shape_are_left_out_not_fatal() -> None:
+    legacy = legacy_runs_file()
+    legacy.parent.mkdir(parents=True)
+    good = {"run_id": "ok-1", "name": "ok", "backend": "local", "job_folder": "x", "nodes": ["N1"]}
+    bad = [
+        {**good, "run_id": None},
+        {**good, "name": None},
+        {**good, "nodes": "N1"},
+        {**good, "pid": "7"},
+        [1],
+    ]
+    legacy.write_text("\n".join(json.dumps(line) for line in [*bad, good]) + "\n")
+    save_run(record("new-1"))  # the import, with the database
+    assert [r["run_id"] for r in runs()] == ["new-1", "ok-1"]
+    assert history_file().stat().st_mode & 0o777 == 0o600  # the owner's alone
+    # A summary written by a newer hpcjob (a field this one does not know) is still shown.
+    ended = json.loads(summary("new-1", State.FINISHED, 0, 60.0).to_json())
+    with sqlite3.connect(history_file()) as db:
+        db.execute("UPDATE runs SET summary = ? WHERE run_id = 'new-1'", (json.dumps({**ended, "later": 1}),))
+        db.execute("UPDATE runs SET plan = 'not json' WHERE run_id = 'ok-1'")
+    shown = CliRunner().invoke(cli, ["runs", "show", "new-1"])
+    assert shown.exit_code == 0 and "job new Finished in 1 min 0 s, exit code 0" in shown.output
+    assert runs()[1]["plan"] is None
+
+
+def test_timeline_lines_keep_only_fields_of_the_right_type() -> None:
+    from hpcjob.logs import timeline_line
+
+    assert timeline_line({"t": "noon"}) is None and timeline_line([1]) is None
+    assert timeline_line(
+        {"t": 5, "event": "step", "node": 3, "rank": "1", "step": 10, "loss": float("nan"), "epoch": True,
+         "samples_per_sec": 12, "note": "x"}
+    ) == {"t": 5.0, "event": "step", "step": 10, "samples_per_sec": 12.0}  # fmt: skip

@@ -3,8 +3,8 @@
 Each rank appends to ``<folder>/<NODE>-<local rank>.jsonl`` (hpcjob's run log folder, ``metrics/``):
 one ``start`` line at each start of the workers (a restart of an elastic job too), a ``step`` line every
 N steps (the loss, samples/s and data-wait share of those steps, this rank's GPU utilisation and memory
-when a GPU is watched) and an ``epoch`` line with the epoch's global results. A line is written whole and
-flushed, so a reader sees complete lines only; fields it cannot know are absent, never zeros.
+when a GPU is watched) and an ``epoch`` line with the epoch's global results. Each line is written whole
+and flushed (a reader skips one cut short); fields it cannot know are absent, never zeros.
 """
 
 from __future__ import annotations

@@ -353,7 +353,8 @@ def _print_logs(
         for line in run_logs.read(final=True):
             click.echo(line)
         steps = [t for t in run_logs.timeline() if t.get("event") == "step"]
-        if steps and run_logs.ended() is None:  # running: where its training is now
+        running = run_logs.ended() is None and (scheduler_end is None or scheduler_end() is None)
+        if steps and running:  # where its training is now
             from hpcjob.cli.tables import latest_line
 
             click.echo(latest_line(steps[-1], time.time()), err=True)

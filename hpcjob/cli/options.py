@@ -306,7 +306,8 @@ tag_option = click.option(
 
 
 def started_command() -> str:
-    """The hpcjob command line as it was given, for the run's history (it never holds a secret)."""
+    """The hpcjob command line as it was given, for the run's history: hpcjob takes no secret as an
+    argument, but the script's arguments and --env values are there as the user gave them."""
     return shlex.join(["hpcjob", *sys.argv[1:]])
 
 

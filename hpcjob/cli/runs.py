@@ -129,22 +129,14 @@ def runs(
 def runs_show(run_id: str, as_json: bool) -> None:
     """One run whole: the command, the job, its nodes and their exit codes, the root cause, the metrics,
     and where its logs and checkpoints are. RUN is a run id or the job id of a submitted job."""
+    from hpcjob.runs import find_entry
+
     entry = find_entry(run_id)
     if as_json:
         click.echo(json.dumps(entry.to_dict()))
         return
     for line in describe(entry):
         click.echo(line)
-
-
-def find_entry(run_id: str) -> HistoryEntry:
-    from hpcjob.runs import history
-    from hpcjob.spec import SpecError
-
-    for entry in history():
-        if run_id in (entry.record.run_id, entry.record.job_id):
-            return entry
-    raise SpecError(f"no run {run_id!r} in this machine's history: `hpcjob runs` lists them")
 
 
 def describe(entry: HistoryEntry) -> list[str]:
@@ -197,6 +189,7 @@ def runs_plot(run_ids: tuple[str, ...], out: str) -> None:
 
     from hpcjob.logs import RunLogs
     from hpcjob.plot import plot_runs
+    from hpcjob.runs import find_entry
 
     timelines = {}
     for run_id in run_ids:

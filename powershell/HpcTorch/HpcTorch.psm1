@@ -3,8 +3,8 @@
 # Each command turns its bound parameters into hpcjob arguments through one table, $script:Cli, and one
 # function, ConvertTo-HpcTorchArgument: tests/test_powershell_module.py reads both from this file and
 # checks every argument list against the click commands themselves, so the two cannot drift apart.
-# Secrets never travel as arguments: a -Credential reaches hpcjob through its environment, set for the
-# child process only.
+# Secrets never travel as arguments: a -Credential reaches hpcjob through environment variables of this
+# process, set for the call and restored after it.
 
 Set-StrictMode -Version 3.0
 
