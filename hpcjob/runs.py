@@ -381,15 +381,25 @@ def history(
     return entries[:last]
 
 
-def find_entry(run_or_job_id: str) -> HistoryEntry:
-    """The run whose run id, else job id, this is (the latest updated of those with that job id)."""
-    query = f"SELECT {_ENTRY_COLUMNS} FROM runs WHERE run_id = ? OR job_id = ? ORDER BY run_id = ? DESC, "
-    query += "updated DESC LIMIT 1"
+def _lookup(run_or_job_id: str, cluster: str | None = None) -> HistoryEntry | None:
+    """The run whose run id, else job id (on `cluster` if named), this is: of several with that job id,
+    the latest updated."""
+    query = (
+        f"SELECT {_ENTRY_COLUMNS} FROM runs WHERE (run_id = ? OR job_id = ?) AND (? IS NULL OR cluster = ?) "
+    )
+    query += "ORDER BY run_id = ? DESC, updated DESC, rowid DESC LIMIT 1"
+    values = [run_or_job_id, run_or_job_id, cluster, cluster, run_or_job_id]
     with _history(write=False) as connection:
-        found = _entries(connection, connection.execute(query, [run_or_job_id] * 3).fetchall())
-    if not found:
+        found = _entries(connection, connection.execute(query, values).fetchall())
+    return found[0] if found else None
+
+
+def find_entry(run_or_job_id: str) -> HistoryEntry:
+    """One run of the history, whole (`hpcjob runs show`)."""
+    entry = _lookup(run_or_job_id)
+    if entry is None:
         raise SpecError(f"no run {run_or_job_id!r} in this machine's history: `hpcjob runs` lists them")
-    return found[0]
+    return entry
 
 
 _ENTRY_COLUMNS = (
@@ -446,15 +456,16 @@ def _records_newest_first() -> Iterator[RunRecord]:
 
 
 def find_run(run_id: str, cluster: str | None = None) -> RunRecord:
-    """The latest record of `run_id` (or of the job id a backend gave it, on `cluster` if named)."""
-    for record in _records_newest_first():
-        if run_id in (record.run_id, record.job_id) and cluster in (None, record.cluster):
-            return record
-    where = f" for cluster {cluster}" if cluster else ""
-    raise SpecError(
-        f"no run {run_id!r} recorded on this machine{where}: give its --share or --mount-point and "
-        "--job-folder"
-    )
+    """Where the run's files are: its latest record (also by the job id a backend gave it, on
+    `cluster` if named)."""
+    entry = _lookup(run_id, cluster)
+    if entry is None:
+        where = f" for cluster {cluster}" if cluster else ""
+        raise SpecError(
+            f"no run {run_id!r} recorded on this machine{where}: give its --share or --mount-point and "
+            "--job-folder"
+        )
+    return entry.record
 
 
 # The state of a run id that `render` made up without staging anything: the job folder's current run,

@@ -32,10 +32,10 @@ from hpcjob.runs import (
 from .conftest import REPO
 
 
-@pytest.fixture(autouse=True)
-def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    return tmp_path / "state"
+@pytest.fixture
+def state_home() -> Path:
+    """The test's own state folder (conftest's private_state), where runs.db is."""
+    return history_file().parent.parent
 
 
 def record(run_id: str, cluster: str | None = None, **more: object) -> RunRecord:

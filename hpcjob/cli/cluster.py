@@ -317,14 +317,11 @@ def submit(
         click.echo(line, err=as_json)
 
     smb = (params.get("smb_user"), params.get("smb_server"), params["smb_port"])
-    summary = submit_and_follow(
+    record, summary = submit_and_follow(
         cluster, spec, run_id, smb, mount_step=mount_step, wait=wait, progress=progress, tags=tags
     )
     if summary is None:
         if as_json:
-            from hpcjob.runs import find_run
-
-            record = find_run(run_id)
             click.echo(json.dumps({"run_id": run_id, "job_id": record.job_id, "cluster": record.cluster}))
         return
     from hpcjob.cli.tables import format_summary
@@ -343,9 +340,10 @@ def submit_and_follow(
     wait: bool,
     progress: Callable[[str], None],
     tags: Mapping[str, str] | None = None,
-) -> JobSummary | None:
+) -> tuple[RunRecord, JobSummary | None]:
     """Upload the code, submit the job (recording the run at each step) and, with `wait`, follow it
-    to its summary (the scheduler's states, the share's root cause and metrics)."""
+    to its summary (the scheduler's states, the share's root cause and metrics): the run's latest
+    record, and the summary (None without `wait`)."""
     from dataclasses import replace
 
     from hpcjob.render import plan_json
@@ -377,14 +375,15 @@ def submit_and_follow(
         cluster=profile.name,
     )
     latest = first
+    command, job = started_command(), plan_json(plan)
 
     def record(step: Submission) -> None:
         nonlocal latest
         latest = replace(first, state=step.state, job_id=step.job_id, mount_job_id=step.mount_job_id)
         save_run(
             latest,
-            command=started_command(),
-            plan=plan_json(plan),
+            command=command,
+            plan=job,
             tags=tags,
             gpus_per_node=spec.gpus_per_node,
         )
@@ -395,7 +394,7 @@ def submit_and_follow(
     progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
     if not wait:
         progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
-        return None
+        return latest, None
     try:
         info = backend.wait(latest, progress)
     except KeyboardInterrupt:
@@ -417,7 +416,7 @@ def submit_and_follow(
         )
         with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
             record_end(summary)
-        return summary
+        return latest, summary
     finally:
         if folder is not None:
             folder.close()
@@ -479,6 +478,31 @@ def log_access(
         job = record.job_id or record.run_id
         click.echo(f"hpcjob: job {job}: the scheduler holds no output of its tasks", err=True)
     return None, scheduler_end
+
+
+def run_folder(record: RunRecord, smb: Mapping[str, Any] | None = None) -> ShareFolder:
+    """Where the run's files are, read from here: the local folder recorded, else the share over SMB,
+    reached as recorded unless `smb` (the --smb-* options) says otherwise."""
+    from hpcjob.cli.options import open_smb
+    from hpcjob.share import LocalFolder
+    from hpcjob.spec import SpecError, parse_share
+
+    if record.local_root:
+        return LocalFolder(Path(record.local_root))
+    if not record.share:
+        raise SpecError(f"run {record.run_id} has no share recorded: its files cannot be read from here")
+    smb = smb or {}
+    user = smb.get("smb_user") or record.smb_user
+    server = smb.get("smb_server") or record.smb_server
+    # The option's default gives way to the port the run was uploaded through.
+    port = (
+        record.smb_port if record.smb_port and smb.get("smb_port", 445) == 445 else smb.get("smb_port", 445)
+    )
+    if record.cluster:  # with the cluster profile's user and password
+        return ClusterAccess(record.cluster, record.backend).share(
+            parse_share(record.share), user, server, port
+        )
+    return open_smb(parse_share(record.share), {"smb_user": user, "smb_server": server, "smb_port": port})
 
 
 def _job_id(job: str) -> int | None:

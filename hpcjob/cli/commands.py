@@ -282,8 +282,8 @@ def logs(
     """
     from hpcjob.logs import RunLogs
     from hpcjob.runs import RunRecord
-    from hpcjob.share import LocalFolder, ShareFolder
-    from hpcjob.spec import SpecError, check_job_folder, check_run_id, parse_share
+    from hpcjob.share import ShareFolder
+    from hpcjob.spec import SpecError, check_job_folder, check_run_id
 
     check_run_id(run_id)
     if job_folder is not None:
@@ -310,21 +310,10 @@ def logs(
         from hpcjob.cli.cluster import log_access
 
         folder, scheduler_end = log_access(record, params)
-    elif record.local_root:
-        folder = LocalFolder(Path(record.local_root))
-    elif record.share:
-        params = {
-            **params,
-            "smb_server": params["smb_server"] or record.smb_server,
-            "smb_user": params["smb_user"] or record.smb_user,
-            # The option's default gives way to the port the run was uploaded through.
-            "smb_port": record.smb_port
-            if record.smb_port and params["smb_port"] == 445
-            else params["smb_port"],
-        }
-        folder = open_smb(parse_share(record.share), params)
     else:
-        raise SpecError(f"run {record.run_id} has no share recorded")
+        from hpcjob.cli.cluster import run_folder
+
+        folder = run_folder(record, params)
     if folder is None:
         return  # the scheduler's copy of the output was printed instead
     run_logs = RunLogs(folder, f"{job_folder or record.job_folder}/logs/{record.run_id}", record.nodes)

@@ -105,7 +105,7 @@ def _allreduce(access: ClusterAccess, fit: list[str], mount_point: str, quiet: b
     if not quiet:
         click.echo(f"hpcjob: an all-reduce job on {' and '.join(nodes)} ...", err=True)
     smb = (profile.smb_user, profile.smb_server, profile.smb_port)
-    summary = submit_and_follow(
+    _, summary = submit_and_follow(
         access, spec, new_run_id(spec.name), smb, mount_step=False, wait=True, progress=lambda line: None
     )
     assert summary is not None  # waited

@@ -14,8 +14,7 @@ from hpcjob.cli.app import cli
 from hpcjob.cli.options import TEXT
 
 if TYPE_CHECKING:
-    from hpcjob.runs import HistoryEntry, RunRecord
-    from hpcjob.share import ShareFolder
+    from hpcjob.runs import HistoryEntry
 
 _AGO = re.compile(r"(\d+)([dhm])")
 
@@ -187,6 +186,7 @@ def runs_plot(run_ids: tuple[str, ...], out: str) -> None:
     watched, its utilisation and memory, a line per node and rank; several runs side by side."""
     from pathlib import Path
 
+    from hpcjob.cli.cluster import run_folder
     from hpcjob.logs import RunLogs
     from hpcjob.plot import plot_runs
     from hpcjob.runs import find_entry
@@ -201,27 +201,3 @@ def runs_plot(run_ids: tuple[str, ...], out: str) -> None:
             folder.close()
     drawn = plot_runs(timelines, Path(out))
     click.echo(f"{out}: {', '.join(drawn.panels)}")
-
-
-def run_folder(record: RunRecord) -> ShareFolder:
-    """Where the run's files are, read from here: a local folder, or the share over SMB."""
-    from pathlib import Path
-
-    from hpcjob.share import LocalFolder
-    from hpcjob.spec import SpecError, parse_share
-
-    if record.local_root:
-        return LocalFolder(Path(record.local_root))
-    if not record.share:
-        raise SpecError(f"run {record.run_id} has no share recorded: its files cannot be read from here")
-    share = parse_share(record.share)
-    if record.cluster:
-        from hpcjob.cli.cluster import ClusterAccess
-
-        return ClusterAccess(record.cluster, record.backend).share(
-            share, record.smb_user, record.smb_server, record.smb_port or 445
-        )
-    from hpcjob.cli.options import open_smb
-
-    return open_smb(share, {"smb_user": record.smb_user, "smb_server": record.smb_server,
-                            "smb_port": record.smb_port or 445})  # fmt: skip
