@@ -7,10 +7,12 @@ RequiredNodes, all with the same torchrun CommandLine whose rendezvous endpoint 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from hpcjob.node import mount_filter
 from hpcjob.spec import PLAIN_PATH, JobSpec, SpecError, check_run_id, parse_node_names
 from hpcjob.torchrun import TorchrunCommand, bash_join, bash_quote, command_line
 
@@ -190,16 +192,45 @@ def mount_job_name(run_id: str) -> str:
 def mount_step(
     share_unc: str, mount_point: str, options: str, nodes: Sequence[str], log_dir: str | None = None
 ) -> MountStep:
-    """The share at `mount_point` on `nodes`; `log_dir`: a run's log folder, made once mounted."""
-    # The filter brings its own credentials file: a credentials= option would name one nobody wrote.
-    kept = ",".join(o for o in options.split(",") if o and not o.strip().lower().startswith("credentials="))
+    """The share at `mount_point` on `nodes`; `log_dir`: a run's log folder, made once mounted. The
+    filter's request names the share and the mount point only: the options are the administrator's."""
     return MountStep(
         nodes=tuple(nodes),
         share_unc=share_unc,
         mount_point=mount_point,
         command=mount_command(share_unc, mount_point, options, log_dir),
-        filter_request=f"{share_unc}|{mount_point}|{kept}",
+        filter_request=f"{share_unc}|{mount_point}",
     )
+
+
+@dataclass(frozen=True)
+class AllowedShare:
+    """A share the administrator lets jobs mount through hpcjob's execution filter: each job owner gets
+    it at `<mount_root>/<name>` with `options` (and the filter's own: nosuid, nodev, theirs alone)."""
+
+    unc: str
+    mount_root: str
+    options: str
+
+    @classmethod
+    def checked(cls, unc: str, mount_root: str, options: str) -> AllowedShare:
+        """The entry, if the filter on the nodes would take it (the same check, from the same code)."""
+        entry = cls(unc, mount_root.rstrip("/") or "/", options)
+        try:
+            mount_filter.check_entry(dataclasses.asdict(entry))
+        except ValueError as err:
+            raise SpecError(f"hpcjob's execution filter would refuse this share: {err}") from None
+        return entry
+
+
+def user_mount_point(mount_root: str, owner: str) -> str:
+    """Where hpcjob's execution filter mounts the share for the job owner `owner` (DOMAIN\\name): a
+    folder of their own under the administrator's mount root, so each user reaches the share with their
+    own SMB identity (hpcjob/node/mount_filter.py applies the same rule on the node)."""
+    name = mount_filter.user_name(owner)
+    if not name:
+        raise SpecError(f"user {owner!r} has no name a node can take (letters, digits, . _ -)")
+    return f"{mount_root.rstrip('/')}/{name}"
 
 
 def mount_command(share_unc: str, mount_point: str, options: str, log_dir: str | None = None) -> str:

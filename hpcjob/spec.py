@@ -24,6 +24,9 @@ MAX_NODES = 10_000
 MAX_PROCS_PER_NODE = 1024
 # Credentials come from a root-only file on each node, never from the mount command line.
 DEFAULT_MOUNT_OPTIONS = "vers=3.0,credentials=/etc/hpcjob/smb-credentials,dir_mode=0777,file_mode=0777"
+# What hpcjob's execution filter mounts with unless the administrator says otherwise at install time
+# (it adds nosuid, nodev and the owner's uid, gid and 0700 itself).
+FILTER_MOUNT_OPTIONS = "vers=3.0"
 # The scheduler's priority names (facts/hpcpack-jobs.md section 1), lowest first.
 PRIORITIES = ("Lowest", "BelowNormal", "Normal", "AboveNormal", "Highest")
 

@@ -92,7 +92,7 @@ def check_mount_job_xml(plan: JobPlan, text: str) -> None:
     assert [
         (v.findtext("j:Name", namespaces=NS), v.findtext("j:Value", namespaces=NS)) for v in variables
     ] == [("HPCJOB_MOUNT", plan.mount.filter_request)]
-    assert plan.mount.filter_request.startswith(f"{plan.mount.share_unc}|{plan.mount.mount_point}|")
+    assert plan.mount.filter_request == f"{plan.mount.share_unc}|{plan.mount.mount_point}"
     tasks = root.findall("j:Tasks/j:Task", NS)
     assert [(t.get("RequiredNodes"), t.get("CommandLine")) for t in tasks] == [
         (node, MOUNT_CHECK) for node in plan.nodes

@@ -18,7 +18,7 @@ from hpcjob.emulator import HeadNode
 from .conftest import Result
 
 PASSWORD = "Doctor-pw-1"
-NODE = 'node=$(basename "$(dirname "$HPCJOB_FILTERS_DIR")")\n'
+NODE = 'node=$(basename "$HPCJOB_NODE_ROOT")\n'
 STAND_INS = {
     "nvidia-smi": NODE + 'case "$node" in $NO_GPU) exit 9;; esac\necho "GPU 0: NVIDIA H100 (UUID: GPU-1)"\n'
     'echo "GPU 1: NVIDIA H100 (UUID: GPU-2)"\n',

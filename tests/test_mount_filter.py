@@ -1,141 +1,426 @@
-"""hpcjob's execution filter, run here as the node agent runs it: installed by its install command, fed
-a task start's JSON on stdin, mounting with the job owner's credentials through a stand-in `mount` (the
-kernel here cannot mount CIFS) that records what it was given."""
+"""hpcjob's execution filter, run as HPC Pack's Linux node agent runs it: installed by its install
+command (its own files, lock and log under an emulated node's root, HPCJOB_NODE_ROOT), started with PATH
+alone from a /dev/shm folder, a task start's JSON on stdin, its stdout and stderr read together and
+parsed whole as JSON. The kernel here cannot mount CIFS: `mount` and `mountpoint` are stand-ins that
+record what they were given (the filter itself is the real one). The mount root is a folder of the test's
+own; the job owner is this machine's own user, so that the filter finds the account it mounts for."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import pwd
+import shutil
 import stat
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hpcjob.render.text import CHAINED_FILTER, filter_install_command
+from hpcjob.node import mount_filter
+from hpcjob.plan import AllowedShare, user_mount_point
+from hpcjob.render.text import CHAINED_SUFFIX, filter_config, filter_install_command
+from hpcjob.spec import SpecError
 
 PASSWORD = "Own3r-pw; $(reboot) 'x'"  # whatever it holds, it reaches mount only inside a root-only file
+USER = pwd.getpwuid(os.geteuid()).pw_name
+OWNER = f"HPC\\{USER}"
+SHARE = "//HEADNODE/CcpSpoolDir/app"
+FILTERS = mount_filter.FILTERS_DIR.lstrip("/")
+# mount -t cifs UNC POINT -o credentials=FILE,OPTIONS: records argv, the credentials file as seen and
+# its folder's mode, and marks the point mounted; $STATE is written in when the node is made (the agent
+# gives a filter PATH alone).
 MOUNT = """#!/bin/bash
-# mount -t cifs UNC POINT -o credentials=FILE,OPTIONS: record argv and the credentials file as seen
 printf '%s\\n' "$@" > "$STATE/argv"
 file=$(echo "$6" | sed 's/^credentials=\\([^,]*\\).*/\\1/')
-stat -c %a "$file" > "$STATE/mode"; cat "$file" > "$STATE/credentials"; echo "$file" > "$STATE/file"
-[ -n "$MOUNT_FAILS" ] && { echo "mount error(13): Permission denied" >&2; exit 32; }
+stat -c %a "$file" > "$STATE/mode"; stat -c %a "$(dirname "$file")" > "$STATE/folder-mode"
+cat "$file" > "$STATE/credentials"; echo "$file" > "$STATE/file"
+[ -e "$STATE/hang" ] && sleep 60
+[ -e "$STATE/fail" ] && { echo "mount error(13): Permission denied" >&2; exit 32; }
 touch "$STATE/mounted$(echo "$4" | tr / _)"
 """
 MOUNTPOINT = '#!/bin/bash\n[ -e "$STATE/mounted$(echo "$2" | tr / _)" ]\n'
 
+Run = Callable[..., subprocess.CompletedProcess[bytes]]
+
+
+class Node:
+    """An emulated node: its root folder, the stand-ins on its PATH, and the agent's way of running a
+    filter (PATH alone, /dev/shm, stdout and stderr merged)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.root, self.state, self.bin = tmp / "node", tmp / "state", tmp / "bin"
+        for folder in (self.root, self.state, self.bin):
+            folder.mkdir()
+        self.mount_root = tmp / "app"  # made by the filter, as root
+        self.allowed = AllowedShare.checked(SHARE, str(self.mount_root), "vers=3.0")
+        self.point = user_mount_point(str(self.mount_root), OWNER)
+        for name, text in (("mount", MOUNT), ("mountpoint", MOUNTPOINT)):
+            (self.bin / name).write_text(text.replace("$STATE", str(self.state)))
+            (self.bin / name).chmod(0o755)
+        self.path = f"{self.bin}:{os.environ['PATH']}"
+        self.filters = self.root / FILTERS
+
+    def shell(self, script: str) -> subprocess.CompletedProcess[bytes]:
+        """`script` run by an administrator on the node (the install command)."""
+        env = {"PATH": self.path, mount_filter.NODE_ROOT_VAR: str(self.root)}
+        return subprocess.run(["bash", "-c", script], env=env, capture_output=True, timeout=30)
+
+    def install(self, *shares: AllowedShare, timeout_s: float | None = None) -> None:
+        done = self.shell(filter_install_command(shares or (self.allowed,)))
+        assert done.returncode == 0, done.stderr
+        if timeout_s is not None:
+            config = json.loads((self.filters / mount_filter.CONFIG_FILE).read_text())
+            (self.filters / mount_filter.CONFIG_FILE).write_text(
+                json.dumps({**config, "timeout_s": timeout_s})
+            )
+
+    def start(self, request: bytes | str, event: str = "OnJobTaskStart", path: str | None = None) -> bytes:
+        """The agent's call: the whole merged output, which must be the JSON and nothing else."""
+        data = request.encode() if isinstance(request, str) else request
+        env = {"PATH": path or self.path, mount_filter.NODE_ROOT_VAR: str(self.root)}
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        done = subprocess.run(
+            ["/bin/bash", "-c", str(self.filters / f"{event}.sh")],  # named by cmd.sh: run as a program
+            input=data,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=folder,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout
+        return done.stdout
+
+    def result(
+        self, env: dict[str, str] | None = None, event: str = "OnJobTaskStart", owner: str = OWNER
+    ) -> str:
+        answer = json.loads(
+            self.start(task_start(self.asking() if env is None else env, owner, event), event)
+        )
+        variables: dict[str, str] = answer["m_Item2"]["environmentVariables"]
+        return variables.get(mount_filter.RESULT_VAR, "")
+
+    def asking(self, point: str | None = None, share: str = SHARE) -> dict[str, str]:
+        return {mount_filter.REQUEST_VAR: f"{share}|{point or self.point}"}
+
+    def log(self) -> str:
+        path = self.root / mount_filter.LOG_FILE.lstrip("/")
+        return path.read_text() if path.exists() else ""
+
+    def leaked(self) -> list[str]:
+        """Where the password is to be found on the node, the stand-ins' records of the credentials
+        file (which stands for the root-only file mount.cifs reads) aside."""
+        places = [p for p in self.root.rglob("*") if p.is_file() and PASSWORD.encode() in p.read_bytes()]
+        places += [p for p in self.state.iterdir() if p.name != "credentials" and PASSWORD in p.read_text()]
+        return [str(p) for p in places]
+
 
 @pytest.fixture
-def node(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """A node: stand-ins for mount and mountpoint first on PATH, the filters in a folder of its own.
-    Returns a runner of bash text on it."""
-    bin_dir, state, filters = tmp_path / "bin", tmp_path / "state", tmp_path / "filters"
-    for folder in (bin_dir, state):
-        folder.mkdir()
-    for name, text in (("mount", MOUNT), ("mountpoint", MOUNTPOINT)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    base = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state)}
-    base["HPCJOB_FILTERS_DIR"] = str(filters)
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
 
-    def run(script: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["bash", "-c", script],
-            input=stdin,
-            env={**base, **env},
-            capture_output=True,
-            text=True,
-            timeout=30,
+
+def task_start(env: dict[str, str], owner: str = OWNER, event: str = "OnJobTaskStart") -> str:
+    """A task start as the agent gives it: the owner's name and password at a job's first task on the
+    node (startjobandtask, OnJobTaskStart.sh), m_Item1 and m_Item2 alone at its later tasks (starttask,
+    OnTaskStart.sh). LinuxCommunicator.cs L287-357, StartTaskArgs.cpp L13-21."""
+    start: dict[str, Any] = {
+        "m_Item1": {"JobId": 7, "ResIds": [1], "TaskId": 1},
+        "m_Item2": {"commandLine": "hostname", "environmentVariables": env, "workingDirectory": "/tmp"},
+    }
+    if event == "OnJobTaskStart":
+        start.update(m_Item3=owner, m_Item4=PASSWORD, m_Item5=None, m_Item6=None)
+    return json.dumps(start)
+
+
+def test_the_filter_mounts_the_owners_own_folder_with_their_credentials_and_nothing_else_leaves_it(
+    node: Node,
+) -> None:
+    node.install()
+    answer = node.start(task_start(node.asking()))
+    start = json.loads(answer)  # the whole output, stderr included, is the one JSON value
+    assert start["m_Item2"]["environmentVariables"][mount_filter.RESULT_VAR] == "mounted"
+    argv = (node.state / "argv").read_text().splitlines()
+    account = pwd.getpwnam(USER)
+    assert argv[:5] == ["-t", "cifs", SHARE, node.point, "-o"]
+    assert argv[5].split(",")[1:] == [
+        "vers=3.0",
+        *["nosuid", "nodev", "forceuid", "forcegid", "file_mode=0700", "dir_mode=0700"],
+        f"uid={account.pw_uid}",
+        f"gid={account.pw_gid}",
+    ]
+    assert (node.state / "mode").read_text().strip() == "600"
+    assert (node.state / "folder-mode").read_text().strip() == "700"
+    assert (node.state / "credentials").read_text() == f"username={USER}\npassword={PASSWORD}\ndomain=HPC\n"
+    assert not Path((node.state / "file").read_text().strip()).exists()  # removed right after the mount
+    assert node.leaked() == []
+    assert "mounted" in node.log() and PASSWORD not in node.log()
+    assert stat.S_IMODE((node.root / mount_filter.LOG_FILE.lstrip("/")).stat().st_mode) == 0o600
+    assert node.result() == "already mounted"
+
+
+@pytest.mark.parametrize(
+    ("request_value", "why"),
+    [
+        ("//EVIL/share|{point}", "not a share the administrator allowed"),
+        (f"{SHARE}|/etc", f"mount point for {SHARE} is {{point}}"),
+        (f"{SHARE}|/root", "mount point"),
+        (f"{SHARE}|/usr/bin", "mount point"),
+        (f"{SHARE}|{mount_filter.FILTERS_DIR}", "mount point"),
+        (f"{SHARE}|{{point}}/../someoneelse", "mount point"),
+        (f"{SHARE}|{{point}}/../../etc", "mount point"),
+        (f"{SHARE}|{{point}}|suid,exec", "the options are the administrator's"),
+        (f"{SHARE}|{{point}}|credentials=/etc/shadow", "the options are the administrator's"),
+        (f"{SHARE}|{{point}},suid", "mount point"),
+        (f"{SHARE}|{{point}}|", "the options are the administrator's"),
+    ],
+)
+def test_a_hostile_request_is_refused_in_one_line_with_nothing_mounted_and_nothing_leaked(
+    node: Node, request_value: str, why: str
+) -> None:
+    node.install()
+    result = node.result({mount_filter.REQUEST_VAR: request_value.format(point=node.point)})
+    assert result.startswith("failed: ") and why.format(point=node.point) in result and "\n" not in result
+    assert not (node.state / "argv").exists()  # mount never ran
+    assert not node.mount_root.exists() and node.leaked() == []
+
+
+def test_a_second_user_never_gets_the_first_users_mount(node: Node) -> None:
+    """Another user's job asking for this user's folder is refused, and its own folder is its own."""
+    node.install()
+    assert node.result() == "mounted"
+    refused = node.result(None, owner="HPC\\mallory")
+    assert (
+        refused == f"failed: mallory's mount point for {SHARE} is {node.mount_root}/mallory, not {node.point}"
+    )
+    mine = node.result(node.asking(f"{node.mount_root}/mallory"), owner="HPC\\mallory")
+    assert mine.startswith(f"failed: mallory {mount_filter.NO_ACCOUNT_YET}: the node agent makes it")
+
+
+def test_an_administrators_job_runs_as_root_and_so_is_their_mount(node: Node) -> None:
+    """The agent runs an HPC administrator's tasks as root unless CCP_MAP_ADMIN_USER=1."""
+    node.install()
+    assert node.result({**node.asking(), "CCP_ISADMIN": "1"}) == "mounted"
+    assert (node.state / "argv").read_text().splitlines()[5].endswith(",uid=0,gid=0")
+
+
+def test_a_mount_point_reached_through_a_symlink_is_refused(node: Node) -> None:
+    node.install()
+    etc = node.root / "etc"
+    etc.mkdir()
+    node.mount_root.symlink_to(etc)
+    result = node.result()
+    assert result == f"failed: {node.mount_root} is a symlink: the filter never mounts through one"
+    assert not (node.state / "argv").exists() and list(etc.iterdir()) == []
+
+
+def test_a_mount_root_others_may_change_is_refused(node: Node) -> None:
+    node.install()
+    node.mount_root.mkdir()
+    node.mount_root.chmod(0o777)  # anyone could swap the user's folder for a symlink before the mount
+    assert node.result() == f"failed: {node.mount_root} may be changed by others than root"
+
+
+@pytest.mark.parametrize(
+    ("options", "root"),
+    [("vers=3.0,suid", "/app"), ("credentials=/x", "/app"), ("uid=0", "/app"), ("vers=3.0", "/etc"),
+     ("vers=3.0", "/opt/hpcnodemanager/filters"), ("vers=3.0", "/"), ("vers=3.0", "/app/../etc"),
+     ("noperm", "/app"), ("multiuser", "/app")],
+)  # fmt: skip
+def test_the_install_refuses_a_share_the_filter_would_refuse(options: str, root: str) -> None:
+    with pytest.raises(SpecError, match="execution filter would refuse this share"):
+        AllowedShare.checked(SHARE, root, options)
+
+
+def test_a_hand_edited_or_loose_config_is_not_trusted(node: Node) -> None:
+    node.install()
+    config = node.filters / mount_filter.CONFIG_FILE
+    entry = {"unc": SHARE, "mount_root": "/app", "options": "vers=3.0,suid"}
+    config.write_text(json.dumps({"shares": [entry]}))
+    assert "'suid' is not one the filter allows" in node.result()
+    config.write_text(filter_config([node.allowed]))
+    config.chmod(0o666)
+    assert node.result() == f"failed: {config} is not root's alone: the filter ignores it"
+    assert not (node.state / "argv").exists()
+
+
+def test_a_failed_mount_is_said_to_the_task_in_the_nodes_words(node: Node) -> None:
+    node.install()
+    (node.state / "fail").touch()
+    assert node.result() == "failed: mount error(13): Permission denied"
+
+
+def test_a_mount_that_hangs_ends_within_the_administrators_bound(node: Node) -> None:
+    node.install(timeout_s=2)
+    (node.state / "hang").touch()
+    began = time.monotonic()
+    result = node.result()
+    assert time.monotonic() - began < 10
+    assert result.startswith(f"failed: mount of {SHARE} gave no answer in ")
+    assert not list((node.root / "run" / "hpcjob").glob("credentials-*"))  # the file went with it
+
+
+def test_a_lock_held_elsewhere_or_a_lock_folder_others_can_enter_never_stalls_the_filter(node: Node) -> None:
+    node.install(timeout_s=2)
+    run_dir = node.root / "run" / "hpcjob"
+    run_dir.mkdir(parents=True)
+    run_dir.chmod(0o777)  # a folder any user's task could have made, to hold or plant the lock in
+    began = time.monotonic()
+    assert node.result() == "failed: /run/hpcjob is not root's alone: the filter will not use it"
+    run_dir.chmod(0o700)
+    holder = subprocess.Popen(
+        ["python3", "-c", "import fcntl,sys,time; f=open(sys.argv[1],'a'); fcntl.flock(f, 2); time.sleep(30)",
+         str(run_dir / "mount.lock")],
+    )  # fmt: skip
+    try:
+        time.sleep(0.5)
+        assert node.result() == "failed: another mount on this node held the lock too long"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert time.monotonic() - began < 15
+    assert node.result() == "mounted"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's needs root")
+def test_a_lock_folder_of_another_user_is_refused(node: Node) -> None:
+    node.install()
+    run_dir = node.root / "run" / "hpcjob"
+    run_dir.mkdir(parents=True, mode=0o700)
+    os.chown(run_dir, 65534, 65534)
+    assert node.result() == "failed: /run/hpcjob is not root's alone: the filter will not use it"
+
+
+def test_a_later_task_of_the_job_has_no_password_and_says_so_or_finds_the_mount(node: Node) -> None:
+    node.install()
+    result = node.result(None, event="OnTaskStart")
+    assert result.startswith(
+        f"failed: {node.point} is not mounted, and the node agent hands the owner's password"
+    )
+    assert not (node.state / "argv").exists()
+    assert node.result() == "mounted"
+    assert node.result(None, event="OnTaskStart") == "already mounted"
+
+
+def test_a_job_without_a_share_and_what_is_not_a_task_start_pass_through_byte_for_byte(node: Node) -> None:
+    node.install()
+    for event in ("OnJobTaskStart", "OnTaskStart"):
+        plain = task_start({"FOO": "bär"}, event=event).encode()
+        assert node.start(plain, event) == plain
+    assert node.start(b"not json \xff") == b"not json \xff"
+    assert not (node.state / "argv").exists()
+
+
+def test_non_ascii_task_text_passes_unchanged_without_a_locale(node: Node) -> None:
+    node.install()
+    env = {**node.asking(), "LABEL": "Grüße 训练 \u2028 ✓"}
+    request = json.loads(task_start(env))
+    request["m_Item2"]["commandLine"] = "echo 'naïve \u2014 例'"
+    answer = json.loads(node.start(json.dumps(request, ensure_ascii=False).encode("utf-8")))
+    assert answer["m_Item2"]["commandLine"] == "echo 'naïve \u2014 例'"
+    assert answer["m_Item2"]["environmentVariables"]["LABEL"] == env["LABEL"]
+
+
+def test_with_no_python3_the_start_passes_unchanged_and_the_log_says_why(node: Node, tmp_path: Path) -> None:
+    node.install()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("bash", "cat", "dirname", "basename", "date", "mkdir", "timeout"):
+        (bare / tool).symlink_to(shutil.which(tool) or tool)
+    plain = task_start(node.asking()).encode()
+    assert node.start(plain, path=str(bare)) == plain
+    assert "no python3 of 3.6 or later: the start passed on unchanged" in node.log()
+
+
+def test_a_crash_of_the_python_filter_passes_the_start_unchanged(node: Node) -> None:
+    node.install()
+    (node.filters / "hpcjob_mount_filter.py").write_text(
+        "import sys\nprint('Traceback: boom')\nsys.exit(1)\n"
+    )
+    plain = task_start(node.asking()).encode()
+    assert node.start(plain) == plain
+    assert "hpcjob_mount_filter.py failed: the start passed on unchanged" in node.log()
+
+
+def test_installing_keeps_the_sites_filters_chained_after_hpcjobs_and_again_changes_nothing(
+    node: Node,
+) -> None:
+    node.filters.mkdir(parents=True)
+    for event in ("OnJobTaskStart", "OnTaskStart"):
+        # A site's own filter: it adds a variable, and must still run, after hpcjob's.
+        theirs = node.filters / f"{event}.sh"
+        theirs.write_text(
+            "#!/bin/bash\npython3 -c 'import json,sys; d=json.load(sys.stdin); "
+            'd["m_Item2"]["environmentVariables"]["SITE"]="1"; json.dump(d, sys.stdout)\'\n'
         )
-
-    return run
-
-
-def task_start(env: dict[str, str]) -> str:
-    """A task start as the agent gives it to OnJobTaskStart.sh (hpcpack-samples, filters README)."""
-    return json.dumps(
-        {
-            "m_Item1": {"JobId": 7, "ResIds": [1], "TaskId": 1},
-            "m_Item2": {"commandLine": "hostname", "environmentVariables": env, "workingDirectory": "/tmp"},
-            "m_Item3": "HPC\\alice",
-            "m_Item4": PASSWORD,
-            "m_Item5": "",
-            "m_Item6": "",
-        }
-    )
-
-
-def filtered(node: Callable[..., subprocess.CompletedProcess[str]], env: dict[str, str], **extra: str) -> Any:
-    done = node('"$HPCJOB_FILTERS_DIR/OnJobTaskStart.sh"', task_start(env), **extra)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+        theirs.chmod(0o755)
+    node.install()
+    node.install()
+    expected = {"hpcjob_mount_filter.py", "hpcjob_filter.sh", mount_filter.CONFIG_FILE}
+    expected |= {
+        f"{e}{suffix}" for e in ("OnJobTaskStart", "OnTaskStart") for suffix in (".sh", CHAINED_SUFFIX)
+    }
+    assert {p.name for p in node.filters.iterdir()} == expected
+    assert "SITE" in (node.filters / f"OnTaskStart{CHAINED_SUFFIX}").read_text()
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in node.filters.iterdir()}
+    assert modes.pop(mount_filter.CONFIG_FILE) == 0o644 and set(modes.values()) == {0o755}
+    for event, result in (("OnJobTaskStart", "mounted"), ("OnTaskStart", "already mounted")):
+        answer = json.loads(node.start(task_start(node.asking(), event=event), event))["m_Item2"][
+            "environmentVariables"
+        ]
+        assert answer["SITE"] == "1" and answer[mount_filter.RESULT_VAR] == result
 
 
-def test_the_filter_mounts_once_with_the_owners_credentials_and_no_password_in_argv(
-    node: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
-) -> None:
-    assert node(filter_install_command()).returncode == 0
-    point = tmp_path / "app"
-    wanted = {"HPCJOB_MOUNT": f"//HEADNODE/CcpSpoolDir/app|{point}|vers=3.0,dir_mode=0777"}
-    first = filtered(node, wanted)
-    assert first["m_Item2"]["environmentVariables"]["HPCJOB_MOUNT_RESULT"] == "mounted"
-    state = tmp_path / "state"
-    argv = (state / "argv").read_text().splitlines()
-    assert argv[:5] == ["-t", "cifs", "//HEADNODE/CcpSpoolDir/app", str(point), "-o"]
-    assert argv[5].endswith(",vers=3.0,dir_mode=0777") and PASSWORD not in "".join(argv)
-    assert (state / "mode").read_text().strip() == "600"
-    assert (state / "credentials").read_text() == f"username=alice\npassword={PASSWORD}\ndomain=HPC\n"
-    assert not Path((state / "file").read_text().strip()).exists()  # removed right after the mount
-    assert point.is_dir()
-    again = filtered(node, wanted)
-    assert again["m_Item2"]["environmentVariables"]["HPCJOB_MOUNT_RESULT"] == "already mounted"
+@pytest.mark.parametrize("owner", ["HPC\\alice", "alice", "alice@contoso.com", "CONTOSO\\Alice.B-2"])
+def test_the_client_and_the_filter_agree_on_the_owners_mount_point(owner: str) -> None:
+    name = mount_filter.user_name(owner)
+    assert user_mount_point("/app/", owner) == f"/app/{name}" and name.lower().startswith("alice")
 
 
-def test_a_failed_mount_is_said_to_the_task_in_the_nodes_words(
-    node: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
-) -> None:
-    assert node(filter_install_command()).returncode == 0
-    wanted = {"HPCJOB_MOUNT": f"//HEADNODE/CcpSpoolDir|{tmp_path / 'app'}|"}
-    result = filtered(node, wanted, MOUNT_FAILS="1")["m_Item2"]["environmentVariables"]
-    assert result["HPCJOB_MOUNT_RESULT"] == "failed: mount error(13): Permission denied"
+def test_the_filter_is_python_3_6() -> None:
+    """Nodes run CentOS 7 and Ubuntu 18.04 (Python 3.6): no syntax past 3.6, nothing it calls newer."""
+    source = Path(mount_filter.__file__).read_text()
+    tree = ast.parse(source, feature_version=(3, 6))
+    newer = {"capture_output", "text", "removeprefix", "removesuffix", "fromisoformat", "monotonic_ns",
+             "isascii", "annotations", "cached_property", "unlink_missing_ok"}  # fmt: skip
+    used = {n.arg for n in ast.walk(tree) if isinstance(n, ast.keyword) and n.arg} | {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+    }
+    used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert used & newer == set()
 
 
-def test_a_job_without_a_share_passes_through_unchanged(
-    node: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
-) -> None:
-    assert node(filter_install_command()).returncode == 0
-    assert filtered(node, {"FOO": "bar"}) == json.loads(task_start({"FOO": "bar"}))
-    assert not (tmp_path / "state" / "argv").exists()
+def python36() -> str | None:
+    found = shutil.which("python3.6")
+    pyenv = Path.home() / ".pyenv" / "versions"
+    candidates = [found] if found else []
+    candidates += sorted(str(p) for p in pyenv.glob("3.6*/bin/python3.6")) if pyenv.is_dir() else []
+    for candidate in candidates:
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    return None
 
 
-def test_installing_keeps_the_filter_that_was_there_and_again_changes_nothing(
-    node: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
-) -> None:
-    filters = tmp_path / "filters"
-    filters.mkdir()
-    theirs = filters / "OnJobTaskStart.sh"
-    # A site's own filter: it adds a variable, and must still run, after hpcjob's.
-    theirs.write_text(
-        "#!/bin/bash\npython3 -c 'import json,sys; d=json.load(sys.stdin); "
-        'd["m_Item2"]["environmentVariables"]["SITE"]="1"; json.dump(d, sys.stdout)\'\n'
-    )
-    theirs.chmod(0o755)
-    installed = node(filter_install_command())
-    assert installed.returncode == 0 and "execution filter installed in" in installed.stdout
-    assert node(filter_install_command()).returncode == 0
-    assert sorted(p.name for p in filters.iterdir()) == sorted(
-        ["OnJobTaskStart.sh", CHAINED_FILTER, "hpcjob_mount_filter.py"]
-    )
-    assert "SITE" in (filters / CHAINED_FILTER).read_text()
-    assert all(stat.S_IMODE(p.stat().st_mode) == 0o755 for p in filters.iterdir())
-    env = filtered(node, {"HPCJOB_MOUNT": f"//HEADNODE/CcpSpoolDir|{tmp_path / 'app'}|"})
-    assert env["m_Item2"]["environmentVariables"]["SITE"] == "1"
-    assert env["m_Item2"]["environmentVariables"]["HPCJOB_MOUNT_RESULT"] == "mounted"
+@pytest.mark.skipif(python36() is None, reason="no Python 3.6 on this machine")
+def test_under_a_real_python_3_6_it_mounts_and_passes_through(node: Node, tmp_path: Path) -> None:
+    node.install()
+    only36 = tmp_path / "py36"
+    only36.mkdir()
+    (only36 / "python3").symlink_to(python36() or "")
+    path = f"{only36}:{node.path}"
+    answer: Any = json.loads(node.start(task_start(node.asking()), path=path))
+    assert answer["m_Item2"]["environmentVariables"][mount_filter.RESULT_VAR] == "mounted"
+    plain = task_start({"FOO": "ü"}).encode()
+    assert node.start(plain, path=path) == plain
+    assert "failed" not in node.log()
 
 
 def test_the_install_command_is_the_golden_one(golden: Callable[[str, str], None]) -> None:
-    """It takes no input at all: the same text for every cluster, user and node, so it holds no secret."""
-    golden("filter-install.sh", filter_install_command() + "\n")
+    """The same text for every user and node of a cluster: it holds no secret, only the allowed share."""
+    allowed = AllowedShare.checked(SHARE, "/app", "vers=3.0")
+    golden("filter-install.sh", filter_install_command([allowed]) + "\n")

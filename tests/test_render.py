@@ -132,7 +132,7 @@ def test_job_xml_root_namespace_version_and_shape() -> None:
     ] == [
         ("NCCL_DEBUG", "WARN"),
         # A node that lost the share gets it back from hpcjob's execution filter before the task starts.
-        ("HPCJOB_MOUNT", "//HEADNODE/CcpSpoolDir/app|/app|vers=3.0,dir_mode=0777,file_mode=0777"),
+        ("HPCJOB_MOUNT", "//HEADNODE/CcpSpoolDir/app|/app"),
     ]
 
 

@@ -40,6 +40,7 @@ class Cluster:
     head: HeadNode
     smb: SmbServer
     share_dir: Path
+    mount_point: Path
     env: dict[str, str]
 
     def hpcjob(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -66,7 +67,11 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     require_testbed(tools=("smbd", "smbpasswd", "mount", "umount", "mountpoint"))
     share_dir = tmp_path / "CcpSpoolDir" / "app"
     share_dir.mkdir(parents=True)
-    subprocess.run(["mount", "--bind", str(share_dir), str(share_dir)], check=True)
+    # Where alice's jobs see the share on the nodes (hpcjob's filter mounts it at MOUNT ROOT/alice):
+    # bind-mounted here, so that the filter finds it mounted.
+    mount_point = tmp_path / "mnt" / "alice"
+    mount_point.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(share_dir), str(mount_point)], check=True)
     try:
         with HeadNode(users={"alice": PASSWORD}, grace_period=3.0) as head, SmbServer(share_dir) as smb:
             env = {
@@ -76,7 +81,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
                 "HPCJOB_SMB_PASSWORD": smb.password,
             }
             env.pop("HPCJOB_CLUSTER", None)
-            cluster = Cluster(head, smb, share_dir, env)
+            cluster = Cluster(head, smb, share_dir, mount_point, env)
             added = cluster.hpcjob(
                 "cluster",
                 "add",
@@ -98,7 +103,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
                 "--smb-port",
                 str(smb.port),
                 "--mount-point",
-                str(share_dir),
+                str(mount_point),
                 "--node-group",
                 "GPUNodes",
                 "--winrm-url",  # for --backend winrm: the same head node's other front door
@@ -113,7 +118,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             yield cluster
             assert cluster.leftovers() == []
     finally:
-        subprocess.run(["umount", "-l", str(share_dir)], check=False)
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_submit_wait_trains_across_two_nodes_and_logs_come_back(cluster: Cluster) -> None:
@@ -128,7 +133,7 @@ def test_submit_wait_trains_across_two_nodes_and_logs_come_back(cluster: Cluster
     ]
     assert status["metrics"]["epochs_completed"] == 2 and status["root_cause"] is None
     assert (
-        f"mounting the share at {cluster.share_dir} on the nodes" in result.stderr
+        f"mounting the share at {cluster.mount_point} on the nodes" in result.stderr
     )  # the mount job ran first
     assert "LOCALHOST: Running" in result.stderr and "NODE002: Finished (exit code 0)" in result.stderr
     # Two jobs (mount, training), each one create and one submit, whatever the node count.
@@ -155,7 +160,7 @@ def test_the_same_job_over_winrm_trains_mounts_and_logs(cluster: Cluster) -> Non
     assert PASSWORD not in result.stdout + result.stderr
     status = json.loads(result.stdout)
     assert (status["state"], status["exit_code"], status["metrics"]["epochs_completed"]) == ("Finished", 0, 1)
-    assert f"mounting the share at {cluster.share_dir} on the nodes" in result.stderr
+    assert f"mounting the share at {cluster.mount_point} on the nodes" in result.stderr
     assert cluster.head.requests.count("POST", r"/jobs/jobFile$") == 0  # nothing went over REST
     assert cluster.head.wsman.shells_created == shells + 1  # one shell for the submit and its wait
     logs = cluster.hpcjob("logs", str(status["job_id"]))

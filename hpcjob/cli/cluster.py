@@ -64,7 +64,12 @@ def cluster() -> None:
 )
 @click.option("--share", metavar="UNC", help="The share folder, e.g. //HEADNODE/CcpSpoolDir/app.")
 @click.option("--node-group", metavar="GROUP", help="Default node group (GPU nodes).")
-@click.option("--mount-point", metavar="PATH", help="Where the nodes mount the share [default: /app].")
+@click.option(
+    "--mount-point",
+    metavar="PATH",
+    help="Where your jobs see the share on the nodes: a folder of your own, where hpcjob's execution filter "
+    "mounts it for you [default: /app/<your user name>].",
+)
 @click.option("--smb-user", metavar="USER", help="SMB user for the share [default: --user].")
 @click.option("--smb-server", metavar="HOST", help="Reach the share here instead of its host name.")
 @click.option("--smb-port", type=int, default=445, show_default=True)  # checked by the profile
@@ -169,12 +174,21 @@ def cluster_remove(name: str) -> None:
     click.echo(f"cluster {name} removed")
 
 
+def profile_mount_point(profile: ClusterProfile) -> str:
+    """Where the profile's user's jobs see the share: the profile's, else their folder of /app."""
+    from hpcjob.plan import user_mount_point
+    from hpcjob.spec import DEFAULT_MOUNT_POINT
+
+    return profile.mount_point or user_mount_point(DEFAULT_MOUNT_POINT, profile.user)
+
+
 def _spec_with_profile(params: dict[str, Any], profile: ClusterProfile) -> JobSpec:
-    """Job options win; the profile fills in the share, node group and mount point."""
+    """Job options win; the profile fills in the share, node group and mount point (by default the
+    job owner's folder of /app, where hpcjob's execution filter mounts the share for them)."""
+    params["mount_point"] = params.get("mount_point") or profile_mount_point(profile)
     for key, value in (
         ("share", profile.share),
         ("node_group", profile.node_group),
-        ("mount_point", profile.mount_point),
         ("smb_server", profile.smb_server),
     ):
         if not params.get(key) and value:
@@ -716,9 +730,19 @@ def nodes(
 @click.option("--node-group", type=TEXT, metavar="GROUP", help="The nodes' group [default: the profile's].")
 @click.option("--share", type=TEXT, metavar="UNC", help="The share [default: the profile's].")
 @click.option(
-    "--mount-point", type=TEXT, metavar="PATH", help="Where on the nodes [default: the profile's, else /app]."
+    "--mount-point",
+    type=TEXT,
+    metavar="PATH",
+    help="Where your jobs see the share on the nodes, MOUNT ROOT/<your user name>; --install allows that "
+    "MOUNT ROOT for every user [default: the profile's, else /app/<your user name>].",
 )
-@click.option("--mount-options", type=TEXT, metavar="OPTS", help="mount.cifs options, never a password.")
+@click.option(
+    "--mount-options",
+    type=TEXT,
+    metavar="OPTS",
+    help="With --install: the mount.cifs options the filter uses, from its short list (vers=, sec=, "
+    "cache=, seal, ...) [default: vers=3.0].",
+)
 @click.option(
     "--install",
     is_flag=True,
@@ -738,24 +762,25 @@ def mount(
     dry_run: bool,
     as_json: bool,
 ) -> None:
-    """Mount the share at the mount point on the nodes, with your own credentials and no password on any
-    node, command line or job: a job of yours whose task start on each node has hpcjob's execution
-    filter (installed once with --install) mount it as root, with the credentials the node agent gives
-    it. A node where it is mounted is left alone. Reports each node: mounted, already mounted, or failed
-    with the node's words; exits 1 when a node failed. Jobs that hpcjob submits mount it the same way on
-    every node they start on, after a reboot too.
+    """Mount the share on the nodes for you, at MOUNT ROOT/<your user name>, with your own credentials
+    and no password on any node, command line or job: a job of yours whose start on each node has
+    hpcjob's execution filter mount it as root, with the credentials the node agent gives it. The
+    filter mounts only what an HPC administrator allowed with --install (the share, the mount point,
+    the options), each user at a folder of their own that only they can enter. A node where it is
+    mounted is left alone. Reports each node: mounted, already mounted, or failed with the node's words;
+    exits 1 when a node failed. Jobs that hpcjob submits mount it the same way on every node they start
+    on, after a reboot too.
     """
     from hpcjob.config import get_profile
-    from hpcjob.plan import mount_step
+    from hpcjob.node.mount_filter import NO_ACCOUNT_YET, user_name
+    from hpcjob.plan import AllowedShare, mount_step
     from hpcjob.render import JobShape, mount_check_job_xml
     from hpcjob.render.text import filter_install_command
     from hpcjob.spec import (
-        DEFAULT_MOUNT_OPTIONS,
-        DEFAULT_MOUNT_POINT,
+        FILTER_MOUNT_OPTIONS,
         GROUP_NAME,
         HpcjobError,
         SpecError,
-        check_mount,
         parse_node_names,
         parse_share,
     )
@@ -767,9 +792,17 @@ def mount(
             "no share to mount: give --share //HEADNODE/CcpSpoolDir[/folder], or add it to cluster "
             f"{profile.name}"
         )
-    point = mount_point or profile.mount_point or DEFAULT_MOUNT_POINT
-    options = DEFAULT_MOUNT_OPTIONS if mount_options is None else mount_options
-    check_mount(point, options)
+    unc = parse_share(unc).unc
+    point = mount_point or profile_mount_point(profile)
+    options = FILTER_MOUNT_OPTIONS if mount_options is None else mount_options
+    root, _, name = point.rstrip("/").rpartition("/")
+    mine = user_name(profile.user)
+    if name != mine:
+        raise SpecError(
+            f"the mount point {point} is not a folder of your own: hpcjob's execution filter mounts the "
+            f"share for {profile.user} at MOUNT ROOT/{mine}, such as /app/{mine}"
+        )
+    allowed = AllowedShare.checked(unc, root or "/", options)
     group = node_group or profile.node_group
     if group is not None and not GROUP_NAME.fullmatch(group):
         raise SpecError(f"--node-group {group!r} is not a valid node group name")
@@ -778,10 +811,10 @@ def mount(
     if dry_run:
         if not nodes:
             raise SpecError("--dry-run asks the cluster nothing: name the nodes with --node")
-        step = mount_step(parse_share(unc).unc, point, options, nodes)
+        step = mount_step(unc, point, allowed.options, nodes)
         if install:
             click.echo(f"# would run as root on {', '.join(nodes)} (clusrun /user:system or an admin job):")
-            click.echo(filter_install_command())
+            click.echo(filter_install_command([allowed]))
         job = mount_check_job_xml(name, step, JobShape(nodes, group))
         click.echo(f"# would submit, as you, the mount job:\n{job}")
         return
@@ -791,13 +824,13 @@ def mount(
         if not nodes:
             raise SpecError(f"no online, healthy node {f'in group {group}' if group else 'in the cluster'}")
     shape = JobShape(nodes, group, None, None)
-    step = mount_step(parse_share(unc).unc, point, options, nodes)
+    step = mount_step(unc, point, allowed.options, nodes)
 
     def progress(line: str) -> None:
         click.echo(line, err=True)
 
     if install:
-        ok, said = backend.install_filter(filter_install_command(), shape, progress)
+        ok, said = backend.install_filter(filter_install_command([allowed]), shape, progress)
         for line in said.splitlines():
             progress(line)
         if not ok:
@@ -806,6 +839,15 @@ def mount(
                 "administrator"
             )
     results = backend.mount(name, step, shape, progress)
+    # A user's first job on a node makes their account there, after the filter ran: mount again there.
+    new = tuple(r.node for r in results if NO_ACCOUNT_YET in r.message)
+    if new:
+        progress(f"your account was made just now on {', '.join(new)}: mounting there again")
+        again = backend.mount(
+            new_run_id("mount"), mount_step(unc, point, allowed.options, new), JobShape(new, group), progress
+        )
+        retried = {r.node.upper(): r for r in again}
+        results = [retried.get(r.node.upper(), r) for r in results]
     if as_json:
         click.echo(json.dumps([{"node": r.node, "result": r.outcome, "message": r.message} for r in results]))
     else:

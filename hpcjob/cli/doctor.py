@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from hpcjob.cli.app import cli
-from hpcjob.cli.cluster import ClusterAccess, backend_option, cluster_option
+from hpcjob.cli.cluster import ClusterAccess, backend_option, cluster_option, profile_mount_point
 
 if TYPE_CHECKING:
     from hpcjob.doctor import Check
@@ -38,11 +38,11 @@ def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) ->
         share_check,
     )
     from hpcjob.render import JobShape
-    from hpcjob.spec import DEFAULT_MOUNT_POINT, HpcjobError
+    from hpcjob.spec import HpcjobError
 
     access = ClusterAccess(cluster_name, backend_kind)
     profile, backend = access.profile, access.backend
-    mount_point = profile.mount_point or DEFAULT_MOUNT_POINT
+    mount_point = profile_mount_point(profile)
     checks: list[Check] = []
     started = time.monotonic()
     error: str | None = None

@@ -6,6 +6,7 @@ import json
 import os
 import secrets
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
     from hpcjob.config import ClusterProfile
     from hpcjob.onboard import AzCommands, OnboardRequest, Secrets, SizeTable
 
-ARM_DIR = Path(__file__).resolve().parents[2] / "arm"  # the repository's arm/: sizes and parameters template
+# The size table and the parameters template: package data (hpcjob/arm/), so an installed hpcjob has them.
+ARM_PACKAGE, ARM_DIR = "hpcjob", "arm"
 PASSWORD_ENV = "HPCJOB_ADMIN_PASSWORD"  # as hpcjob.config names them (kept out of the tasks' environment)
 KEY_ENV = "HPCJOB_AUTH_KEY"
 
@@ -170,7 +172,8 @@ def cluster_onboard(
 def _size_table() -> SizeTable:
     from hpcjob.onboard import SizeTable
 
-    return SizeTable.from_data(json.loads((ARM_DIR / "sizes.json").read_text(encoding="utf-8")))
+    sizes = resources.files(ARM_PACKAGE) / ARM_DIR / "sizes.json"
+    return SizeTable.from_data(json.loads(sizes.read_text(encoding="utf-8")))
 
 
 def _parameters_text(parameters: dict[str, Any]) -> str:
@@ -179,7 +182,9 @@ def _parameters_text(parameters: dict[str, Any]) -> str:
     from hpcjob.onboard import TEMPLATE_URL
 
     environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(ARM_DIR)), undefined=jinja2.StrictUndefined, autoescape=False
+        loader=jinja2.PackageLoader(ARM_PACKAGE, ARM_DIR),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
     )
     text = environment.get_template("parameters.json.j2").render(
         parameters=parameters, template_url=TEMPLATE_URL

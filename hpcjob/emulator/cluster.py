@@ -30,6 +30,7 @@ from typing import Any
 
 from hpcjob.emulator import props as P
 from hpcjob.emulator.jobxml import parse_job_xml
+from hpcjob.node.mount_filter import FILTERS_DIR, NODE_ROOT_VAR
 from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code, marked_processes, process_table
 
 OUTPUT_LIMIT = 1500  # bytes of un-redirected stdout/stderr the agent reports (head -c 1500)
@@ -163,6 +164,8 @@ class Job:
     allocation: dict[str, int] = field(default_factory=dict)  # node -> cores, in allocation order
     started_at: float = 0.0
     stopping: str | None = None
+    # The nodes where a task of the job has started: the agent runs OnJobTaskStart.sh at the first.
+    filtered_nodes: set[str] = field(default_factory=set)
 
     @property
     def state(self) -> str:
@@ -170,6 +173,11 @@ class Job:
 
     def flag(self, name: str) -> bool:
         return P.as_bool(self.props[name])
+
+
+# How long a filter may take before the start is given up: the head node waits 40 s for a task to
+# start (then sends the start again, which the emulator does not).
+FILTER_TIMEOUT_S = 40
 
 
 def now() -> dt.datetime:
@@ -1122,32 +1130,47 @@ class Cluster:
             )
         return process, folder
 
+    def node_root(self, node: str) -> str:
+        """The emulated node's own `/` for the files hpcjob puts on a node (its execution filter, the
+        filter's lock, log and mount points): HPCJOB_NODE_ROOT in the node's processes."""
+        return os.path.join(self.work_root, "nodes", node.upper())
+
     def filters_dir(self, node: str) -> str:
         """Where the node's agent looks for execution filters (/opt/hpcnodemanager/filters on a node)."""
-        return os.path.join(self.work_root, "nodes", node.upper(), "filters")
+        return self.node_root(node) + FILTERS_DIR
 
     def node_env(self, node: str) -> dict[str, str]:
-        """The environment a process of `node` starts from. HPCJOB_FILTERS_DIR moves the filters folder
-        to the node's own (hpcjob's filter install command honours it)."""
+        """The environment a process of `node` starts from."""
         env = {k: v for k, v in self.base_env.items() if not k.startswith(MARKER_VAR)}
-        env["HPCJOB_FILTERS_DIR"] = self.filters_dir(node)
+        env[NODE_ROOT_VAR] = self.node_root(node)
         return env
 
     def _execution_filter(self, job: Job, task: Task, node: str) -> dict[str, str] | str | None:
-        """Run the node's OnJobTaskStart.sh, if installed, as the agent does at a task start: as root,
-        the task, its owner's user name and password as JSON on stdin (Azure-Samples/hpcpack-samples,
-        "Linux node manager execution filters"). Returns the task's environment as the filter left it,
-        None without a filter, or why the filter failed (then the task fails)."""
-        path = os.path.join(self.filters_dir(node), "OnJobTaskStart.sh")
-        if not os.access(path, os.X_OK):
+        """Run the node's execution filter, if there is one, as the C++ node agent does at a task start
+        (Azure/hpcpack-linux-agent v2 @ f50e9116: nodemanager/filters/ExecutionFilter.cpp L40-156,
+        core/RemoteCommunicator.cpp L246-270, core/Process.cpp; head node LinuxCommunicator.cs L287-357).
+
+        OnJobTaskStart.sh at the job's first task on the node (startjobandtask: the owner's user name
+        and password in m_Item3/m_Item4), OnTaskStart.sh at its later tasks there (starttask: m_Item1
+        and m_Item2 only). A file that is not there is skipped. As root, PATH alone in its environment,
+        in a /dev/shm folder of its own: `/bin/bash cmd.sh >stdout.txt 2>&1 <stdin.txt`, cmd.sh naming
+        the filter (so it must be executable). Exit code 0: the whole output is parsed as one JSON value,
+        which replaces the request; anything else fails the start (HTTP 500 or 550), and so the task.
+        The agent sets no time limit; the head node gives up after 40 s (FILTER_TIMEOUT_S).
+        Returns the task's environment as the filter left it, None without a filter, or why the start
+        failed."""
+        first = node.upper() not in job.filtered_nodes
+        job.filtered_nodes.add(node.upper())
+        name = "OnJobTaskStart.sh" if first else "OnTaskStart.sh"
+        path = os.path.join(self.filters_dir(node), name)
+        if not os.access(path, os.R_OK):
             return None
-        environment = {**job.env, **task.env}
-        request = {
+        request: dict[str, Any] = {
             "m_Item1": {"JobId": job.id, "ResIds": [], "TaskId": task.number},
             "m_Item2": {
                 "affinity": [],
                 "commandLine": task.props["CommandLine"],
-                "environmentVariables": environment,
+                "environmentVariables": {**job.env, **task.env},
                 "inputFiles": "",
                 "outputFiles": "",
                 "role": 0,
@@ -1157,28 +1180,46 @@ class Cluster:
                 "taskRequeueCount": int(task.props["RequeueCount"] or 0),
                 "workingDirectory": task.props["WorkDirectory"],
             },
-            "m_Item3": job.props["Owner"],
-            "m_Item4": self.password_of(job.props["Owner"]),
-            "m_Item5": "",
-            "m_Item6": "",
         }
-        try:
-            done = subprocess.run(
-                [path],
-                input=json.dumps(request),
-                capture_output=True,
-                text=True,
-                env=self.node_env(node),
-                timeout=120,
-                check=False,
+        if first:
+            request.update(
+                m_Item3=job.props["Owner"],
+                m_Item4=self.password_of(job.props["Owner"]),
+                m_Item5=None,
+                m_Item6=None,
             )
-            if done.returncode != 0:
-                why = " ".join(done.stderr.split())
-                return f"The execution filter OnJobTaskStart.sh failed (exit code {done.returncode}): {why}"
-            changed = json.loads(done.stdout)["m_Item2"]["environmentVariables"]
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        prefix = f"nodemanager_executionfilter_{job.id}_{task.number}_{task.props['RequeueCount'] or 0}."
+        agent_env = {"PATH": self.base_env.get("PATH", os.defpath), NODE_ROOT_VAR: self.node_root(node)}
+        try:
+            with tempfile.TemporaryDirectory(prefix=prefix, dir=shm) as folder:
+                for file, text in (
+                    ("stdin.txt", json.dumps(request)),
+                    ("cmd.sh", f"#!/bin/bash\n\n{path}\n"),
+                ):
+                    with open(os.path.join(folder, file), "w", encoding="utf-8") as f:
+                        f.write(text)
+                done = subprocess.run(
+                    ["/bin/bash", "-c", "/bin/bash cmd.sh >stdout.txt 2>&1 <stdin.txt"],
+                    cwd=folder,
+                    env=agent_env,
+                    timeout=FILTER_TIMEOUT_S,
+                    check=False,
+                )
+                with open(os.path.join(folder, "stdout.txt"), "rb") as f:
+                    said = f.read().decode("utf-8", "replace")
+        except subprocess.TimeoutExpired:
+            return f"The execution filter {name} gave the node agent no answer in {FILTER_TIMEOUT_S} s"
+        except OSError as err:
+            return f"The execution filter {name} could not run: {err}"
+        if done.returncode != 0:
+            why = " ".join(said.split())[:300]
+            return f"{name}: Filter returned exit code {done.returncode}, execution message {why}"
+        try:
+            changed = json.loads(said)["m_Item2"]["environmentVariables"]
             return {str(k): str(v) for k, v in changed.items()}
-        except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError) as err:
-            return f"The execution filter OnJobTaskStart.sh failed: {err}"
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            return f"The execution filter {name} answered what is not a task start ({err}): {said[:200]!r}"
 
     def run_as_system(self, node: str, command: str) -> tuple[int, str]:
         """`clusrun /user:system` on one node: the command's exit code and its output (stderr into

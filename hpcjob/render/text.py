@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import gzip
 import json
 import re
+from collections.abc import Sequence
 from functools import cache
 
 import jinja2
 
-from hpcjob.plan import JobPlan, MountStep
+from hpcjob.node.mount_filter import CONFIG_FILE as FILTER_CONFIG
+from hpcjob.node.mount_filter import FILTERS_DIR, NODE_ROOT_VAR
+from hpcjob.plan import AllowedShare, JobPlan, MountStep
 from hpcjob.render.job_xml import job_xml
 from hpcjob.spec import SpecError
 
@@ -125,29 +129,51 @@ def plan_json(plan: JobPlan) -> str:
     return _JSON_INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-# Where the Linux node agent looks for execution filters. HPCJOB_FILTERS_DIR moves it, for the emulated
-# nodes of hpcjob.emulator only: a real node has no such variable.
-FILTERS_DIR = "/opt/hpcnodemanager/filters"
 FILTER_FILE = "hpcjob_mount_filter.py"
-CHAINED_FILTER = "OnJobTaskStart.hpcjob-next.sh"
+ENTRY_FILE = "hpcjob_filter.sh"
+# The agent runs OnJobTaskStart.sh at a job's first task on a node and OnTaskStart.sh at its later ones;
+# hpcjob's filter.sh is both, and a site's own filter under either name runs after it.
+FILTER_EVENTS = ("OnJobTaskStart", "OnTaskStart")
+CHAINED_SUFFIX = ".hpcjob-next.sh"
 
 
-def filter_install_command() -> str:
-    """Bash, run as root on each node once (clusrun /user:system, or an administrator's job): install
-    hpcjob's execution filter (hpcjob/node/mount_filter.py, behind OnJobTaskStart.sh). A filter already
-    there is kept and chained after hpcjob's; installing again changes nothing else. No secret is in it:
-    the filter gets each job owner's credentials from the agent, at each task start."""
+def _packed(data: bytes) -> str:
+    """gzip, then base64: one word that no shell quoting changes, a third of the file's size."""
+    return base64.b64encode(gzip.compress(data, mtime=0)).decode("ascii")
+
+
+def filter_config(shares: Sequence[AllowedShare]) -> str:
+    """FILTERS/hpcjob-mounts.json: the shares jobs may name, and nothing else a job can change."""
+    entries = [dataclasses.asdict(share) for share in shares]
+    return json.dumps({"shares": entries}, indent=2) + "\n"
+
+
+def filter_install_command(shares: Sequence[AllowedShare]) -> str:
+    """Bash, run as root on each node (clusrun /user:system, or an administrator's job): install
+    hpcjob's execution filter (hpcjob/node/mount_filter.py behind filter.sh, as OnJobTaskStart.sh and
+    OnTaskStart.sh) and the shares it may mount. A filter already there is kept and chained after
+    hpcjob's; installing again replaces hpcjob's files and the allowed shares, nothing else. No secret is
+    in it: the filter gets each job owner's credentials from the node agent."""
     from importlib import resources
 
+    if not shares:
+        raise SpecError("no share to allow: name it with --share //HEADNODE/CcpSpoolDir[/folder]")
     node = resources.files("hpcjob") / "node"
-    code = base64.b64encode((node / "mount_filter.py").read_bytes()).decode("ascii")
-    wrapper = base64.b64encode((node / "OnJobTaskStart.sh").read_bytes()).decode("ascii")
+    code = _packed((node / "mount_filter.py").read_bytes())
+    entry = _packed((node / "filter.sh").read_bytes())
+    config = _packed(filter_config(shares).encode("utf-8"))
+    chain = " ".join(
+        f'{{ [ ! -e "$d/{event}.sh" ] || grep -q {FILTER_FILE} "$d/{event}.sh" || '
+        f'mv "$d/{event}.sh" "$d/{event}{CHAINED_SUFFIX}"; }} && '
+        f'cp "$d/{ENTRY_FILE}" "$d/{event}.sh" &&'
+        for event in FILTER_EVENTS
+    )
     return (
-        f'd=${{HPCJOB_FILTERS_DIR:-{FILTERS_DIR}}}; mkdir -p "$d" && '
-        f'echo {code} | base64 -d > "$d/{FILTER_FILE}" && '
-        f'{{ [ ! -e "$d/OnJobTaskStart.sh" ] || grep -q {FILTER_FILE} "$d/OnJobTaskStart.sh" || '
-        f'mv "$d/OnJobTaskStart.sh" "$d/{CHAINED_FILTER}"; }} && '
-        f'echo {wrapper} | base64 -d > "$d/OnJobTaskStart.sh" && '
-        f'chmod 755 "$d/OnJobTaskStart.sh" "$d/{FILTER_FILE}" && '
+        f'umask 022; d=${NODE_ROOT_VAR}{FILTERS_DIR}; mkdir -p "$d" && chmod go-w "$d" && '
+        f'echo {code} | base64 -d | gunzip > "$d/{FILTER_FILE}" && '
+        f'echo {entry} | base64 -d | gunzip > "$d/{ENTRY_FILE}" && '
+        f'chmod 755 "$d/{FILTER_FILE}" "$d/{ENTRY_FILE}" && '
+        f"{chain} "
+        f'echo {config} | base64 -d | gunzip > "$d/{FILTER_CONFIG}" && chmod 644 "$d/{FILTER_CONFIG}" && '
         'echo "hpcjob: execution filter installed in $d on $(hostname)"'
     )
