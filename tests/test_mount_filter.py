@@ -288,6 +288,21 @@ def test_a_lock_held_elsewhere_or_a_lock_folder_others_can_enter_never_stalls_th
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's needs root")
+def test_a_mount_point_another_user_made_in_a_sticky_root_is_refused(node: Node) -> None:
+    """In a folder like /tmp (sticky, anyone may add) others cannot touch root's folders, but they can
+    make the user's folder first, as their own: the filter mounts only on a folder root made."""
+    node.install()
+    node.mount_root.mkdir()
+    node.mount_root.chmod(0o1777)
+    Path(node.point).mkdir()
+    os.chown(node.point, 65534, 65534)
+    assert node.result() == f"failed: {node.point} may be changed by others than root"
+    assert not (node.state / "argv").exists()
+    os.chown(node.point, 0, 0)
+    assert node.result() == "mounted"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's needs root")
 def test_a_lock_folder_of_another_user_is_refused(node: Node) -> None:
     node.install()
     run_dir = node.root / "run" / "hpcjob"

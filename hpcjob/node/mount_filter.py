@@ -132,7 +132,11 @@ def handle(
                 "first task of a job on a node: run hpcjob mount, then the job"
             )
         account = local_account(user, env)
-        make_mount_point(point)
+        old = os.umask(0o022)
+        try:
+            safe_folder(point, make=True)
+        finally:
+            os.umask(old)
         options = ",".join(
             o for o in (allowed["options"], FORCED_OPTIONS, "uid={},gid={}".format(*account)) if o
         )
@@ -226,36 +230,30 @@ def local_account(user: str, env: Dict[str, str]) -> Tuple[int, int]:
     raise Refused(f"{user} {NO_ACCOUNT_YET}: the node agent makes it when their first job starts there")
 
 
-def safe_folder(target: str) -> None:
+def safe_folder(target: str, make: bool = False) -> None:
     """Refuse a mount point reached through a symlink, or under a folder that someone other than root
     may change (they could swap a folder for a symlink between this check and the mount). A sticky
-    folder such as /tmp is safe for what root owns in it: others cannot rename or remove that."""
+    folder such as /tmp is safe for what root owns in it: others cannot rename or remove that.
+    `make`: make the missing folders, one at a time, each checked once made (never through a link that
+    someone slipped in meanwhile); else stop at the first missing one."""
     path = ""
     for part in target.strip("/").split("/"):
         path += "/" + part
         try:
+            if make and not os.path.lexists(path):
+                os.mkdir(path, 0o755)
             info = os.lstat(path)
         except OSError as err:
-            if err.errno == errno.ENOENT:
-                return  # made by root from here on
-            raise
+            if err.errno == errno.ENOENT and not make:
+                return
+            raise Refused(f"cannot make {path}: {err.strerror}") from None
         if stat.S_ISLNK(info.st_mode):
             raise Refused(f"{path} is a symlink: the filter never mounts through one")
         if not stat.S_ISDIR(info.st_mode):
             raise Refused(f"{path} is not a folder")
         loose = info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX
-        if path != target and (info.st_uid != os.geteuid() or loose):
+        if (path != target or make) and (info.st_uid != os.geteuid() or loose):
             raise Refused(f"{path} may be changed by others than root")
-
-
-def make_mount_point(target: str) -> None:
-    old = os.umask(0o022)
-    try:
-        os.makedirs(target, exist_ok=True)
-    except OSError as err:
-        raise Refused(f"cannot make {target}: {err.strerror}") from None
-    finally:
-        os.umask(old)
 
 
 class node_lock:
