@@ -23,11 +23,12 @@ import errno
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 REQUEST_VAR = "HPCJOB_MOUNT"
 RESULT_VAR = "HPCJOB_MOUNT_RESULT"
@@ -297,14 +298,31 @@ def private_folder(path: str) -> str:
     return path
 
 
+def bounded(argv: List[str], seconds: float, output: str = os.devnull) -> Optional[int]:
+    """Run `argv` in a session of its own, its output into the file `output`: its exit code, or None
+    when it did not end in `seconds` (then it and whatever it started are killed). A file, not a pipe:
+    something it started could hold a pipe open, and Python 3.6 waits for the pipe after a timeout."""
+    with open(output, "wb") as out:
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+    try:
+        return process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=1)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # stuck in the kernel (a CIFS server gone): it is left, the filter goes on
+        return None
+
+
 def is_mounted(target: str, deadline: float) -> bool:
     wait = max(0.5, min(CHECK_TIMEOUT_S, deadline - time.monotonic()))
-    try:
-        done = subprocess.run(["mountpoint", "-q", target], timeout=wait,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise Refused(f"{target} did not answer in {wait:.0f} s (a share that hangs)") from None
-    return done.returncode == 0
+    code = bounded(["mountpoint", "-q", target], wait)
+    if code is None:
+        raise Refused(f"{target} did not answer in {wait:.0f} s (a share that hangs)")
+    return code == 0
 
 
 def mount(share: str, target: str, options: str, owner: str, password: str, deadline: float) -> None:
@@ -315,6 +333,7 @@ def mount(share: str, target: str, options: str, owner: str, password: str, dead
         raise Refused("the user name or password holds a line break, which a credentials file cannot carry")
     folder = private_folder(NODE_ROOT + RUN_DIR)
     path = os.path.join(folder, f"credentials-{os.getpid()}")
+    said_path = os.path.join(folder, f"mount-{os.getpid()}.txt")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         text = "username={}\npassword={}\n".format(name.split("@")[0] if not domain else name, password)
@@ -323,20 +342,20 @@ def mount(share: str, target: str, options: str, owner: str, password: str, dead
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode("utf-8"))
         left = max(1.0, deadline - time.monotonic())
-        try:
-            done = subprocess.run(
-                ["mount", "-t", "cifs", share, target, "-o", f"credentials={path},{options}"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=left,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired:
-            raise Refused(
-                f"mount of {share} gave no answer in {left:.0f} s (is the server reachable?)"
-            ) from None
+        argv = ["mount", "-t", "cifs", share, target, "-o", f"credentials={path},{options}"]
+        code = bounded(argv, left, said_path)
+        with open(said_path, "rb") as f:
+            said = f.read(4096).decode("utf-8", "replace")
     finally:
-        os.unlink(path)
-    if done.returncode != 0:
-        said = done.stdout.decode("utf-8", "replace").replace(password, "***") if password else ""
-        raise Refused(one_line(said) or f"mount exit code {done.returncode}")
+        for leftover in (path, said_path):
+            if os.path.lexists(leftover):
+                os.unlink(leftover)
+    if code is None:
+        raise Refused(f"mount of {share} gave no answer in {left:.0f} s (is the server reachable?)")
+    if code != 0:
+        raise Refused(
+            one_line(said.replace(password, "***") if password else said) or f"mount exit code {code}"
+        )
 
 
 def one_line(text: str) -> str:
