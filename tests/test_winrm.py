@@ -384,3 +384,38 @@ def test_hostile_values_reach_the_scheduler_exactly_over_winrm(
     assert set(head.powershell.scripts_run[len(before) :]) <= {winrm_script(n) for n in SCRIPTS}
     head.cluster.cancel_job(Actor("alice", admin=True), int(job_id), "test", True)
     backend.close()
+
+
+def test_a_cmdlets_warning_never_corrupts_the_answer(hpcjob: Callable[..., Result], head: HeadNode) -> None:
+    """Windows PowerShell 5.1 writes a cmdlet's warning to stdout ("WARNING: ..."), before the answer."""
+    head.powershell.warnings["Get-HpcNode"] = "The node group GPUNodes is deprecated."
+    head.powershell.warnings["Get-HpcJob"] = "Some jobs are not shown."
+    listed = hpcjob("nodes", "--json")
+    assert listed.code == 0, listed.err
+    assert [n["name"] for n in json.loads(listed.out)] == ["LOCALHOST", "NODE002", "NODE003"]
+
+
+def test_an_error_behind_clixml_progress_is_shown_as_its_message_only(
+    hpcjob: Callable[..., Result], head: HeadNode
+) -> None:
+    """PowerShell writes progress records to a redirected stderr as a CLIXML block: never shown."""
+    head.powershell.clixml_progress = True
+    assert hpcjob("nodes").code == 0
+    missing = hpcjob("status", "4242")
+    assert missing.code != 0
+    [line] = missing.err.splitlines()
+    assert "CLIXML" not in line and "<Objs" not in line and "4242" in line, line
+
+
+def test_clixml_error_records_are_their_messages_and_everything_else_is_dropped() -> None:
+    from hpcjob.backends.winrm import error_text
+
+    block = (
+        '#< CLIXML\r\n<Objs Version="1.1.0.1" xmlns="http://schemas.microsoft.com/powershell/2004/04">'
+        '<Obj S="progress" RefId="0"><TN RefId="0"><T>System.Object</T></TN></Obj>'
+        '<S S="Error">Get-HpcJob : The job 7 &lt;x&gt; was not found._x000D__x000A_</S>'
+        '<S S="Error">At line:1 char:1_x000D__x000A_</S></Objs>'
+    )
+    assert " ".join(error_text(block + "plain words").split()) == (
+        "Get-HpcJob : The job 7 <x> was not found. At line:1 char:1 plain words"
+    )

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import html
 import json
+import re
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -136,12 +138,14 @@ class WinRMSession:
             finally:
                 self.protocol.cleanup_command(self.shell_id, command_id)
         if code != 0:
-            words = _one_line(err.decode("utf-8", "replace")) or f"exit code {code}"
+            words = _one_line(error_text(err.decode("utf-8", "replace"))) or f"exit code {code}"
             raise WinRMError(f"the head node: {words}")
+        # The answer is the last line: warnings or a cmdlet's Write-Host may come before it.
+        answer = (out.decode("utf-8", "replace").strip().splitlines() or ["[]"])[-1]
         try:
-            result = json.loads(out.decode("utf-8", "replace") or "[]")
+            result = json.loads(answer)
         except json.JSONDecodeError:
-            raise WinRMError(f"the head node's answer is not JSON: {out[:200]!r}") from None
+            raise WinRMError(f"the head node's answer is not JSON: {answer[:200]!r}") from None
         return result if isinstance(result, list) else [result]
 
     def close(self) -> None:
@@ -209,6 +213,25 @@ def _pin(protocol: Any, fingerprint: str) -> None:
 def _node_of(task: Mapping[str, Any]) -> str:
     """A task's node: where it ran, else where it was pinned."""
     return str(task.get("AllocatedNodes") or task.get("RequiredNodes") or "").split(",")[0].strip()
+
+
+_CLIXML = re.compile(r"#< CLIXML\s*(<Objs\b.*?</Objs>)", re.DOTALL)
+_CLIXML_ERROR = re.compile(r'<S S="Error">(.*?)</S>', re.DOTALL)
+_CLIXML_ESCAPE = re.compile(r"_x([0-9A-Fa-f]{4})_")
+
+
+def error_text(stderr: str) -> str:
+    """What Windows PowerShell said on stderr, as words: each CLIXML block (written when stderr is
+    redirected) gives only its error records' text, decoded; its progress records, nothing."""
+
+    def words(block: re.Match[str]) -> str:
+        said = (
+            html.unescape(_CLIXML_ESCAPE.sub(lambda m: chr(int(m[1], 16)), e))
+            for e in _CLIXML_ERROR.findall(block[1])
+        )
+        return " ".join(said)
+
+    return _CLIXML.sub(words, stderr)
 
 
 def _one_line(text: str) -> str:

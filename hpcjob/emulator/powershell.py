@@ -106,6 +106,11 @@ class PowerShellHost:
         self.cluster = cluster
         self.check_password = check_password
         self.scripts_run: list[str] = []  # the text of each script, for tests: never the data
+        # What a head node's cmdlets may add, set by tests: a cmdlet's warning, which Windows
+        # PowerShell 5.1 writes to stdout as "WARNING: ..." unless $WarningPreference silences it, and
+        # the CLIXML block of progress records it writes to stderr (its module loading, for example).
+        self.warnings: dict[str, str] = {}
+        self.clixml_progress = False
         self._lock = threading.Lock()
 
     def __call__(
@@ -128,9 +133,17 @@ class PowerShellHost:
             with self._lock:
                 self.scripts_run.append(script.text)
             result = self._run(script, data if isinstance(data, dict) else {}, actor)
+            warned = "" if _silences_warnings(outer.text) else self._warned(script)
         except ScriptError as err:
-            return b"", _crlf(str(err)), 1
-        return json.dumps(result, separators=(",", ":")).encode("utf-8"), b"", 0
+            return b"", self._noise() + _crlf(str(err)), 1
+        answer = json.dumps(result, separators=(",", ":"))
+        return _crlf(warned) + answer.encode("utf-8"), self._noise(), 0
+
+    def _warned(self, script: Script) -> str:
+        return "".join(f"WARNING: {self.warnings[name]}\n" for name in script.hpc if name in self.warnings)
+
+    def _noise(self) -> bytes:
+        return _crlf(CLIXML_PROGRESS) if self.clixml_progress else b""
 
     # -- what a script does ---------------------------------------------------------------------
 
@@ -416,6 +429,21 @@ def _node_object(node: Node) -> dict[str, Any]:
         "ProcessorCores": node.cores,
         "Groups": ", ".join(node.groups),
     }
+
+
+# What Windows PowerShell 5.1 writes to a redirected stderr for its progress records (a real shape: the
+# "Preparing modules for first use." record of a session's first module load).
+CLIXML_PROGRESS = (
+    "#< CLIXML\n"
+    '<Objs Version="1.1.0.1" xmlns="http://schemas.microsoft.com/powershell/2004/04"><Obj S="progress" '
+    'RefId="0"><TN RefId="0"><T>System.Management.Automation.PSCustomObject</T><T>System.Object</T></TN>'
+    '<MS><I64 N="SourceId">1</I64><PR N="Record"><AV>Preparing modules for first use.</AV><AI>0</AI><Nil />'
+    "<PI>-1</PI><PC>-1</PC><T>Completed</T><SR>-1</SR><SD> </SD></PR></MS></Obj></Objs>"
+)
+
+
+def _silences_warnings(text: str) -> bool:
+    return re.search(r"\$WarningPreference\s*=\s*'SilentlyContinue'", text, re.IGNORECASE) is not None
 
 
 def _crlf(text: str) -> bytes:
