@@ -419,3 +419,50 @@ def test_clixml_error_records_are_their_messages_and_everything_else_is_dropped(
     assert " ".join(error_text(block + "plain words").split()) == (
         "Get-HpcJob : The job 7 <x> was not found. At line:1 char:1 plain words"
     )
+
+
+def test_an_ordinary_user_is_told_to_name_nodes_and_can_submit_to_named_ones(
+    tmp_path: Path, share: Path, cli_with_profile: Callable[..., Callable[..., Result]]
+) -> None:
+    """Get-HpcNode is a cluster administrator's cmdlet (its page's note): a user who is not one gets one
+    line that says how to go on, and a job on named nodes never asks for the node list."""
+    with HeadNode(users={"alice": "Admin-pw-1", "bob": PASSWORD}, admins=["alice"]) as head:
+        hpcjob = cli_with_profile(
+            PASSWORD,
+            url=head.url,
+            user="HPC\\bob",
+            ca_bundle=head.ca_file,
+            backend="winrm",
+            winrm_url=head.wsman_url,
+            share="//HEADNODE/CcpSpoolDir/app",
+            mount_point=str(share),
+            local_share=str(share),
+        )
+        listed = hpcjob("nodes")
+        assert listed.code == 1
+        [line] = listed.err.splitlines()
+        assert "Get-HpcNode is a cluster administrator's cmdlet; name the nodes with --node NAME" in line
+        done = hpcjob("submit", "--wait", "--node", "NODE002", "--run-id", "b-1", *job_args(tmp_path))
+        assert done.code == 0, done.err
+
+
+def test_the_password_is_given_to_the_submission_and_never_cached_on_the_cluster(
+    hpcjob: Callable[..., Result], head: HeadNode, tmp_path: Path
+) -> None:
+    done = hpcjob("submit", "-n", "1", "--run-id", "c-1", *job_args(tmp_path))
+    assert done.code == 0, done.err
+    assert head.powershell.cached_credentials == set()
+
+
+def test_a_mount_job_whose_output_the_scheduler_did_not_keep_is_read_from_its_state(
+    hpcjob: Callable[..., Result], head: HeadNode, share: Path
+) -> None:
+    head.powershell.keeps_output = False
+    user_point = share / "alice"
+    user_point.mkdir()
+    shown = hpcjob("mount", "--json", "--node", "NODE002", "--mount-point", str(user_point))
+    assert shown.code == 1  # no filter on the node: the task fails, and says nothing the scheduler kept
+    [result] = json.loads(shown.out)
+    assert (
+        result["result"] == "failed" and "the scheduler kept none of the task's output" in result["message"]
+    )

@@ -101,15 +101,25 @@ def refuse_taken_names(names: Sequence[str], found: Mapping[str, int], cluster: 
             )
 
 
+NO_OUTPUT_KEPT = "the scheduler kept none of the task's output"
+
+
 def mount_results(info: JobInfo, outputs: Iterable[tuple[str, str]]) -> list[MountResult]:
     """Each node's mount, from its task of a mount job: the state, and the last line it printed (what
-    hpcjob's execution filter did; the scheduler keeps the output)."""
+    hpcjob's execution filter did), which the scheduler keeps in the task's Output property (documented
+    for a task without a stdout file). Where it kept none, the task's state says enough: it finishes
+    only when the share is there."""
     said = {node.upper(): (text.strip().splitlines() or [""])[-1].strip() for node, text in outputs}
     results = []
     for task in info.tasks:
         line = said.get(task.node.upper(), "")
         if task.state == State.FINISHED and line in (MOUNTED, ALREADY_MOUNTED):
             results.append(MountResult(task.node, line))
+        elif task.state == State.FINISHED and not line:
+            results.append(MountResult(task.node, MOUNTED, NO_OUTPUT_KEPT))
+        elif not line:
+            why = " ".join(task.error.split()) or f"the task {task.state.lower()}"
+            results.append(MountResult(task.node, MOUNT_FAILED, f"{why} ({NO_OUTPUT_KEPT})"))
         else:
             why = line.removeprefix(f"{MOUNT_FAILED}:").strip() or " ".join(task.error.split()) or task.state
             results.append(MountResult(task.node, MOUNT_FAILED, why))

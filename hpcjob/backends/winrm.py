@@ -250,6 +250,13 @@ class WinRMBackend:
         self._password = password
 
     def nodes(self, group: str | None) -> list[NodeInfo]:
+        rows = self.session.run("nodes", {"Group": group})
+        if rows and isinstance(rows[0], dict) and rows[0].get("Refused"):
+            why = _one_line(str(rows[0]["Refused"]))
+            raise WinRMError(
+                f"the head node would not list its nodes to {self._user} ({why}): Get-HpcNode is a cluster "
+                "administrator's cmdlet; name the nodes with --node NAME (repeatable)"
+            )
         return [
             NodeInfo(
                 name=str(row.get("NetBiosName") or ""),
@@ -258,7 +265,7 @@ class WinRMBackend:
                 groups=tuple(g.strip() for g in str(row.get("Groups") or "").split(",") if g.strip()),
                 cores=row["ProcessorCores"] if isinstance(row.get("ProcessorCores"), int) else None,
             )
-            for row in self.session.run("nodes", {"Group": group})
+            for row in rows
         ]
 
     def busy_nodes(self) -> set[str]:

@@ -30,9 +30,14 @@ from typing import Any
 from hpcjob.emulator import api as A
 from hpcjob.emulator.cluster import Actor, ApiError, Cluster, Job, Node, Task
 
-# Documented parameters of each command the scripts may call (learn.microsoft.com HPC Pack cmdlet
-# reference; facts/hpcpack-jobs.md section 3), plus PowerShell's common parameters.
-COMMON = ("ErrorAction", "ErrorVariable", "WarningAction", "Verbose", "Debug", "OutVariable", "OutBuffer")
+# Documented parameters of each command the scripts may call, plus PowerShell's common parameters. The
+# HPC cmdlets': their reference pages (learn.microsoft.com/powershell/module/hpc/<cmdlet>, from
+# MicrosoftDocs/windows-powershell-docs docset/winserver2012r2-ps/hpc/*.md @ 93986fd2fff9; the same as
+# the hpcpack2016 pages they link to: UNVERIFIED word for word).
+COMMON = (
+    "ErrorAction", "ErrorVariable", "WarningAction", "WarningVariable", "InformationAction",
+    "InformationVariable", "Verbose", "Debug", "OutVariable", "OutBuffer", "PipelineVariable",
+)  # fmt: skip
 CMDLETS: dict[str, tuple[str, ...]] = {
     "Get-Command": ("Name", "Module", "CommandType"),
     "Add-Type": ("AssemblyName", "TypeDefinition", "Path", "Language"),
@@ -52,15 +57,22 @@ CMDLETS: dict[str, tuple[str, ...]] = {
         "CustomProperties", "EmailAddress", "EstimatedProcessMemory", "Exclusive", "FailDependentTasks",
         "FailOnTaskFailure", "Holduntil", "Job", "JobEnv", "JobFile", "License", "MaxCoresPerNode",
         "MaxMemoryPerNode", "MinCoresPerNode", "MinMemoryPerNode", "Name", "NodeGroupOp", "NodeGroups",
-        "NotifyOnCompletion", "NotifyOnStart", "NumCores", "NumNodes", "NumSockets", "OrderBy",
+        "NotifyOnCompletion", "NotifyOnStart", "NumCores", "NumGpus", "NumNodes", "NumSockets", "OrderBy",
         "ParentJobIds", "Priority", "Progress", "ProgressMessage", "Project", "RequestedNodes", "RunTime",
-        "RunUntilCanceled", "Scheduler", "SingleNode", "TemplateName", "ValidExitCodes",
+        "RunUntilCanceled", "Scheduler", "SingleNode", "TaskExecutionFailureRetryLimit", "TemplateName",
+        "ValidExitCodes",
     ),
-    "Submit-HpcJob": ("Job", "Id", "Scheduler", "HoldUntil"),
-    "Get-HpcJob": ("Id", "State", "Owner", "Name", "Project", "Scheduler", "TemplateName"),
-    "Get-HpcTask": ("Job", "JobId", "TaskId", "State", "Scheduler", "Expand"),
-    "Stop-HpcJob": ("Id", "Job", "Force", "Message", "State", "Scheduler"),
-    "Get-HpcNode": ("Name", "GroupName", "State", "HealthState", "Scheduler"),
+    "Submit-HpcJob": ("Job", "Id", "Credential", "Scheduler"),
+    "Get-HpcJob": (
+        "Id", "State", "Name", "Project", "TemplateName", "Pool", "Owner", "BeginSubmitDate", "EndSubmitDate",
+        "NodeName", "Scheduler",
+    ),
+    "Get-HpcTask": ("Job", "JobId", "TaskId", "SubTaskId", "State", "Scheduler"),
+    "Stop-HpcJob": ("Id", "Job", "Message", "State", "Force", "Graceful", "Scheduler", "WhatIf", "Confirm"),
+    "Get-HpcNode": (
+        "Name", "GroupName", "Group", "State", "Health", "HealthState", "TemplateName", "Location",
+        "Scheduler",
+    ),
 }  # fmt: skip
 HPC = frozenset(name for name in CMDLETS if "-Hpc" in name)
 _KNOWN = {name.lower(): name for name in CMDLETS}
@@ -111,6 +123,11 @@ class PowerShellHost:
         # the CLIXML block of progress records it writes to stderr (its module loading, for example).
         self.warnings: dict[str, str] = {}
         self.clixml_progress = False
+        # False: the tasks' Output property is empty, as for a head node that kept none of it (its size
+        # and which end it keeps are UNVERIFIED: 4 KB in Add-HpcTask's page, the "last 5K" in 2016 U1's).
+        self.keeps_output = True
+        # Users whose credentials a script cached on the cluster (Set-HpcJobCredential): for tests.
+        self.cached_credentials: set[str] = set()
         self._lock = threading.Lock()
 
     def __call__(
@@ -157,15 +174,16 @@ class PowerShellHost:
             if any(name == "clusrun.exe" for name, _ in script.commands):
                 return [self._clusrun(script, value("Nodes"), str(value("CommandBase64") or ""), actor)]
             if script.calls("Submit-HpcJob") and script.calls("New-HpcJob"):
-                if not script.calls("Set-HpcJobCredential"):
+                if script.calls("Set-HpcJobCredential"):
+                    self.cached_credentials.add(actor.name)
+                given = "credential" in script.params("Submit-HpcJob") or script.calls("Set-HpcJobCredential")
+                if not given:
                     raise ScriptError(
                         "The job cannot be submitted: no credentials (this session has no console)."
                     )
                 user = str(value("User") or "")
                 if user.rpartition("\\")[2].lower() != actor.name.lower():
-                    raise ScriptError(
-                        f"Set-HpcJobCredential : The credentials are not those of {actor.name}."
-                    )
+                    raise ScriptError(f"Submit-HpcJob : The credentials are not those of {actor.name}.")
                 if not self.check_password(user, str(value("Password") or "")):
                     raise ScriptError("The user name or password is incorrect.")
                 job_id = self.cluster.create_job_from_xml(actor, str(value("JobXml") or ""))
@@ -188,6 +206,13 @@ class PowerShellHost:
                     self.cluster.cancel_job(actor, int(job.props["Id"]), str(value("Message") or ""), force)
                 return [self._fields(script, {"$canceled": canceled, "$state": state})]
             if script.calls("Get-HpcNode"):
+                if not actor.admin:
+                    # The cmdlet's page: "You must be a cluster administrator to run this cmdlet
+                    # successfully" (the words of its error: the emulator's own).
+                    refused = "Get-HpcNode : Access is denied: you must be a cluster administrator."
+                    if re.search(r"\bcatch\b", script.text, re.IGNORECASE):  # the script's catch answers
+                        return [self._fields(script, {"$refused": refused})]
+                    raise ScriptError(refused)
                 group = value("Group") if "groupname" in script.params("Get-HpcNode") else None
                 with self.cluster.lock:
                     nodes = [n for n in self.cluster.nodes.values() if not group or n.in_group(str(group))]
@@ -196,6 +221,8 @@ class PowerShellHost:
                 with self.cluster.lock:
                     job = self.cluster.job(_int(value("JobId")))
                     tasks = [_task_object(t) for t in job.tasks]
+                    for task in tasks if not self.keeps_output else []:
+                        task["Output"] = ""
                     if script.list_field is not None:
                         return [self._fields(script, {**_job_object(job), script.list_field: tasks})]
                     return [self._fields(script, t) for t in tasks]
@@ -208,7 +235,7 @@ class PowerShellHost:
                     changed_since=None,
                     node_names=None,
                 )
-                if script.calls("Get-HpcJob") and any(c == "Where-Object" for c, _ in script.commands):
+                if "name" in script.params("Get-HpcJob"):
                     names = {str(n) for n in value("Names") or []}
                     jobs = [j for j in jobs if j.props.get("Name") in names]
                 with self.cluster.lock:
@@ -391,10 +418,14 @@ def _state_filter(script: Script) -> set[str] | None:
 
 
 def _owner_filter(script: Script, actor: Actor) -> str | None:
-    """`Get-HpcJob -Owner NAME`: that user's jobs, `*` everyone's; without it, the caller's own."""
+    """`Get-HpcJob -Owner NAME`: that user's jobs (no wildcards: `*` names no user); without it, every
+    user's jobs when -State, -Id or -Name is given, else the caller's own (the cmdlet's documented
+    default: "only ... jobs ... that belong to the current user, unless you specify the job ID, the
+    state, or the owner")."""
     match = re.search(r"Get-HpcJob\b[^\n|]*-Owner\s+(\S+)", script.text, re.IGNORECASE)
-    owner = match.group(1).strip("'\"") if match else actor.name
-    return None if owner == "*" else owner
+    if match:
+        return match.group(1).strip("'\"")
+    return None if script.params("Get-HpcJob") & {"state", "id", "name"} else actor.name
 
 
 def _job_object(job: Job) -> dict[str, Any]:

@@ -1,9 +1,11 @@
-# The nodes that running jobs hold now, whoever owns them (-Owner *, as job list /user:*: UNVERIFIED).
+# The nodes that running jobs hold now. -Owner takes no wildcard (its documented page); with -State
+# and no -Owner, Get-HpcJob gives every user's jobs in that state (the page's note on its default:
+# UNVERIFIED that other users' AllocatedNodes are shown to an ordinary user).
 param($Data)
 # The HPC cmdlets: loaded only where the session does not have them yet (a Windows PowerShell snap-in).
 if (-not (Get-Command -Name Get-HpcJob -ErrorAction SilentlyContinue)) {
     Add-PSSnapin -Name Microsoft.HPC
 }
-@(Get-HpcJob -State Running -Owner * | ForEach-Object {
+@(Get-HpcJob -State Running | ForEach-Object {
     [pscustomobject]@{ AllocatedNodes = [string]$_.AllocatedNodes }
 })

@@ -1,11 +1,17 @@
 # The nodes (of $Data.Group when given). UNVERIFIED: the names ProcessorCores and Groups of an HpcNode's
-# properties (NetBiosName, NodeState and NodeHealth are documented).
+# properties (NetBiosName, NodeState and NodeHealth are documented). Get-HpcNode is documented as a
+# cluster administrator's cmdlet: when it is refused, the answer says why (Refused) and nothing else.
 param($Data)
 {% include "winrm/_snapin.ps1" %}
-if ($Data.Group) {
-    $nodes = @(Get-HpcNode -GroupName $Data.Group)
-} else {
-    $nodes = @(Get-HpcNode)
+try {
+    if ($Data.Group) {
+        $nodes = @(Get-HpcNode -GroupName $Data.Group)
+    } else {
+        $nodes = @(Get-HpcNode)
+    }
+} catch {
+    $refused = [string]$_.Exception.Message
+    return [pscustomobject]@{ Refused = $refused }
 }
 @($nodes | ForEach-Object {
     [pscustomobject]@{
