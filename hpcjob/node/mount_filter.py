@@ -141,7 +141,7 @@ def handle(
         options = ",".join(
             o for o in (allowed["options"], FORCED_OPTIONS, "uid={},gid={}".format(*account)) if o
         )
-        mount(share, point, options, str(owner), str(password), deadline)
+        mount(allowed["unc"], point, options, str(owner), str(password), deadline)  # as the admin spelt it
     return MOUNTED
 
 
