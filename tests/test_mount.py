@@ -91,9 +91,8 @@ def test_mount_installs_once_then_mounts_then_leaves_mounted_nodes_alone(
     assert results(installed) == [(n, "mounted") for n in NODES]
     assert "execution filter installed in" in installed.err  # each node said so, through clusrun
     argv = (state / "argv-NODE002").read_text().splitlines()
-    root = head.cluster.node_root("NODE002")  # the filter's own files: the node's root folder
     assert argv[:5] == ["-t", "cifs", "//HEADNODE/CcpSpoolDir/app", f"{tmp_path}/app/{USER}", "-o"]
-    assert argv[5].startswith(f"credentials={root}/run/hpcjob/") and "smb-credentials" not in argv[5]
+    assert argv[5].startswith(f"username={USER},domain=HPC,") and "credentials" not in argv[5]
 
     again = hpcjob("mount")
     assert again.code == 0, again.err

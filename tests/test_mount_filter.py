@@ -31,14 +31,12 @@ USER = pwd.getpwuid(os.geteuid()).pw_name
 OWNER = f"HPC\\{USER}"
 SHARE = "//HEADNODE/CcpSpoolDir/app"
 FILTERS = mount_filter.FILTERS_DIR.lstrip("/")
-# mount -t cifs UNC POINT -o credentials=FILE,OPTIONS: records argv, the credentials file as seen and
-# its folder's mode, and marks the point mounted; $STATE is written in when the node is made (the agent
-# gives a filter PATH alone).
+# mount -t cifs UNC POINT -o OPTIONS, the password on the pipe PASSWD_FD names (mount.cifs(8)): records
+# argv, the password as read and its environment, and marks the point mounted; $STATE is written in
+# when the node is made (the agent gives a filter PATH alone).
 MOUNT = """#!/bin/bash
 printf '%s\\n' "$@" > "$STATE/argv"
-file=$(echo "$6" | sed 's/^credentials=\\([^,]*\\).*/\\1/')
-stat -c %a "$file" > "$STATE/mode"; stat -c %a "$(dirname "$file")" > "$STATE/folder-mode"
-cat "$file" > "$STATE/credentials"; echo "$file" > "$STATE/file"
+cat <&"$PASSWD_FD" > "$STATE/password"; env > "$STATE/env"
 [ -e "$STATE/hang" ] && sleep 60
 [ -e "$STATE/fail" ] && { echo "mount error(13): Permission denied" >&2; exit 32; }
 touch "$STATE/mounted$(echo "$4" | tr / _)"
@@ -116,7 +114,7 @@ class Node:
         """Where the password is to be found on the node, the stand-ins' records of the credentials
         file (which stands for the root-only file mount.cifs reads) aside."""
         places = [p for p in self.root.rglob("*") if p.is_file() and PASSWORD.encode() in p.read_bytes()]
-        places += [p for p in self.state.iterdir() if p.name != "credentials" and PASSWORD in p.read_text()]
+        places += [p for p in self.state.iterdir() if p.name != "password" and PASSWORD in p.read_text()]
         return [str(p) for p in places]
 
 
@@ -148,17 +146,19 @@ def test_the_filter_mounts_the_owners_own_folder_with_their_credentials_and_noth
     argv = (node.state / "argv").read_text().splitlines()
     account = pwd.getpwnam(USER)
     assert argv[:5] == ["-t", "cifs", SHARE, node.point, "-o"]
-    assert argv[5].split(",")[1:] == [
+    assert argv[5].split(",") == [
+        f"username={USER}",
+        "domain=HPC",
         "vers=3.0",
-        *["nosuid", "nodev", "forceuid", "forcegid", "file_mode=0700", "dir_mode=0700"],
+        *["nosuid", "nodev", "nounix", "forceuid", "forcegid", "file_mode=0700", "dir_mode=0700"],
         f"uid={account.pw_uid}",
         f"gid={account.pw_gid}",
     ]
-    assert (node.state / "mode").read_text().strip() == "600"
-    assert (node.state / "folder-mode").read_text().strip() == "700"
-    assert (node.state / "credentials").read_text() == f"username={USER}\npassword={PASSWORD}\ndomain=HPC\n"
-    assert not Path((node.state / "file").read_text().strip()).exists()  # removed right after the mount
-    assert node.leaked() == []
+    assert (node.state / "password").read_text() == PASSWORD  # through the pipe, never a file or argv
+    assert PASSWORD not in (node.state / "env").read_text()
+    assert node.leaked() == [] and [p.name for p in (node.root / "run" / "hpcjob").iterdir()] == [
+        "mount.lock"
+    ]
     assert "mounted" in node.log() and PASSWORD not in node.log()
     assert stat.S_IMODE((node.root / mount_filter.LOG_FILE.lstrip("/")).stat().st_mode) == 0o600
     assert node.result() == "already mounted"
@@ -228,7 +228,8 @@ def test_a_mount_root_others_may_change_is_refused(node: Node) -> None:
 
 @pytest.mark.parametrize(
     ("options", "root"),
-    [("vers=3.0,suid", "/app"), ("credentials=/x", "/app"), ("uid=0", "/app"), ("vers=3.0", "/etc"),
+    [("sec=krb5", "/app"), ("vers=1.0", "/app"), ("hard", "/app"), ("unix", "/app"),
+     ("vers=3.0,suid", "/app"), ("credentials=/x", "/app"), ("uid=0", "/app"), ("vers=3.0", "/etc"),
      ("vers=3.0", "/opt/hpcnodemanager/filters"), ("vers=3.0", "/"), ("vers=3.0", "/app/../etc"),
      ("noperm", "/app"), ("multiuser", "/app")],
 )  # fmt: skip
@@ -262,7 +263,7 @@ def test_a_mount_that_hangs_ends_within_the_administrators_bound(node: Node) -> 
     result = node.result()
     assert time.monotonic() - began < 10
     assert result.startswith(f"failed: mount of {SHARE} gave no answer in ")
-    assert not list((node.root / "run" / "hpcjob").glob("credentials-*"))  # the file went with it
+    assert [p.name for p in (node.root / "run" / "hpcjob").iterdir()] == ["mount.lock"]
 
 
 def test_a_lock_held_elsewhere_or_a_lock_folder_others_can_enter_never_stalls_the_filter(node: Node) -> None:
@@ -300,6 +301,19 @@ def test_a_mount_point_another_user_made_in_a_sticky_root_is_refused(node: Node)
     assert not (node.state / "argv").exists()
     os.chown(node.point, 0, 0)
     assert node.result() == "mounted"
+
+
+def test_the_mount_point_is_an_empty_folder_and_never_a_system_one(node: Node) -> None:
+    """A user named like a folder root uses (mount root /opt, user hpcnodemanager) never gets their share
+    over it, and a folder that holds files is never hidden under a mount."""
+    node.install(AllowedShare.checked(SHARE, "/opt", "vers=3.0"))
+    asked = {mount_filter.REQUEST_VAR: f"{SHARE}|/opt/hpcnodemanager", "CCP_ISADMIN": "1"}
+    refused = node.result(asked, owner="HPC\\hpcnodemanager")
+    assert refused == "failed: mount point /opt/hpcnodemanager is a system folder"
+    node.install()
+    Path(node.point).mkdir(parents=True)
+    (Path(node.point) / "kept.txt").write_text("x")
+    assert node.result() == f"failed: {node.point} is not empty: the filter mounts only on an empty folder"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's needs root")
@@ -391,10 +405,19 @@ def test_installing_keeps_the_sites_filters_chained_after_hpcjobs_and_again_chan
         assert answer["SITE"] == "1" and answer[mount_filter.RESULT_VAR] == result
 
 
-@pytest.mark.parametrize("owner", ["HPC\\alice", "alice", "alice@contoso.com", "CONTOSO\\Alice.B-2"])
-def test_the_client_and_the_filter_agree_on_the_owners_mount_point(owner: str) -> None:
-    name = mount_filter.user_name(owner)
-    assert user_mount_point("/app/", owner) == f"/app/{name}" and name.lower().startswith("alice")
+@pytest.mark.parametrize(
+    ("owner", "name"), [("HPC\\alice", "alice"), ("alice", "alice"), ("CONTOSO\\Alice.B-2", "Alice.B-2")]
+)
+def test_the_client_and_the_filter_agree_on_the_owners_mount_point(owner: str, name: str) -> None:
+    """The account the agent runs the owner's tasks as: the name without its domain, case kept."""
+    assert mount_filter.user_name(owner) == name and user_mount_point("/app/", owner) == f"/app/{name}"
+
+
+@pytest.mark.parametrize("owner", ["alice@contoso.com", "HPC\\", "HPC\\-x", "HPC\\a,noperm"])
+def test_an_owner_name_the_agent_would_not_strip_to_a_plain_account_is_refused(owner: str) -> None:
+    assert mount_filter.user_name(owner) == ""
+    with pytest.raises(SpecError, match="has no name a node can take"):
+        user_mount_point("/app", owner)
 
 
 def test_the_filter_is_python_3_6() -> None:

@@ -45,16 +45,19 @@ RUN_DIR = "/run/hpcjob"  # the lock: root's only, so no user can hold or pre-cre
 LOG_FILE = "/var/log/hpcjob/mount-filter.log"
 # The head node waits 40 s for a task to start and then sends the start again: stay well under it.
 # The administrator's file may lower it (timeout_s); the lock gets at most 40% of it.
-BUDGET_S = 25.0
-MAX_BUDGET_S = 30.0
+# Under the head node's 40 s with room for the agent's own work (sudo, cgexec, making the account).
+BUDGET_S = 15.0
+MAX_BUDGET_S = 20.0
 CHECK_TIMEOUT_S = 5.0
 # Mount options an administrator may allow; the filter adds the identity and safety options itself.
+# Not krb5 (its tickets would be root's, the mounting process's: not the owner's identity), not SMB1
+# (its Unix extensions override the modes), not `hard` (a hung server would hang the check for ever).
 ALLOWED_OPTIONS = re.compile(
-    r"(vers=[0-9.]+|sec=(ntlmssp|ntlmv2|ntlmsspi|ntlmv2i|krb5|krb5i)|cache=(strict|loose|none)"
-    r"|(actimeo|acregmax|acdirmax|rsize|wsize|echo_interval|port)=[0-9]+|iocharset=[A-Za-z0-9_-]+"
-    r"|seal|nobrl|noserverino|serverino|mfsymlinks|nounix|hard|soft|ro|rw|noexec|nocase|noacl)"
+    r"(vers=(2\.0|2\.1|3|3\.0|3\.02|3\.1\.1|3\.11|default)|sec=(ntlmssp|ntlmsspi|ntlmv2|ntlmv2i)"
+    r"|cache=(strict|loose|none)|(actimeo|acregmax|acdirmax|rsize|wsize|echo_interval|port)=[0-9]+"
+    r"|iocharset=[A-Za-z0-9_-]+|seal|nobrl|noserverino|serverino|mfsymlinks|soft|ro|rw|noexec|nocase|noacl)"
 )
-FORCED_OPTIONS = "nosuid,nodev,forceuid,forcegid,file_mode=0700,dir_mode=0700"
+FORCED_OPTIONS = "nosuid,nodev,nounix,forceuid,forcegid,file_mode=0700,dir_mode=0700"
 # Mount roots never allowed: system folders, the agent's own, and places other users write.
 SYSTEM_FOLDERS = (
     "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/opt/hpcnodemanager",
@@ -62,6 +65,8 @@ SYSTEM_FOLDERS = (
 )  # fmt: skip
 PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_][A-Za-z0-9._-]*)+")
 USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+DOMAIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9.-]*)?")
+MAX_PASSWORD = 512  # bytes: mount.cifs's MOUNT_PASSWD_SIZE (cifs-utils mount.cifs.c)
 UNC = re.compile(r"//[A-Za-z0-9][A-Za-z0-9.-]*(/[^/\\\x00-\x1f|,]+)+")
 
 
@@ -91,7 +96,7 @@ def main(argv: List[str]) -> int:
         result = "failed: " + one_line(str(why))
     except Exception as err:  # a bug here must not stop every job of every user on the node
         result = f"failed: hpcjob's filter met an error ({type(err).__name__}); see {LOG_FILE} on the node"
-        log("error", repr(err))
+        log("error", type(err).__name__)  # never its text: it may quote what it was given
     env[RESULT_VAR] = result
     ids = request.get("m_Item1") if isinstance(request.get("m_Item1"), dict) else {}
     log(
@@ -100,7 +105,8 @@ def main(argv: List[str]) -> int:
             time.monotonic() - started,
         )
     )  # fmt: skip
-    sys.stdout.buffer.write(json.dumps(request, ensure_ascii=False).encode("utf-8"))
+    # The agent's own compact form, ASCII (a lone surrogate in a job's text cannot break it).
+    sys.stdout.buffer.write(json.dumps(request, separators=(",", ":")).encode("ascii"))
     return 0
 
 
@@ -123,7 +129,12 @@ def handle(
         raise Refused("the node agent named no job owner for this task")
     allowed = allowed_share(config, share, point, user)
     point = allowed["mount_root"].rstrip("/") + "/" + user  # what was asked for, as the filter spells it
-    safe_folder(point)
+    try:
+        check_mount_root(point)  # a user named like a folder root uses (/opt and hpcnodemanager)
+    except ValueError as err:
+        raise Refused(str(err).replace("mount root", "mount point")) from None
+    # The folders above it only: a stat of the point itself hangs on a share whose server is gone.
+    safe_folder(point.rpartition("/")[0] or "/")
     with node_lock(started + 0.4 * budget):
         if is_mounted(point, deadline):
             return ALREADY_MOUNTED
@@ -206,10 +217,12 @@ def check_mount_root(root: str) -> None:
 
 
 def user_name(owner: object) -> str:
-    """The job owner's name on the node: DOMAIN\\name and name@domain are name."""
+    """The job owner's account on the node as the agent names it: DOMAIN\\name is name (it strips the
+    domain; RemoteExecutor.cpp L67-69). "" for a name the filter does not take (name@domain among them,
+    which the agent would keep whole)."""
     if not isinstance(owner, str):
         return ""
-    name = owner.rsplit("\\", 1)[-1].split("@", 1)[0]
+    name = owner.rsplit("\\", 1)[-1]
     return name if USER_NAME.fullmatch(name) else ""
 
 
@@ -222,12 +235,11 @@ def local_account(user: str, env: Dict[str, str]) -> Tuple[int, int]:
     if env.get("CCP_ISADMIN") == "1" and env.get("CCP_MAP_ADMIN_USER") != "1":
         return 0, 0
 
-    for name in (user, user.lower()):
-        try:
-            account = pwd.getpwnam(name)
-            return account.pw_uid, account.pw_gid
-        except KeyError:
-            continue
+    try:
+        account = pwd.getpwnam(user)
+        return account.pw_uid, account.pw_gid
+    except KeyError:
+        pass
     raise Refused(f"{user} {NO_ACCOUNT_YET}: the node agent makes it when their first job starts there")
 
 
@@ -236,7 +248,7 @@ def safe_folder(target: str, make: bool = False) -> None:
     may change (they could swap a folder for a symlink between this check and the mount). A sticky
     folder such as /tmp is safe for what root owns in it: others cannot rename or remove that.
     `make`: make the missing folders, one at a time, each checked once made (never through a link that
-    someone slipped in meanwhile); else stop at the first missing one."""
+    someone slipped in meanwhile), and the last must be empty; else stop at the first missing one."""
     path = ""
     for part in target.strip("/").split("/"):
         path += "/" + part
@@ -253,8 +265,10 @@ def safe_folder(target: str, make: bool = False) -> None:
         if not stat.S_ISDIR(info.st_mode):
             raise Refused(f"{path} is not a folder")
         loose = info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX
-        if (path != target or make) and (info.st_uid != os.geteuid() or loose):
+        if info.st_uid != os.geteuid() or loose:
             raise Refused(f"{path} may be changed by others than root")
+    if make and os.listdir(target):
+        raise Refused(f"{target} is not empty: the filter mounts only on an empty folder")
 
 
 class node_lock:
@@ -298,14 +312,27 @@ def private_folder(path: str) -> str:
     return path
 
 
-def bounded(argv: List[str], seconds: float, output: str = os.devnull) -> Optional[int]:
+def bounded(argv: List[str], seconds: float, output: str = os.devnull, password: str = "") -> Optional[int]:
     """Run `argv` in a session of its own, its output into the file `output`: its exit code, or None
     when it did not end in `seconds` (then it and whatever it started are killed). A file, not a pipe:
-    something it started could hold a pipe open, and Python 3.6 waits for the pipe after a timeout."""
-    with open(output, "wb") as out:
-        process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
-        )
+    something it started could hold a pipe open, and Python 3.6 waits for the pipe after a timeout.
+    `password` reaches it through a pipe named by PASSWD_FD (mount.cifs reads it there)."""
+    fds: Tuple[int, ...] = ()
+    env = dict(os.environ)
+    if password:
+        read, write = os.pipe()
+        os.write(write, password.encode("utf-8"))  # short (checked): the pipe holds it all
+        os.close(write)
+        fds, env["PASSWD_FD"] = (read,), str(read)
+    try:
+        with open(output, "wb") as out:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                pass_fds=fds, env=env,
+            )  # fmt: skip
+    finally:
+        for fd in fds:
+            os.close(fd)
     try:
         return process.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
@@ -326,36 +353,31 @@ def is_mounted(target: str, deadline: float) -> bool:
 
 
 def mount(share: str, target: str, options: str, owner: str, password: str, deadline: float) -> None:
-    """mount.cifs with the owner's credentials in a file only root can read, removed right after: the
-    password is never in an argument (every process list shows those) nor in the mount table."""
+    """mount.cifs with the owner's name in its options and their password through a pipe (PASSWD_FD):
+    the password is never in an argument (every process list shows those), a file or the mount table.
+    The name and domain go to the kernel's option string unescaped: plain names only."""
     domain, _, name = owner.rpartition("\\")
-    if any(c in owner + password for c in "\r\n\x00"):
-        raise Refused("the user name or password holds a line break, which a credentials file cannot carry")
-    folder = private_folder(NODE_ROOT + RUN_DIR)
-    path = os.path.join(folder, f"credentials-{os.getpid()}")
-    said_path = os.path.join(folder, f"mount-{os.getpid()}.txt")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    if not USER_NAME.fullmatch(name) or not DOMAIN.fullmatch(domain):
+        raise Refused("the owner's user or domain name holds characters the filter does not pass to mount")
+    if any(c in password for c in "\r\n\x00") or len(password.encode("utf-8")) > MAX_PASSWORD:
+        raise Refused("the password holds a line break or is too long for mount.cifs")
+    said_path = os.path.join(private_folder(NODE_ROOT + RUN_DIR), f"mount-{os.getpid()}.txt")
+    identity = f"username={name}" + (f",domain={domain}" if domain else "")
+    left = max(1.0, deadline - time.monotonic())
     try:
-        text = "username={}\npassword={}\n".format(name.split("@")[0] if not domain else name, password)
-        if domain:
-            text += f"domain={domain}\n"
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8"))
-        left = max(1.0, deadline - time.monotonic())
-        argv = ["mount", "-t", "cifs", share, target, "-o", f"credentials={path},{options}"]
-        code = bounded(argv, left, said_path)
+        code = bounded(
+            ["mount", "-t", "cifs", share, target, "-o", f"{identity},{options}"], left, said_path, password
+        )
         with open(said_path, "rb") as f:
             said = f.read(4096).decode("utf-8", "replace")
     finally:
-        for leftover in (path, said_path):
-            if os.path.lexists(leftover):
-                os.unlink(leftover)
+        if os.path.lexists(said_path):
+            os.unlink(said_path)
     if code is None:
         raise Refused(f"mount of {share} gave no answer in {left:.0f} s (is the server reachable?)")
     if code != 0:
-        raise Refused(
-            one_line(said.replace(password, "***") if password else said) or f"mount exit code {code}"
-        )
+        said = said.replace(password, "***") if password else said
+        raise Refused(one_line(said) or f"mount exit code {code}")
 
 
 def one_line(text: str) -> str:

@@ -162,18 +162,20 @@ def filter_install_command(shares: Sequence[AllowedShare]) -> str:
     code = _packed((node / "mount_filter.py").read_bytes())
     entry = _packed((node / "filter.sh").read_bytes())
     config = _packed(filter_config(shares).encode("utf-8"))
+    # Each file is written beside, then renamed over the old one: an agent starting a filter meanwhile
+    # runs the old file or the new, never half of one.
     chain = " ".join(
-        f'{{ [ ! -e "$d/{event}.sh" ] || grep -q {FILTER_FILE} "$d/{event}.sh" || '
-        f'mv "$d/{event}.sh" "$d/{event}{CHAINED_SUFFIX}"; }} && '
-        f'cp "$d/{ENTRY_FILE}" "$d/{event}.sh" &&'
+        f'{{ [ ! -e "$d/{event}.sh" ] || grep -qF {FILTER_FILE} "$d/{event}.sh" || '
+        f'mv "$d/{event}.sh" "$d/{event}{CHAINED_SUFFIX}"; }} && put 755 {event}.sh < "$d/{ENTRY_FILE}" &&'
         for event in FILTER_EVENTS
     )
     return (
         f'umask 022; d=${NODE_ROOT_VAR}{FILTERS_DIR}; mkdir -p "$d" && chmod go-w "$d" && '
-        f'echo {code} | base64 -d | gunzip > "$d/{FILTER_FILE}" && '
-        f'echo {entry} | base64 -d | gunzip > "$d/{ENTRY_FILE}" && '
-        f'chmod 755 "$d/{FILTER_FILE}" "$d/{ENTRY_FILE}" && '
+        'put() { cat > "$d/.hpcjob-new" && chmod "$1" "$d/.hpcjob-new" && '
+        'mv -f "$d/.hpcjob-new" "$d/$2"; } && '
+        f"echo {code} | base64 -d | gunzip | put 755 {FILTER_FILE} && "
+        f"echo {entry} | base64 -d | gunzip | put 755 {ENTRY_FILE} && "
         f"{chain} "
-        f'echo {config} | base64 -d | gunzip > "$d/{FILTER_CONFIG}" && chmod 644 "$d/{FILTER_CONFIG}" && '
+        f"echo {config} | base64 -d | gunzip | put 644 {FILTER_CONFIG} && "
         'echo "hpcjob: execution filter installed in $d on $(hostname)"'
     )
