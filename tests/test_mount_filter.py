@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -78,7 +79,8 @@ class Node:
             )
 
     def start(self, request: bytes | str, event: str = "OnJobTaskStart", path: str | None = None) -> bytes:
-        """The agent's call: the whole merged output, which must be the JSON and nothing else."""
+        """The agent's call: the whole merged output, which must be the JSON and nothing else. SIGPIPE
+        ignored, as the agent leaves it where its daemon is a Python 2 program (CentOS 7's hpcagent)."""
         data = request.encode() if isinstance(request, str) else request
         env = {"PATH": path or self.path, mount_filter.NODE_ROOT_VAR: str(self.root)}
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -90,6 +92,8 @@ class Node:
             env=env,
             cwd=folder,
             timeout=60,
+            restore_signals=False,
+            preexec_fn=lambda: signal.signal(signal.SIGPIPE, signal.SIG_IGN),
         )
         assert done.returncode == 0, done.stdout
         return done.stdout
@@ -364,6 +368,19 @@ def test_with_no_python3_the_start_passes_unchanged_and_the_log_says_why(node: N
     plain = task_start(node.asking()).encode()
     assert node.start(plain, path=str(bare)) == plain
     assert "no python3: the start passed on unchanged" in node.log()
+
+
+def test_a_python3_too_old_to_read_the_start_passes_a_large_one_unchanged(node: Node, tmp_path: Path) -> None:
+    """A python3 older than 3.6 stops at the filter's syntax before it reads stdin: bash's write to the
+    closed pipe fails (SIGPIPE ignored), and that error must not reach the answer."""
+    node.install()
+    old = tmp_path / "old-python"
+    old.mkdir()
+    (old / "python3").write_text("#!/bin/bash\necho 'SyntaxError: invalid syntax' >&2\nexit 1\n")
+    (old / "python3").chmod(0o755)
+    large = task_start({**node.asking(), "BIG": "x" * 300_000}).encode()
+    assert node.start(large, path=f"{old}:{node.path}") == large
+    assert "hpcjob_mount_filter.py failed: the start passed on unchanged" in node.log()
 
 
 def test_a_crash_of_the_python_filter_passes_the_start_unchanged(node: Node) -> None:
