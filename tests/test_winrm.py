@@ -46,18 +46,21 @@ def hpcjob(
     head: HeadNode, share: Path, cli_with_profile: Callable[..., Callable[..., Result]]
 ) -> Callable[..., Result]:
     """The CLI with the cluster `emu` reached over WinRM (NTLM), its share a folder here."""
-    return cli_with_profile(
-        PASSWORD,
-        url=head.url,
-        user="HPC\\alice",
-        ca_bundle=head.ca_file,
-        backend="winrm",
-        winrm_url=head.wsman_url,
-        share="//HEADNODE/CcpSpoolDir/app",
-        mount_point=str(share),
-        local_share=str(share),
-        node_group="GPUNodes",
-    )
+    return cli_with_profile(PASSWORD, **winrm_profile(head, share, "HPC\\alice"), node_group="GPUNodes")
+
+
+def winrm_profile(head: HeadNode, share: Path, user: str) -> dict[str, Any]:
+    """A cluster profile for `user` on `head` over WinRM, its share the folder `share` here."""
+    return {
+        "url": head.url,
+        "user": user,
+        "ca_bundle": head.ca_file,
+        "backend": "winrm",
+        "winrm_url": head.wsman_url,
+        "share": "//HEADNODE/CcpSpoolDir/app",
+        "mount_point": str(share),
+        "local_share": str(share),
+    }
 
 
 def job_args(tmp_path: Path, body: str = 'echo "hello from $CCP_NODES"') -> list[str]:
@@ -427,17 +430,7 @@ def test_an_ordinary_user_is_told_to_name_nodes_and_can_submit_to_named_ones(
     """Get-HpcNode is a cluster administrator's cmdlet (its page's note): a user who is not one gets one
     line that says how to go on, and a job on named nodes never asks for the node list."""
     with HeadNode(users={"alice": "Admin-pw-1", "bob": PASSWORD}, admins=["alice"]) as head:
-        hpcjob = cli_with_profile(
-            PASSWORD,
-            url=head.url,
-            user="HPC\\bob",
-            ca_bundle=head.ca_file,
-            backend="winrm",
-            winrm_url=head.wsman_url,
-            share="//HEADNODE/CcpSpoolDir/app",
-            mount_point=str(share),
-            local_share=str(share),
-        )
+        hpcjob = cli_with_profile(PASSWORD, **winrm_profile(head, share, "HPC\\bob"))
         listed = hpcjob("nodes")
         assert listed.code == 1
         [line] = listed.err.splitlines()

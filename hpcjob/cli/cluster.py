@@ -772,8 +772,8 @@ def mount(
     on, after a reboot too.
     """
     from hpcjob.config import get_profile
-    from hpcjob.node.mount_filter import NO_ACCOUNT_YET, user_name
-    from hpcjob.plan import AllowedShare, mount_step
+    from hpcjob.node.mount_filter import NO_ACCOUNT_YET
+    from hpcjob.plan import AllowedShare, mount_step, user_mount_point
     from hpcjob.render import JobShape, mount_check_job_xml
     from hpcjob.render.text import filter_install_command
     from hpcjob.spec import (
@@ -795,14 +795,14 @@ def mount(
     unc = parse_share(unc).unc
     point = mount_point or profile_mount_point(profile)
     options = FILTER_MOUNT_OPTIONS if mount_options is None else mount_options
-    root, _, name = point.rstrip("/").rpartition("/")
-    mine = user_name(profile.user)
-    if name != mine:
+    root = point.rstrip("/").rpartition("/")[0] or "/"
+    if user_mount_point(root, profile.user) != point.rstrip("/"):
+        mine = user_mount_point("/app", profile.user)
         raise SpecError(
             f"the mount point {point} is not a folder of your own: hpcjob's execution filter mounts the "
-            f"share for {profile.user} at MOUNT ROOT/{mine}, such as /app/{mine}"
+            f"share for {profile.user} at MOUNT ROOT/<user name>, such as {mine}"
         )
-    allowed = AllowedShare.checked(unc, root or "/", options)
+    allowed = AllowedShare.checked(unc, root, options)
     group = node_group or profile.node_group
     if group is not None and not GROUP_NAME.fullmatch(group):
         raise SpecError(f"--node-group {group!r} is not a valid node group name")

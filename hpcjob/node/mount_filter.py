@@ -130,9 +130,9 @@ def handle(
     allowed = allowed_share(config, share, point, user)
     point = allowed["mount_root"].rstrip("/") + "/" + user  # what was asked for, as the filter spells it
     try:
-        check_mount_root(point)  # a user named like a folder root uses (/opt and hpcnodemanager)
+        check_mount_root(point, "mount point")  # a user named like a folder root uses (/opt, hpcnodemanager)
     except ValueError as err:
-        raise Refused(str(err).replace("mount root", "mount point")) from None
+        raise Refused(str(err)) from None
     # The folders above it only: a stat of the point itself hangs on a share whose server is gone.
     safe_folder(point.rpartition("/")[0] or "/")
     with node_lock(started + 0.4 * budget):
@@ -208,12 +208,13 @@ def check_entry(entry: Dict[str, str]) -> None:
             raise ValueError(f"mount option {option!r} is not one the filter allows")
 
 
-def check_mount_root(root: str) -> None:
-    if not PLAIN_PATH.fullmatch(root) or "/../" in root + "/" or "/./" in root + "/":
-        raise ValueError(f"mount root {root!r} is not a plain absolute path")
+def check_mount_root(path: str, what: str = "mount root") -> None:
+    """A mount root (or a user's mount point, `what`): a plain absolute path, in no system folder."""
+    if not PLAIN_PATH.fullmatch(path) or "/../" in path + "/" or "/./" in path + "/":
+        raise ValueError(f"{what} {path!r} is not a plain absolute path")
     for system in SYSTEM_FOLDERS:
-        if root == system or root.startswith(system + "/"):
-            raise ValueError(f"mount root {root} is a system folder")
+        if path == system or path.startswith(system + "/"):
+            raise ValueError(f"{what} {path} is a system folder")
 
 
 def user_name(owner: object) -> str:
