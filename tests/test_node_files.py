@@ -113,6 +113,24 @@ def test_task_exits_with_its_first_failing_rank_code(job_dir: Path) -> None:
     assert source_helper(job_dir, "N0", "exit 1", CCP_NODES="1 N2 2", HPCJOB_IFNAME="lo").returncode == 1
 
 
+def test_the_cancel_s_signals_do_not_cut_the_exit_record_short(job_dir: Path, tmp_path: Path) -> None:
+    # A cancel (the agent, or hpcjob's local backend) sends SIGINT to every process of the task it sees,
+    # again and again while the task stops: the commands of the exit trap are new processes too, and one
+    # of them killed by SIGINT made the task report torchrun's 1 instead of its rank's 130.
+    interrupted = tmp_path / "interrupted-bin"
+    interrupted.mkdir()
+    for command in ("cat", "awk", "sort", "head", "date"):
+        real = subprocess.run(["/bin/bash", "-c", f"command -v {command}"], capture_output=True, text=True)
+        wrapper = interrupted / command
+        wrapper.write_text(f"#!/bin/bash\nkill -INT $$\nexec {real.stdout.strip()} \"$@\"\n")
+        wrapper.chmod(0o755)
+    write_record(job_dir, 1, 130, "N1", 10.0)
+    env = {"CCP_NODES": "1 N1 2", "HPCJOB_IFNAME": "lo", "HPCJOB_ADDR": "127.0.0.1"}
+    env["PATH"] = f"{interrupted}:{os.environ['PATH']}"
+    assert source_helper(job_dir, "N0", "exit 1", **env).returncode == 130
+    assert (job_dir / "logs" / "run-1" / "N1.exit").read_text().split()[0] == "130"
+
+
 def run_worker(job_dir: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
     (job_dir / "train.py").write_text(body)
     env = {**os.environ, "HPCJOB_EXIT_DIR": str(job_dir / "exits"), "RANK": "3", "HPCJOB_NODE": "N1"}

@@ -43,6 +43,9 @@ unset hpcjob_store
 
 hpcjob_exit() {
     local rc=$? first
+    # A cancel sends SIGINT to every process of the task, again to each new one while the task stops:
+    # ignored here, so are they in the commands below, which would otherwise die and lose the record.
+    trap '' INT TERM HUP QUIT
     if [ "$rc" -ne 0 ]; then
         first=$(cat "$HPCJOB_EXIT_DIR"/rank-* 2>/dev/null | awk -v node="$HPCJOB_NODE" '$4 == node' | sort -n | head -n 1)
         [ -z "$first" ] || rc=$(echo "$first" | awk '{print $3}')
