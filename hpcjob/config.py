@@ -64,7 +64,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9.:-]{0,252}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TOP_LEVEL_KEYS = ("clusters", "default")
-_FINGERPRINT = re.compile(r"[0-9A-Fa-f]{64}")
+# A certificate's SHA-256 fingerprint, or its SHA-1 thumbprint as Windows and Azure Key Vault give it.
+_FINGERPRINT = re.compile(r"[0-9A-Fa-f]{64}|[0-9A-Fa-f]{40}")
 _RESOURCE_GROUP = re.compile(r"[-\w.()]{1,90}")
 WINRM_PORT = 5986
 
@@ -162,11 +163,12 @@ class ClusterProfile:
             )
         if self.cert_fingerprint is not None:
             if not _FINGERPRINT.fullmatch(self.cert_fingerprint.replace(":", "")):
-                raise SpecError(f"{where}: cert_fingerprint must be a SHA-256 fingerprint: 64 hex digits")
+                raise SpecError(
+                    f"{where}: cert_fingerprint must be a certificate's SHA-256 fingerprint (64 hex digits) "
+                    "or SHA-1 thumbprint (40)"
+                )
             if self.insecure or self.ca_bundle:
                 raise SpecError(f"{where}: cert_fingerprint replaces ca_bundle and insecure: give only one")
-            if self.backend != "winrm":
-                raise SpecError(f"{where}: cert_fingerprint is for the winrm backend only")
         if self.gpus_per_node is not None and not 1 <= self.gpus_per_node <= 64:
             raise SpecError(f"{where}: gpus_per_node {self.gpus_per_node} must be between 1 and 64")
         if self.resource_group is not None and not _RESOURCE_GROUP.fullmatch(self.resource_group):

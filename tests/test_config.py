@@ -199,8 +199,9 @@ BASE = {"url": '"https://head"', "user": '"alice"'}
         ('winrm_url = "http://head:5985/wsman"', "winrm_url must start with https://"),
         ('winrm_url = "https://bob:secret@head/wsman"', "winrm_url must not hold a user or password"),
         ('winrm_transport = "digest"', "winrm_transport must be one of ntlm, kerberos, credssp, basic"),
-        ('cert_fingerprint = "nothex"', "cert_fingerprint must be a SHA-256 fingerprint: 64 hex digits"),
-        (f'cert_fingerprint = "{"ab" * 32}"', "cert_fingerprint is for the winrm backend only"),
+        ('cert_fingerprint = "nothex"', "cert_fingerprint must be a certificate's SHA-256 fingerprint"),
+        (f'cert_fingerprint = "{"ab" * 31}"', "cert_fingerprint must be a certificate's SHA-256 fingerprint"),
+        (f'cert_fingerprint = "{"ab" * 32}"\ninsecure = true', "cert_fingerprint replaces ca_bundle and"),
     ],
 )
 def test_a_bad_value_in_the_file_is_one_line_naming_file_cluster_and_key(
@@ -362,3 +363,15 @@ def test_profiles_are_checked_once_for_the_file_and_the_cli() -> None:
     with pytest.raises(SpecError, match=r"^cluster x: unknown key\(s\) name"):
         ClusterProfile.from_table("x", {"url": "https://h", "user": "u", "name": "y"})
     assert config.EMULATOR_PASSWORD_ENV == "HPCJOB_EMULATOR_PASSWORD"
+
+
+@pytest.mark.parametrize("backend", ["rest", "winrm"])
+@pytest.mark.parametrize("fingerprint", ["AB" * 20, ":".join(["ab"] * 32)])
+def test_either_backend_pins_a_sha1_thumbprint_or_a_sha256_fingerprint(
+    config_file: Path, backend: str, fingerprint: str
+) -> None:
+    config_file.write_text(
+        f'[clusters.p]\nurl = "https://h"\nuser = "u"\nbackend = "{backend}"\n'
+        f'cert_fingerprint = "{fingerprint}"\n'
+    )
+    assert get_profile("p").cert_fingerprint == fingerprint

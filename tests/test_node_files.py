@@ -122,7 +122,7 @@ def test_the_cancel_s_signals_do_not_cut_the_exit_record_short(job_dir: Path, tm
     for command in ("cat", "awk", "sort", "head", "date"):
         real = subprocess.run(["/bin/bash", "-c", f"command -v {command}"], capture_output=True, text=True)
         wrapper = interrupted / command
-        wrapper.write_text(f"#!/bin/bash\nkill -INT $$\nexec {real.stdout.strip()} \"$@\"\n")
+        wrapper.write_text(f'#!/bin/bash\nkill -INT $$\nexec {real.stdout.strip()} "$@"\n')
         wrapper.chmod(0o755)
     write_record(job_dir, 1, 130, "N1", 10.0)
     env = {"CCP_NODES": "1 N1 2", "HPCJOB_IFNAME": "lo", "HPCJOB_ADDR": "127.0.0.1"}

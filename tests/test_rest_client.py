@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
 import re
 import ssl
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -500,7 +502,8 @@ def test_a_certificate_that_fails_verification_is_reported_at_once(self_signed_h
     client = RestClient(url, "alice", "secret", verify=True, sleep=slept.append, clock=lambda: sum(slept))
     expected = (
         rf"^the head node's certificate at {re.escape(url)} failed verification \(self.signed certificate\): "
-        r"give the cluster's CA with `hpcjob cluster add \.\.\. --ca-bundle PATH`$"
+        r"give the cluster's CA with `hpcjob cluster add \.\.\. --ca-bundle PATH`, or pin its certificate "
+        r"with --cert-fingerprint$"
     )
     started = time.monotonic()
     with pytest.raises(RestError, match=expected):
@@ -511,6 +514,28 @@ def test_a_certificate_that_fails_verification_is_reported_at_once(self_signed_h
     assert slept == [] and time.monotonic() - started < 5.0
     # The same server, trusted: the failure was the certificate's, nothing else.
     assert RestClient(url, "alice", "secret", verify=cert).version() == "6.3.8328.0"
+
+
+@pytest.mark.parametrize("digest", ["sha256", "sha1"])
+def test_a_pinned_certificate_is_trusted_by_its_fingerprint_alone(
+    self_signed_head: tuple[str, str], digest: str
+) -> None:
+    """HPC Pack's own certificate is self-signed with no host name in it: the profile pins it by its
+    SHA-256 fingerprint or by the SHA-1 thumbprint that the Azure template's deployment gives."""
+    url, cert = self_signed_head
+    der = ssl.PEM_cert_to_DER_cert(Path(cert).read_text())
+    thumbprint = hashlib.new(digest, der).hexdigest().upper()  # as Windows shows it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no InsecureRequestWarning: the pin verified the server
+        assert RestClient(url, "alice", "secret", fingerprint=thumbprint).version() == "6.3.8328.0"
+    wrong = "ab" * (len(thumbprint) // 2)
+    slept: list[float] = []
+    client = RestClient(
+        url, "alice", "secret", fingerprint=wrong, sleep=slept.append, clock=lambda: sum(slept)
+    )
+    with pytest.raises(RestError, match=r"failed verification \(its fingerprint is not the cluster"):
+        client.version()
+    assert slept == []
 
 
 def test_a_submitted_job_ends_with_the_summary_of_a_local_run(tmp_path: Path) -> None:

@@ -151,7 +151,7 @@ def test_certificates_unknown_pinned_and_mismatched_and_an_unreachable_head_node
     assert [n.name for n in pinned.nodes(None)][:1] == ["LOCALHOST"]
     pinned.close()
     wrong = open_backend("winrm", profile_for(head, ca_bundle=None, cert_fingerprint="ab" * 32), PASSWORD)
-    with pytest.raises(Exception, match="its fingerprint is not the one in the cluster profile"):
+    with pytest.raises(Exception, match="its fingerprint is not the cluster profile's cert_fingerprint"):
         wrong.nodes(None)
     gone = open_backend("winrm", profile_for(head, winrm_url="https://127.0.0.1:9/wsman"), PASSWORD)
     with pytest.raises(Exception, match=r"^cannot reach the head node's WinRM at https://127.0.0.1:9/wsman"):

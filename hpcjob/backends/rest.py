@@ -24,6 +24,7 @@ from hpcjob.backends.scheduler import (
     mount_failure,
     mount_results,
     on_cluster,
+    pin_certificate,
     recorded_job_id,
 )
 from hpcjob.plan import mount_job_name
@@ -87,6 +88,7 @@ class RestClient:
         password: str,
         *,
         verify: bool | str = True,
+        fingerprint: str | None = None,
         retry: RetryPolicy | None = None,
         session: Any = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -103,6 +105,9 @@ class RestClient:
         self.session = session or requests.Session()
         self.session.auth = (user, password)
         self.verify = verify
+        if fingerprint is not None:
+            pin_certificate(self.session, fingerprint)
+            self.verify = False  # the pin is the verification (scheduler.pin_certificate)
         self.session.headers.update({"Accept": "application/json"})
         self.sleep = sleep
         self.clock = clock
@@ -352,7 +357,7 @@ def _raise_if_untrusted(exc: BaseException, url: str) -> None:
     if reason is not None:
         raise RestError(
             f"the head node's certificate at {url} failed verification ({reason}): give the cluster's CA "
-            "with `hpcjob cluster add ... --ca-bundle PATH`"
+            "with `hpcjob cluster add ... --ca-bundle PATH`, or pin its certificate with --cert-fingerprint"
         ) from None
 
 
@@ -568,5 +573,7 @@ def open_backend(profile: ClusterProfile | None, password: str | None) -> RestBa
         import urllib3
 
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)  # the CLI warns, once
-    client = RestClient(profile.api_base, profile.user, password, verify=profile.verify)
+    client = RestClient(
+        profile.api_base, profile.user, password, verify=profile.verify, fingerprint=profile.cert_fingerprint
+    )
     return RestBackend(client, profile.name)

@@ -10,7 +10,7 @@ import ssl
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpcjob.plan import mount_job_name
 from hpcjob.results import (
@@ -309,7 +309,24 @@ def certificate_failure(exc: BaseException) -> str | None:
         seen.add(id(current))
         if isinstance(current, ssl.SSLCertVerificationError):
             return str(current.verify_message or current.reason or "certificate verify failed").rstrip(".")
+        if str(current).startswith("Fingerprints did not match"):  # urllib3's words for a pinned one
+            return "its fingerprint is not the cluster profile's cert_fingerprint"
         # requests keeps urllib3's error in args; urllib3's MaxRetryError keeps its cause in .reason.
         linked = (*current.args, current.__cause__, current.__context__, getattr(current, "reason", None))
         todo.extend(item for item in linked if isinstance(item, BaseException))
     return None
+
+
+def pin_certificate(session: Any, fingerprint: str) -> None:
+    """Make `session` (a requests.Session) trust exactly the certificate with this fingerprint: SHA-256,
+    or SHA-1 as a Windows thumbprint (urllib3 tells them by length and compares in the handshake). The
+    requests must then go with verify=False: the pin replaces a CA's verification, which a self-signed
+    head node certificate with no host name in it (HPC Pack's own) would fail."""
+    from requests.adapters import HTTPAdapter
+
+    class Pinned(HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["assert_fingerprint"] = fingerprint.replace(":", "").lower()
+            super().init_poolmanager(*args, **kwargs)
+
+    session.mount("https://", Pinned())

@@ -30,6 +30,7 @@ from hpcjob.backends.scheduler import (
     mount_failure,
     mount_results,
     on_cluster,
+    pin_certificate,
     recorded_job_id,
 )
 from hpcjob.plan import mount_job_name
@@ -182,8 +183,6 @@ def _translated(session: WinRMSession) -> Iterator[None]:
         raise WinRMError(f"the head node: {_one_line(exc.reason)}") from None
     except requests.exceptions.SSLError as exc:
         reason = certificate_failure(exc)
-        if "fingerprint" in str(exc).lower():
-            reason = "its fingerprint is not the one in the cluster profile"
         raise WinRMError(
             f"the head node's certificate at {url} failed verification ({reason or 'TLS error'}): give the "
             "cluster's CA with --ca-bundle, or pin it with --cert-fingerprint"
@@ -197,16 +196,9 @@ def _translated(session: WinRMSession) -> Iterator[None]:
 
 
 def _pin(protocol: Any, fingerprint: str) -> None:
-    """Trust exactly the certificate with this SHA-256 fingerprint (urllib3 checks it in the handshake)."""
-    from requests.adapters import HTTPAdapter
-
-    class Pinned(HTTPAdapter):
-        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["assert_fingerprint"] = fingerprint.replace(":", "").lower()
-            super().init_poolmanager(*args, **kwargs)
-
+    """pywinrm's session with the certificate pinned (scheduler.pin_certificate)."""
     session = protocol.transport.build_session()
-    session.mount("https://", Pinned())
+    pin_certificate(session, fingerprint)
     protocol.transport.session = session
 
 

@@ -100,8 +100,9 @@ def cluster() -> None:
 )
 @click.option(
     "--cert-fingerprint",
-    metavar="SHA256",
-    help="Trust the head node's certificate with this SHA-256 fingerprint (a self-signed WinRM listener).",
+    metavar="HEX",
+    help="Trust exactly the head node's certificate with this SHA-256 fingerprint or SHA-1 thumbprint "
+    "(a self-signed certificate, such as HPC Pack's own).",
 )
 @click.option("--default", "make_default", is_flag=True, help="Make this the default cluster.")
 def cluster_add(
