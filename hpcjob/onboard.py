@@ -22,8 +22,17 @@ DEFAULT_IMAGE = "Ubuntu_22.04_HPC_Gen2"  # the newest HPC image of the template:
 DEFAULT_PREFIX = "IaaSLnxCN"
 # The template's Linux nodes join these groups (HPC Pack's default groups); there is no GPU group.
 NODE_GROUP = "LinuxNodes"
-# The certificate the template's deployment script makes in the cluster's Key Vault.
-CERTIFICATE_NAME = "HPCPackCommunication"
+# The template's nested deployment that makes the cluster's Key Vault and, in it, the self-signed
+# certificate CN=HPCPackCommunication; its output certSettings.thumbprint (SHA-1, as Windows gives it) is
+# the head node's SSL certificate (`SSLThumbprint: certSettings.thumbprint`): Azure/hpcpack-template
+# @dea762e Bicep/shared/key-vault-with-cert.bicep L88, Bicep/new-1hn-lnxcn-no-ad.bicep L242. The vault
+# uses role-based access and gives the deploying user no data role, so the certificate itself cannot be
+# downloaded (Forbidden); the thumbprint in the deployment's outputs needs no Key Vault role at all.
+CERTIFICATE_DEPLOYMENT = "KeyVaultWithCert"
+# The vault's name: take('<resource group>-kv-<uniqueString(resourceGroup().id)>', 24), soft-deleted for
+# 90 days when its group is deleted (enableSoftDelete, softDeleteRetentionInDays 90, no purge protection;
+# key-vault-with-cert.bicep): a new cluster in a group of the same name makes a vault of the same name.
+VAULT_SOFT_DELETE_DAYS = 90
 # UNVERIFIED: the share of a no-AD head node, \\<clusterName>\CcpSpoolDir (facts/hpcpack-arm-and-sample.md).
 SHARE = "//{name}/CcpSpoolDir"
 # Azure's reserved administrator names (the VM API refuses them).
@@ -74,6 +83,8 @@ class SizeTable:
     sizes: Mapping[str, GpuSize]
     fractional: Mapping[str, str]
     head_node_size: str
+    head_node_vcpus: int
+    head_node_quota_family: str
     head_node_usd_per_hour: float
     prices_as_of: str
 
@@ -96,6 +107,8 @@ class SizeTable:
             sizes,
             dict(data["fractional"]),
             str(head["size"]),
+            int(head["vcpus"]),
+            str(head["quota_family"]),
             float(head["usd_per_hour"]),
             str(data["prices_as_of"]),
         )
@@ -205,10 +218,12 @@ def check_secrets(secrets: Secrets) -> list[str]:
             any(not c.isalnum() for c in password),
         )
     )
-    if not 12 <= len(password) <= 123 or classes < 3:
+    # The template gives the one password to the Windows head node (at most 123) and to the Linux nodes
+    # (at most 72): the Linux limit is the one that holds.
+    if not 12 <= len(password) <= 72 or classes < 3:
         return [
-            "the admin password must be 12 to 123 characters with three of: a lowercase letter, an "
-            "uppercase letter, a digit, a special character"
+            "the admin password must be 12 to 72 characters (the Linux nodes' limit) with three of: a "
+            "lowercase letter, an uppercase letter, a digit, a special character"
         ]
     return []
 
@@ -270,22 +285,65 @@ def _check_value(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
     return None
 
 
-def quota_problem(request: OnboardRequest, table: SizeTable, usage: list[Mapping[str, Any]]) -> str | None:
-    """Whether the subscription's vCPU quota of the size's family in the region leaves room for the nodes
-    (`usage`: what `az vm list-usage` answers)."""
+# `az vm list-usage`'s row of every vCPU in the region, whatever the family ("Total Regional vCPUs").
+REGIONAL_TOTAL = "cores"
+
+
+def _family_key(name: str) -> str:
+    """Quota family names are compared without case, spaces, _ or -: Azure spells one family differently
+    in different places (list-skus "Standard NDASv4_A100 Family", list-usage standardNDASv4_A100Family)."""
+    return re.sub(r"[\s_-]", "", name).casefold()
+
+
+def offered_family(request: OnboardRequest, skus: list[Mapping[str, Any]]) -> str | None:
+    """The size's quota family as `az vm list-skus` names it, or None when the size is not offered to
+    this subscription in the region (the deployment would fail with SkuNotAvailable after minutes)."""
+    for row in skus:
+        if str(row.get("name", "")).casefold() == request.vm_size.casefold():
+            return str(row.get("family") or "") or None
+    return None
+
+
+def quota_problems(
+    request: OnboardRequest, table: SizeTable, usage: list[Mapping[str, Any]], family: str | None = None
+) -> list[str]:
+    """Whether the subscription's vCPU quotas in the region leave room for the cluster (`usage`: what
+    `az vm list-usage` answers; `family`: the size's family as az names it, else the table's): the
+    nodes' family, the head node's, and the regional total."""
     size = table.sizes[request.vm_size]
-    needed = size.vcpus * request.nodes
-    for row in usage:
-        if row.get("name", {}).get("value") == size.quota_family:
-            free = int(row.get("limit", 0)) - int(row.get("currentValue", 0))
-            if free < needed:
-                return (
-                    f"{request.nodes} x {request.vm_size} need {needed} vCPUs of {size.quota_family} in "
-                    f"{request.location}, and the quota leaves {free}: ask for more (Azure portal, Quotas) "
-                    "or choose fewer nodes"
-                )
-            return None
-    return f"no {size.quota_family} quota in {request.location}: ask for it (Azure portal, Quotas) first"
+    nodes = size.vcpus * request.nodes
+    wanted = [(family or size.quota_family, nodes, f"{request.nodes} x {request.vm_size}")]
+    total, what = nodes, f"{request.nodes} x {request.vm_size}"
+    if request.head_node_size in (None, table.head_node_size):  # another head size: its family unknown
+        wanted.append(
+            (table.head_node_quota_family, table.head_node_vcpus, f"the head node ({table.head_node_size})")
+        )
+        total, what = total + table.head_node_vcpus, f"{what} and the head node"
+    wanted.append((REGIONAL_TOTAL, total, what))
+    needed: dict[str, tuple[str, int, str]] = {}
+    for family, vcpus, who in wanted:  # the head node may share the nodes' family
+        key = _family_key(family)
+        if key in needed:
+            _, before, named = needed[key]
+            vcpus, who = before + vcpus, f"{named} and {who}"
+        needed[key] = (family, vcpus, who)
+    rows = {_family_key(str((row.get("name") or {}).get("value", ""))): row for row in usage}
+    problems = []
+    for key, (family, vcpus, who) in needed.items():
+        label = "Total Regional vCPUs" if key == REGIONAL_TOTAL else family
+        row = rows.get(key)
+        if row is None:
+            problems.append(
+                f"no {label} quota in {request.location}: ask for it (Azure portal, Quotas) first"
+            )
+            continue
+        free = int(row.get("limit", 0)) - int(row.get("currentValue", 0))
+        if free < vcpus:
+            problems.append(
+                f"{who} need {vcpus} vCPUs of {label} in {request.location}, and the quota leaves {free}: "
+                "ask for more (Azure portal, Quotas) or choose fewer nodes"
+            )
+    return problems
 
 
 def hourly_cost(request: OnboardRequest, table: SizeTable) -> str:
@@ -304,18 +362,19 @@ class AzCommands:
     secrets' JSON on standard input (`--parameters @-`)."""
 
     account: list[str]
+    skus: list[str]
     usage: list[str]
+    deleted_vaults: list[str]
+    group_exists: list[str]
     group: list[str]
     what_if: list[str]
     deploy: list[str]
     operations: list[str]
-    vaults: list[str]
+    certificate: list[str]
 
-    def certificate(self, vault: str, path: str) -> list[str]:
-        return [
-            "az", "keyvault", "certificate", "download", "--vault-name", vault, "--name", CERTIFICATE_NAME,
-            "--file", path, "--encoding", "PEM",
-        ]  # fmt: skip
+    @staticmethod
+    def purge(vault: DeletedVault) -> list[str]:
+        return ["az", "keyvault", "purge", "--name", vault.name, "--location", vault.location]
 
 
 def az_commands(request: OnboardRequest, parameters_file: str) -> AzCommands:
@@ -324,7 +383,15 @@ def az_commands(request: OnboardRequest, parameters_file: str) -> AzCommands:
     parameters = ["--parameters", f"@{parameters_file}", "--parameters", "@-"]
     return AzCommands(
         account=["az", "account", "show", "--output", "json"],
+        # Without --all: the sizes this subscription may use in the region (azure-cli vm/custom.py
+        # list_skus drops those restricted NotAvailableForSubscription); --size matches a substring.
+        skus=[
+            "az", "vm", "list-skus", "--location", request.location, "--size", request.vm_size,
+            "--resource-type", "virtualMachines", "--output", "json",
+        ],
         usage=["az", "vm", "list-usage", "--location", request.location, "--output", "json"],
+        deleted_vaults=["az", "keyvault", "list-deleted", "--resource-type", "vault", "--output", "json"],
+        group_exists=["az", "group", "exists", "--name", request.resource_group, "--output", "json"],
         group=[
             "az", "group", "create", "--name", request.resource_group, "--location", request.location,
             "--tags", "created-by=hpcjob", f"hpcjob-cluster={request.name}", "--output", "json",
@@ -335,14 +402,57 @@ def az_commands(request: OnboardRequest, parameters_file: str) -> AzCommands:
             "az", "deployment", "operation", "group", "list", *rg, "--name", request.deployment,
             "--output", "json",
         ],
-        vaults=[
-            "az", "resource", "list", *rg, "--resource-type", "Microsoft.KeyVault/vaults", "--output", "json",
+        certificate=[
+            "az", "deployment", "group", "show", *rg, "--name", CERTIFICATE_DEPLOYMENT, "--output", "json",
         ],
     )  # fmt: skip
 
 
-def delete_command(resource_group: str) -> list[str]:
-    return ["az", "group", "delete", "--name", resource_group, "--yes", "--no-wait"]
+@dataclass(frozen=True)
+class DeletedVault:
+    """A soft-deleted Key Vault, as `az keyvault list-deleted` reports it."""
+
+    name: str
+    location: str
+    vault_id: str
+    purge_date: str
+
+
+def vaults_in_the_way(
+    request: OnboardRequest, subscription_id: str, deleted: list[Mapping[str, Any]]
+) -> list[DeletedVault]:
+    """Soft-deleted vaults that an earlier cluster in a resource group of this name left: the template
+    would make a vault of the same name, and Azure refuses it while the deleted one is kept."""
+    group = f"/subscriptions/{subscription_id}/resourcegroups/{request.resource_group}/".casefold()
+    prefix = f"{request.resource_group}-kv-"[:24].casefold()
+    found = []
+    for row in deleted:
+        props = row.get("properties") or {}
+        vault = DeletedVault(
+            str(row.get("name", "")),
+            str(props.get("location", "")),
+            str(props.get("vaultId", "")),
+            str(props.get("scheduledPurgeDate", "")),
+        )
+        if vault.vault_id.casefold().startswith(group) and vault.name.casefold().startswith(prefix):
+            found.append(vault)
+    return found
+
+
+_THUMBPRINT = re.compile(r"[0-9A-Fa-f]{40}")
+
+
+def certificate_thumbprint(deployment: Mapping[str, Any]) -> str | None:
+    """The head node certificate's SHA-1 thumbprint from the KeyVaultWithCert deployment's outputs
+    (`az deployment group show`), or None when it has none."""
+    outputs = (deployment.get("properties") or {}).get("outputs") or {}
+    settings = (outputs.get("certSettings") or {}).get("value") or {}
+    thumbprint = str(settings.get("thumbprint") or "")
+    return thumbprint.upper() if _THUMBPRINT.fullmatch(thumbprint) else None
+
+
+def delete_command(resource_group: str, *, wait: bool = False) -> list[str]:
+    return ["az", "group", "delete", "--name", resource_group, "--yes", *([] if wait else ["--no-wait"])]
 
 
 @dataclass(frozen=True)

@@ -1,59 +1,217 @@
 """A stand-in for the Azure CLI, put on PATH as `az` by tests/test_onboard.py.
 
-It records each call's arguments (and, for the commands that read `@-`, the NAMES of the parameters it
-got on stdin, never their values) to $FAKE_AZ_LOG, one JSON object per line, and answers with JSON
-shaped like real `az` output. Like Azure Resource Manager, it checks a deployment's parameters against
-the template (the copy the tests keep): every name known, every required one given. Knobs (environment):
-FAKE_AZ_STATE (a folder for its state), FAKE_AZ_QUOTA (vCPUs free, default 1000), FAKE_AZ_FAIL=1 (the
-deployment fails on a node VM), FAKE_AZ_DNS (the head node's name), FAKE_AZ_CERT (a PEM file for the
-Key Vault certificate), FAKE_AZ_LOGGED_OUT=1.
+It follows the real one (azure-cli 2.91.0; facts/azure-cli-and-hpcpack-template.md), never hpcjob:
+- each command takes only its own options (and az's global ones), and refuses the rest as argparse does,
+  with exit code 2; a missing required option likewise;
+- answers in az's shapes: `vm list-usage` gives currentValue and limit as strings and spells quota
+  families its own way, `vm list-skus` its way (with spaces), `--size` matches a substring, and sizes
+  the subscription may not use are left out;
+- Azure Resource Manager's checks: a deployment's parameters against the template (the copy the tests
+  keep), a resource group that does not exist (what-if and create: ResourceGroupNotFound, exit code 3);
+- the template's Key Vault (named from the resource group) uses role-based access and the deploying user
+  has no data role: `keyvault certificate download` is Forbidden (and refuses an existing --file first,
+  as az does); its nested deployment KeyVaultWithCert gives the certificate's SHA-1 thumbprint;
+- deleting a resource group soft-deletes its vault; a vault of the same name cannot be made again until
+  it is purged (the deployment fails on it with ConflictError).
+
+It records each call's arguments (and, for the commands that read `@-`, the NAMES of the parameters it got
+on stdin, never their values) to $FAKE_AZ_LOG, one JSON object per line. Knobs (environment):
+FAKE_AZ_STATE (a folder for its state), FAKE_AZ_QUOTA (vCPUs free in the A100 family, default 1000),
+FAKE_AZ_REGIONAL (Total Regional vCPUs free, default 2000), FAKE_AZ_NOT_OFFERED (a size the subscription
+may not use), FAKE_AZ_FAIL=1 (the deployment fails on a node VM), FAKE_AZ_DNS (the head node's name),
+FAKE_AZ_CERT (a PEM file: the certificate the Key Vault made), FAKE_AZ_LOGGED_OUT=1.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import shutil
+import ssl
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 TEMPLATE = (
     Path(__file__).resolve().parent / "reference" / "arm" / "GeneratedTemplates" / "new-1hn-lnxcn-no-ad.json"
 )
-STATE = Path(os.environ["FAKE_AZ_STATE"])
+STATE_DIR = Path(os.environ["FAKE_AZ_STATE"])
+SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
 RESOURCES = [
     ("Microsoft.Network/virtualNetworks", "{name}vnet"),
-    ("Microsoft.KeyVault/vaults", "{rg}-kv-abc123"),
+    ("Microsoft.KeyVault/vaults", "{vault}"),
     ("Microsoft.Network/publicIPAddresses", "{name}PublicIp"),
     ("Microsoft.Compute/virtualMachines", "{name}"),
     ("Microsoft.Compute/virtualMachines", "IaaSLnxCN000"),
     ("Microsoft.Compute/virtualMachines", "IaaSLnxCN001"),
 ]
+GLOBAL = {"--output", "-o", "--query", "--only-show-errors", "--debug", "--verbose", "--subscription"}
+# Each command's options as azure-cli declares them (its _params.py), by the name hpcjob may use; the
+# value-less ones (flags) in FLAGS. Required ones are listed second.
+COMMANDS: dict[str, tuple[set[str], set[str]]] = {
+    "account show": (set(), set()),
+    "vm list-usage": ({"--location", "-l"}, {"--location"}),
+    "vm list-skus": ({"--location", "-l", "--size", "-s", "--resource-type", "-r", "--zone", "--all"}, set()),
+    "keyvault list-deleted": ({"--resource-type"}, set()),
+    "keyvault purge": ({"--name", "-n", "--hsm-name", "--location", "-l", "--no-wait"}, set()),
+    "keyvault certificate download": (
+        {"--vault-name", "--name", "-n", "--file", "-f", "--encoding", "-e", "--version", "-v", "--id"},
+        {"--file"},
+    ),
+    "group exists": ({"--name", "-n", "--resource-group", "-g"}, {"--name"}),
+    "group create": (
+        {"--name", "-n", "--location", "-l", "--tags", "--managed-by"},
+        {"--name", "--location"},
+    ),
+    "group delete": (
+        {"--name", "-n", "--yes", "-y", "--no-wait", "--force-deletion-types", "-f"},
+        {"--name"},
+    ),
+    "deployment group what-if": (
+        {
+            "--resource-group",
+            "-g",
+            "--name",
+            "-n",
+            "--template-uri",
+            "-u",
+            "--template-file",
+            "-f",
+            "--parameters",
+            "-p",
+            "--mode",
+            "--result-format",
+            "-r",
+            "--no-pretty-print",
+            "--exclude-change-types",
+            "-x",
+        },
+        {"--resource-group"},
+    ),
+    "deployment group create": (
+        {
+            "--resource-group",
+            "-g",
+            "--name",
+            "-n",
+            "--template-uri",
+            "-u",
+            "--template-file",
+            "-f",
+            "--parameters",
+            "-p",
+            "--mode",
+            "--no-wait",
+            "--what-if",
+            "-c",
+            "--confirm-with-what-if",
+            "--rollback-on-error",
+            "--no-prompt",
+        },
+        {"--resource-group"},
+    ),
+    "deployment group show": ({"--resource-group", "-g", "--name", "-n"}, {"--resource-group", "--name"}),
+    "deployment operation group list": (
+        {"--resource-group", "-g", "--name", "-n"},
+        {"--resource-group", "--name"},
+    ),
+}
+FLAGS = {"--all", "--yes", "-y", "--no-wait", "--only-show-errors", "--debug", "--verbose", "--no-prompt",
+         "--no-pretty-print", "--what-if", "-c", "--confirm-with-what-if"}  # fmt: skip
+# A size's family as `vm list-skus` gives it, and its quota row as `vm list-usage` does (facts, section 1).
+SKUS = {
+    "Standard_NC24ads_A100_v4": ("StandardNCADSA100v4Family", 24),
+    "Standard_NC96ads_A100_v4": ("StandardNCADSA100v4Family", 96),
+    "Standard_NC4as_T4_v3": ("Standard NCASv3_T4 Family", 4),
+    "Standard_ND96asr_v4": ("Standard NDASv4_A100 Family", 96),
+    "Standard_ND96isr_H100_v5": ("standardNDSH100v5Family", 96),
+    "Standard_DS4_v2": ("standardDSv2Family", 8),
+}
+USAGE = {
+    "standardNCADSA100v4Family": "Standard NCADS_A100_v4 Family vCPUs",
+    "standardNCASv3_T4Family": "Standard NCASv3_T4 Family vCPUs",
+    "standardNDASv4_A100Family": "Standard NDASv4_A100 Family vCPUs",
+    "standardNDSH100v5Family": "Standard NDSH100v5 Family vCPUs",
+    "standardDSv2Family": "Standard DSv2 Family vCPUs",
+}
 
 
-def option(args: list[str], name: str) -> str:
-    return args[args.index(name) + 1]
-
-
-def fail(message: str) -> None:
+def fail(message: str, code: int = 1) -> None:
     print(f"ERROR: {message}", file=sys.stderr)
-    raise SystemExit(1)
+    raise SystemExit(code)
 
 
-def parameters(args: list[str], stdin: str) -> dict[str, object]:
+def parse(command: str, words: list[str]) -> dict[str, list[str]]:
+    """The options of one command by their long name, as argparse would take them."""
+    allowed, required = COMMANDS[command]
+    given: dict[str, list[str]] = {}
+    unknown = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word not in allowed | GLOBAL:
+            unknown.append(word)
+            index += 1
+            continue
+        if word in FLAGS:
+            given.setdefault(word, []).append("")
+            index += 1
+            continue
+        if index + 1 >= len(words):
+            fail(f"argument {word}: expected one argument", 2)
+        values = []
+        index += 1
+        while index < len(words) and not (words[index].startswith("-") and words[index] != "-"):
+            values.append(words[index])
+            index += 1
+        given.setdefault(word, []).extend(values)
+    if unknown:
+        fail(f"unrecognized arguments: {' '.join(unknown)}", 2)
+    short = {
+        "-n": "--name",
+        "-g": "--resource-group",
+        "-l": "--location",
+        "-f": "--file",
+        "-p": "--parameters",
+    }
+    for alias, long in short.items():
+        if alias in given:
+            given.setdefault(long, []).extend(given.pop(alias))
+    missing = sorted(required - set(given))
+    if missing:
+        fail(f"the following arguments are required: {', '.join(missing)}", 2)
+    return given
+
+
+def load() -> dict[str, Any]:
+    path = STATE_DIR / "state.json"
+    if path.exists():
+        loaded: dict[str, Any] = json.loads(path.read_text())
+        return loaded
+    return {"groups": {}, "vaults": {}, "deleted_vaults": {}, "deployments": {}}
+
+
+def save(state: dict[str, Any]) -> None:
+    (STATE_DIR / "state.json").write_text(json.dumps(state))
+
+
+def vault_name(group: str) -> str:
+    # take('<group>-kv-<uniqueString(resourceGroup().id)>', 24): a stand-in for uniqueString.
+    return f"{group}-kv-{hashlib.sha256(group.lower().encode()).hexdigest()[:13]}"[:24]
+
+
+def parameters(values: list[str], stdin: str) -> dict[str, Any]:
     """The deployment's parameters as az merges them: each --parameters, @file or @- (stdin)."""
-    merged: dict[str, object] = {}
-    for i, arg in enumerate(args):
-        if arg == "--parameters":
-            source = args[i + 1]
-            text = stdin if source == "@-" else Path(source[1:]).read_text()
-            data = json.loads(text)
-            merged.update(data.get("parameters", data))
+    merged: dict[str, Any] = {}
+    for source in values:
+        text = stdin if source == "@-" else Path(source[1:]).read_text()
+        data = json.loads(text)
+        merged.update(data.get("parameters", data))
     return merged
 
 
-def check_against_template(given: dict[str, object]) -> None:
+def check_against_template(given: dict[str, Any]) -> None:
     declared = json.loads(TEMPLATE.read_text())["parameters"]
     unknown = sorted(set(given) - set(declared))
     if unknown:
@@ -63,30 +221,40 @@ def check_against_template(given: dict[str, object]) -> None:
         fail(f"InvalidTemplate: missing value(s) for parameter(s) {', '.join(missing)}")
 
 
-def operations(args: list[str]) -> list[dict[str, object]]:
-    started = STATE / "deploy-started"
-    if not started.exists():
-        fail("DeploymentNotFound: Deployment 'x' could not be found.")
-    info = json.loads(started.read_text())
+def need_group(state: dict[str, Any], group: str) -> None:
+    if group.lower() not in state["groups"]:
+        fail(f"(ResourceGroupNotFound) Resource group '{group}' could not be found.", 3)
+
+
+def operations(state: dict[str, Any], group: str) -> list[dict[str, Any]]:
+    info = state["deployments"].get(group.lower())
+    if info is None:
+        fail("(DeploymentNotFound) Deployment 'x' could not be found.", 3)
     done = min(len(RESOURCES), int((time.time() - info["time"]) / 0.2) + 1)
     rows = []
     for index, (kind, name) in enumerate(RESOURCES[:done]):
-        state = "Succeeded"
-        props: dict[str, object] = {"provisioningState": state, "duration": "PT1M2S"}
-        if info["fail"] and index == len(RESOURCES) - 1:
+        props: dict[str, Any] = {"provisioningState": "Succeeded", "duration": "PT1M2S"}
+        inner = None
+        if info["conflict"] and kind == "Microsoft.KeyVault/vaults":
+            inner = {
+                "code": "ConflictError",
+                "message": f"A vault with the same name already exists in deleted state. You need to either "
+                f"recover or purge existing key vault. Vault name: '{info['names']['vault']}'.",
+            }
+        elif info["fail"] and index == len(RESOURCES) - 1:
+            inner = {
+                "code": "SkuNotAvailable",
+                "message": "The requested size for resource 'IaaSLnxCN001' is currently not available in "
+                "location 'eastus'.",
+            }
+        if inner is not None:
             props["provisioningState"] = "Failed"
             props["statusMessage"] = {
                 "status": "Failed",
                 "error": {
                     "code": "ResourceDeploymentFailure",
                     "message": "The resource operation completed with terminal provisioning state 'Failed'.",
-                    "details": [
-                        {
-                            "code": "SkuNotAvailable",
-                            "message": "The requested size for resource 'IaaSLnxCN001' is currently not "
-                            "available in location 'eastus'.",
-                        }
-                    ],
+                    "details": [inner],
                 },
             }
         props["targetResource"] = {"resourceType": kind, "resourceName": name.format(**info["names"])}
@@ -95,6 +263,139 @@ def operations(args: list[str]) -> list[dict[str, object]]:
         {"operationId": "end", "properties": {"provisioningState": "Succeeded", "targetResource": None}}
     )
     return rows
+
+
+def deploy(state: dict[str, Any], options: dict[str, list[str]], stdin: str) -> None:
+    group = options["--resource-group"][0]
+    need_group(state, group)
+    given = parameters(options.get("--parameters", []), stdin)
+    check_against_template(given)
+    vault = vault_name(group)
+    names = {"name": given["clusterName"]["value"], "vault": vault}
+    conflict = vault in state["deleted_vaults"]
+    failing = bool(os.environ.get("FAKE_AZ_FAIL")) or conflict
+    state["deployments"][group.lower()] = {
+        "time": time.time(),
+        "names": names,
+        "fail": bool(os.environ.get("FAKE_AZ_FAIL")),
+        "conflict": conflict,
+    }
+    save(state)
+    time.sleep(0.2 * len(RESOURCES) + 0.1)
+    if failing:
+        fail(json.dumps({"code": "DeploymentFailed", "message": "At least one resource operation failed."}))
+    state["vaults"][vault] = group
+    der = ssl.PEM_cert_to_DER_cert(Path(os.environ["FAKE_AZ_CERT"]).read_text())
+    state["deployments"][group.lower()]["thumbprint"] = hashlib.sha1(der).hexdigest().upper()
+    save(state)
+    dns = os.environ.get("FAKE_AZ_DNS", f"{names['name']}abc.eastus.cloudapp.azure.com")
+    outputs = {"clusterDNSName": {"type": "String", "value": dns}}
+    name = options["--name"][0]
+    print(json.dumps({"name": name, "properties": {"provisioningState": "Succeeded", "outputs": outputs}}))
+
+
+def answer(command: str, options: dict[str, list[str]], stdin: str) -> Any:
+    state = load()
+    first = {key: values[0] if values else "" for key, values in options.items()}
+    if command == "account show":
+        return {"id": SUBSCRIPTION, "name": "Test", "user": {"name": "alice"}}
+    if command == "vm list-skus":
+        hidden = os.environ.get("FAKE_AZ_NOT_OFFERED", "")
+        size = first.get("--size", "").lower()
+        return [
+            {"name": name, "family": family, "resourceType": "virtualMachines", "locations": ["eastus"],
+             "capabilities": [{"name": "vCPUs", "value": str(vcpus)}], "restrictions": []}
+            for name, (family, vcpus) in SKUS.items()
+            if size in name.lower() and name != hidden
+        ]  # fmt: skip
+    if command == "vm list-usage":
+        free = {"standardNCADSA100v4Family": int(os.environ.get("FAKE_AZ_QUOTA", "1000"))}
+        rows = [
+            {"currentValue": "0", "limit": str(free.get(value, 1000)), "localName": local,
+             "name": {"localizedValue": local, "value": value}, "unit": "Count"}
+            for value, local in USAGE.items()
+        ]  # fmt: skip
+        regional = os.environ.get("FAKE_AZ_REGIONAL", "2000")
+        rows.append(
+            {"currentValue": "0", "limit": regional, "localName": "Total Regional vCPUs",
+             "name": {"localizedValue": "Total Regional vCPUs", "value": "cores"}, "unit": "Count"}
+        )  # fmt: skip
+        return rows
+    if command == "keyvault list-deleted":
+        kind = first.get("--resource-type")
+        if kind not in (None, "vault", "hsm"):
+            fail("Unsupported resource type: " + str(kind))
+        return [
+            {"id": f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.KeyVault/locations/eastus/"
+                   f"deletedVaults/{name}",
+             "name": name, "type": "Microsoft.KeyVault/deletedVaults",
+             "properties": {"vaultId": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}/providers/"
+                            f"Microsoft.KeyVault/vaults/{name}", "location": "eastus",
+                            "deletionDate": "2026-11-20T10:00:00+00:00",
+                            "scheduledPurgeDate": "2027-02-18T10:00:00+00:00", "purgeProtectionEnabled": None,
+                            "tags": {}}}
+            for name, group in state["deleted_vaults"].items()
+            if kind != "hsm"
+        ]  # fmt: skip
+    if command == "keyvault purge":
+        name = first.get("--name", "")
+        if name not in state["deleted_vaults"]:
+            fail(f"No deleted Vault or HSM was found with name {name}")
+        del state["deleted_vaults"][name]
+        save(state)
+        return None
+    if command == "keyvault certificate download":
+        if Path(first["--file"]).exists():
+            fail(f"File or directory named '{first['--file']}' already exists.")
+        fail(
+            "(Forbidden) Caller is not authorized to perform action on resource.\nIf role assignments, deny "
+            "assignments or role definitions were changed recently, please observe propagation time.\n"
+            "Action: 'Microsoft.KeyVault/vaults/secrets/getSecret/action'\nCode: Forbidden"
+        )
+    if command == "group exists":
+        return first["--name"].lower() in state["groups"]
+    if command == "group create":
+        group = first["--name"]
+        state["groups"][group.lower()] = group
+        save(state)
+        return {"id": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}", "name": group,
+                "properties": {"provisioningState": "Succeeded"}}  # fmt: skip
+    if command == "group delete":
+        group = first["--name"]
+        need_group(state, group)
+        del state["groups"][group.lower()]
+        for vault, owner in list(state["vaults"].items()):
+            if owner.lower() == group.lower():  # soft delete: the name stays taken
+                del state["vaults"][vault]
+                state["deleted_vaults"][vault] = owner
+        state["deployments"].pop(group.lower(), None)
+        save(state)
+        return None
+    if command == "deployment group what-if":
+        need_group(state, first["--resource-group"])
+        check_against_template(parameters(options.get("--parameters", []), stdin))
+        print("Resource and property changes are indicated with this symbol:\n  + Create\n")
+        print("Resource changes: 23 to create.")
+        return None
+    if command == "deployment group create":
+        deploy(state, options, stdin)
+        return None
+    if command == "deployment group show":
+        info = state["deployments"].get(first["--resource-group"].lower()) or {}
+        if first["--name"] != "KeyVaultWithCert" or "thumbprint" not in info:
+            fail(f"(DeploymentNotFound) Deployment '{first['--name']}' could not be found.", 3)
+        settings = {
+            "thumbprint": info["thumbprint"],
+            "url": "https://x.vault.azure.net/secrets/HPCPackCommunication/1",
+            "vaultName": info["names"]["vault"],
+            "vaultResourceGroup": first["--resource-group"],
+        }
+        return {"name": "KeyVaultWithCert", "properties": {"provisioningState": "Succeeded",
+                "outputs": {"certSettings": {"type": "Object", "value": settings}}}}  # fmt: skip
+    if command == "deployment operation group list":
+        return operations(state, first["--resource-group"])
+    fail(f"'{command}' is not in the fake az")
+    return None
 
 
 def main() -> None:
@@ -107,64 +408,14 @@ def main() -> None:
         log.write(json.dumps(entry) + "\n")
     if os.environ.get("FAKE_AZ_LOGGED_OUT"):
         fail("Please run 'az login' to setup account.")
-    command = " ".join(a for a in args[:4] if not a.startswith("-"))
-    if command.startswith("account show"):
-        print(
-            json.dumps(
-                {"id": "00000000-0000-0000-0000-000000000001", "name": "Test", "user": {"name": "alice"}}
-            )
-        )
-    elif command.startswith("vm list-usage"):
-        free = int(os.environ.get("FAKE_AZ_QUOTA", "1000"))
-        a100 = {"value": "standardNCADSA100v4Family", "localizedValue": "Standard NCADS_A100_v4 Family vCPUs"}
-        cores = {"value": "cores", "localizedValue": "Total Regional vCPUs"}
-        rows = [
-            {"name": a100, "currentValue": 0, "limit": free},
-            {"name": cores, "currentValue": 0, "limit": 2000},
-        ]
-        print(json.dumps(rows))
-    elif command.startswith("group create"):
-        rg = option(args, "--name")
-        print(json.dumps({"id": f"/subscriptions/x/resourceGroups/{rg}", "name": rg,
-                          "properties": {"provisioningState": "Succeeded"}}))  # fmt: skip
-    elif command.startswith("deployment group what-if"):
-        check_against_template(parameters(args, stdin))
-        print("Resource and property changes are indicated with this symbol:\n  + Create\n")
-        print("Resource changes: 23 to create.")
-    elif command.startswith("deployment group create"):
-        given = parameters(args, stdin)
-        check_against_template(given)
-        names = {"name": given["clusterName"]["value"], "rg": option(args, "--resource-group")}  # type: ignore[index]
-        failing = bool(os.environ.get("FAKE_AZ_FAIL"))
-        (STATE / "deploy-started").write_text(
-            json.dumps({"time": time.time(), "names": names, "fail": failing})
-        )
-        time.sleep(0.2 * len(RESOURCES) + 0.1)
-        if failing:
-            fail(
-                json.dumps({"code": "DeploymentFailed", "message": "At least one resource operation failed."})
-            )
-        dns = os.environ.get("FAKE_AZ_DNS", f"{names['name']}abc.eastus.cloudapp.azure.com")
-        outputs = {"clusterDNSName": {"type": "String", "value": dns}}
-        print(
-            json.dumps(
-                {
-                    "name": option(args, "--name"),
-                    "properties": {"provisioningState": "Succeeded", "outputs": outputs},
-                }
-            )
-        )
-    elif command.startswith("deployment operation group"):
-        print(json.dumps(operations(args)))
-    elif command.startswith("resource list"):
-        rg = option(args, "--resource-group")
-        print(json.dumps([{"name": f"{rg}-kv-abc123", "type": "Microsoft.KeyVault/vaults"}]))
-    elif command.startswith("keyvault certificate download"):
-        shutil.copy(os.environ["FAKE_AZ_CERT"], option(args, "--file"))
-    elif command.startswith("group delete"):
-        pass
-    else:
-        fail(f"'{command}' is not in the fake az")
+    words = [a for a in args[:4] if not a.startswith("-")]
+    command = next((" ".join(words[:n]) for n in (4, 3, 2) if " ".join(words[:n]) in COMMANDS), None)
+    if command is None:
+        fail(f"'{' '.join(words)}' is not in the fake az", 2)
+    assert command is not None
+    result = answer(command, parse(command, args[len(command.split()) :]), stdin)
+    if result is not None:
+        print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

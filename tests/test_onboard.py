@@ -3,19 +3,25 @@ call and validates deployments against the real template (the copy in tests/refe
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import json
 import os
+import ssl
 import subprocess
 import sys
+import threading
 import tomllib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from hpcjob.config import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV
-from hpcjob.emulator.tls import make_certificate
+from hpcjob.backends import open_backend
+from hpcjob.config import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, get_profile
 from hpcjob.onboard import TEMPLATE_COMMIT, TEMPLATE_URL, check_parameters
+from hpcjob.spec import HpcjobError
 
 from .conftest import REFERENCE
 
@@ -26,6 +32,19 @@ A100 = ["--vm-size", "Standard_NC24ads_A100_v4"]
 CommandRunner = Callable[..., subprocess.CompletedProcess[str]]
 
 
+def template_certificate(folder: Path) -> tuple[str, str]:
+    """A certificate as the template's Key Vault makes it: self-signed CN=HPCPackCommunication, no host
+    name or address in it (Azure/hpcpack-template @dea762e Bicep/shared/key-vault-with-cert.ps1)."""
+    folder.mkdir()
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "2", "-subj", "/CN=HPCPackCommunication"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
 @pytest.fixture
 def az_env(tmp_path: Path) -> dict[str, str]:
     bin_dir, state = tmp_path / "bin", tmp_path / "az-state"
@@ -34,8 +53,7 @@ def az_env(tmp_path: Path) -> dict[str, str]:
     fake = Path(__file__).resolve().parent / "fake_az.py"
     (bin_dir / "az").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" "$@"\n')
     (bin_dir / "az").chmod(0o755)
-    (tmp_path / "tls").mkdir()
-    cert, _ = make_certificate(str(tmp_path / "tls"))
+    cert, _ = template_certificate(tmp_path / "tls")
     return {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -70,6 +88,11 @@ def onboard(hpcjob: CommandRunner, *extra: str, **env: str) -> subprocess.Comple
     )  # fmt: skip
 
 
+def error_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    """What hpcjob said was wrong (its progress lines left out)."""
+    return [line for line in done.stderr.splitlines() if line.startswith("hpcjob: error:")]
+
+
 def az_calls(az_env: dict[str, str]) -> list[dict[str, object]]:
     log = Path(az_env["FAKE_AZ_LOG"])
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -85,12 +108,15 @@ def test_onboarding_deploys_the_pinned_template_and_writes_the_profile(
     done = onboard(hpcjob, "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
     calls = az_calls(az_env)
-    assert commands(calls)[:4] == [
+    assert commands(calls)[:6] == [
         "account show --output",
+        "vm list-skus --location",
         "vm list-usage --location",
+        "keyvault list-deleted --resource-type",
         "group create --name",
         "deployment group create",
     ]
+    assert "keyvault certificate download" not in commands(calls)  # Forbidden: the vault uses RBAC
     deploy = next(c for c in calls if c["argv"][:3] == ["deployment", "group", "create"])  # type: ignore[index]
     argv = list(deploy["argv"])  # type: ignore[call-overload]
     assert argv[argv.index("--template-uri") + 1] == TEMPLATE_URL and TEMPLATE_COMMIT in TEMPLATE_URL
@@ -102,13 +128,14 @@ def test_onboarding_deploys_the_pinned_template_and_writes_the_profile(
         "url": "https://gpu1abc.eastus.cloudapp.azure.com",
         "user": "gpu1\\hpcadmin",
         "password": f"env:{ADMIN_PASSWORD_ENV}",
-        "ca_bundle": str(Path(az_env["HPCJOB_CONFIG"]).parent / "gpu1-ca.pem"),
+        "cert_fingerprint": thumbprint(az_env["FAKE_AZ_CERT"]),
         "share": "//GPU1/CcpSpoolDir",
         "smb_server": "gpu1abc.eastus.cloudapp.azure.com",
         "node_group": "LinuxNodes",
         "gpus_per_node": 1,
         "resource_group": "rg-gpu1",
     } | {k: v for k, v in profile.items() if k in ("backend", "insecure", "smb_port")}
+    assert not list(Path(az_env["HPCJOB_CONFIG"]).parent.glob("*.pem"))  # no certificate file to leave
     # The parameters file: no secret, and the template accepts it (the fake az checked it too).
     parameters = json.loads((tmp_path / "out" / "parameters.json").read_text())["parameters"]
     values = {name: p["value"] for name, p in parameters.items()}
@@ -123,6 +150,55 @@ def test_onboarding_deploys_the_pinned_template_and_writes_the_profile(
         for path in tmp_path.rglob("*"):
             if path.is_file():
                 assert secret.encode() not in path.read_bytes(), path
+
+
+def thumbprint(cert: str) -> str:
+    return hashlib.sha1(ssl.PEM_cert_to_DER_cert(Path(cert).read_text())).hexdigest().upper()
+
+
+class _Version(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b'"6.3.8328.0"' if self.path == "/hpc/cluster/version" else b"null"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_profile_connects_over_tls_to_the_head_node_s_self_signed_certificate(
+    hpcjob: CommandRunner, az_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The head node's certificate is the Key Vault's, self-signed with no host name: the profile pins
+    it by the thumbprint the deployment gives, and the REST API answers; any other certificate is refused."""
+    key = str(Path(az_env["FAKE_AZ_CERT"]).with_name("key.pem"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Version)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(az_env["FAKE_AZ_CERT"], key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        head = f"127.0.0.1:{server.server_address[1]}"
+        assert onboard(hpcjob, FAKE_AZ_DNS=head).returncode == 0
+        os.environ["HPCJOB_CONFIG"] = az_env["HPCJOB_CONFIG"]
+        try:
+            profile = get_profile("gpu1")
+        finally:
+            del os.environ["HPCJOB_CONFIG"]
+        assert profile.url == f"https://{head}" and profile.ca_bundle is None and not profile.insecure
+        assert open_backend("rest", profile, PASSWORD).version() == "6.3.8328.0"
+        other, _ = template_certificate(tmp_path / "other")
+        impostor = replace(profile, cert_fingerprint=thumbprint(other))
+        with pytest.raises(
+            HpcjobError, match="its fingerprint is not the cluster profile's cert_fingerprint"
+        ):
+            open_backend("rest", impostor, PASSWORD).version()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_the_parameters_file_is_the_golden_one(
@@ -174,16 +250,103 @@ def test_bad_input_fails_before_az_with_one_line(
     assert az_calls(az_env) == []
 
 
-def test_a_weak_password_and_a_full_quota_stop_before_the_deployment(
+@pytest.mark.parametrize("password", ["short", "Aa1!" * 18 + "x"])  # 73 characters: over Linux's 72
+def test_a_password_out_of_the_nodes_limits_stops_before_az(
+    hpcjob: CommandRunner, az_env: dict[str, str], password: str
+) -> None:
+    weak = onboard(hpcjob, **{ADMIN_PASSWORD_ENV: password})
+    assert weak.returncode == 2 and "admin password must be 12 to 72 characters" in weak.stderr
+    assert password not in weak.stderr and az_calls(az_env) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FAKE_AZ_QUOTA": "24"},
+         "2 x Standard_NC24ads_A100_v4 need 48 vCPUs of StandardNCADSA100v4Family in eastus, and the quota "
+         "leaves 24"),
+        ({"FAKE_AZ_REGIONAL": "50"}, "2 x Standard_NC24ads_A100_v4 and the head node need 56 vCPUs of Total "
+         "Regional vCPUs in eastus, and the quota leaves 50"),
+        ({"FAKE_AZ_NOT_OFFERED": "Standard_NC24ads_A100_v4"},
+         "Standard_NC24ads_A100_v4 is not offered to this subscription in eastus"),
+    ],
+)  # fmt: skip
+def test_quota_and_size_problems_stop_before_anything_is_created(
+    hpcjob: CommandRunner, az_env: dict[str, str], env: dict[str, str], message: str
+) -> None:
+    done = onboard(hpcjob, **env)
+    errors = error_lines(done)
+    assert done.returncode == 2 and len(errors) == 1 and message in errors[0], done.stderr
+    assert "group create --name" not in commands(az_calls(az_env))
+
+
+@pytest.mark.parametrize(
+    "size",
+    ["Standard_NC4as_T4_v3", "Standard_ND96asr_v4", "Standard_ND96isr_H100_v5", "Standard_NC96ads_A100_v4"],
+)
+def test_each_size_s_family_is_found_in_the_quotas_however_azure_spells_it(
+    hpcjob: CommandRunner, az_env: dict[str, str], size: str
+) -> None:
+    """list-skus says "Standard NDASv4_A100 Family", list-usage standardNDASv4_A100Family: one quota."""
+    done = onboard(hpcjob, "--vm-size", size, "--what-if")
+    assert done.returncode == 0, done.stderr
+    assert "Resource changes: 23 to create." in done.stdout
+
+
+def test_what_if_makes_a_missing_resource_group_for_the_preview_and_deletes_it(
     hpcjob: CommandRunner, az_env: dict[str, str]
 ) -> None:
-    weak = onboard(hpcjob, **{ADMIN_PASSWORD_ENV: "short"})
-    assert weak.returncode == 2 and "admin password must be 12 to 123" in weak.stderr
-    assert "short" not in weak.stderr and az_calls(az_env) == []
-    full = onboard(hpcjob, FAKE_AZ_QUOTA="24")
-    assert full.returncode == 2
-    assert "2 x Standard_NC24ads_A100_v4 need 48 vCPUs of standardNCADSA100v4Family" in full.stderr
-    assert "group create --name" not in commands(az_calls(az_env))
+    done = onboard(hpcjob, "--what-if")
+    assert done.returncode == 0, done.stderr
+    assert "Resource changes: 23 to create." in done.stdout
+    calls = [call["argv"] for call in az_calls(az_env)]
+    assert calls[-4:-2] == [
+        ["group", "exists", "--name", "rg-gpu1", "--output", "json"],
+        ["group", "create", "--name", "rg-gpu1", "--location", "eastus", "--tags", "created-by=hpcjob",
+         "hpcjob-cluster=gpu1", "--output", "json"],
+    ]  # fmt: skip
+    assert calls[-2][:3] == ["deployment", "group", "what-if"]
+    assert calls[-1] == ["group", "delete", "--name", "rg-gpu1", "--yes"]  # waited for: nothing left
+    assert json.loads((Path(az_env["FAKE_AZ_STATE"]) / "state.json").read_text())["groups"] == {}
+    assert not Path(az_env["HPCJOB_CONFIG"]).exists()
+
+
+def test_onboarding_again_after_delete_purges_the_old_vault_with_consent(
+    hpcjob: CommandRunner, az_env: dict[str, str]
+) -> None:
+    assert onboard(hpcjob).returncode == 0
+    assert hpcjob("cluster", "delete", "gpu1", "--yes").returncode == 0
+    # The vault is soft-deleted with its group: the template would make one of the same name.
+    refused = onboard(hpcjob)
+    assert refused.returncode == 2 and len(error_lines(refused)) == 1, refused.stderr
+    assert "is soft-deleted, and the template makes one of the same name: rg-gpu1-kv-" in refused.stderr
+    assert "purge it with --purge-deleted-vault" in refused.stderr
+    assert "group create --name" not in commands(az_calls(az_env)[-4:])
+    before = len(az_calls(az_env))
+    again = onboard(hpcjob, "--purge-deleted-vault")
+    assert again.returncode == 0, again.stderr
+    calls = [call["argv"][:2] for call in az_calls(az_env)[before:]]
+    assert calls.index(["keyvault", "purge"]) < calls.index(["group", "create"])
+    assert "gpu1" in tomllib.loads(Path(az_env["HPCJOB_CONFIG"]).read_text())["clusters"]
+
+
+def test_the_fake_az_refuses_what_az_refuses(az_env: dict[str, str], tmp_path: Path) -> None:
+    """So that the tests above cannot pass on an option or a download that the real az would refuse."""
+
+    def az(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["az", *args], capture_output=True, text=True, env=az_env, timeout=60)
+
+    unknown = az("vm", "list-usage", "--location", "eastus", "--size", "x")
+    assert unknown.returncode == 2 and "unrecognized arguments: --size x" in unknown.stderr
+    missing = az("group", "exists")
+    assert missing.returncode == 2 and "the following arguments are required: --name" in missing.stderr
+    existing = tmp_path / "cert.pem"
+    existing.write_text("")
+    args = ["keyvault", "certificate", "download", "--vault-name", "v", "--name", "HPCPackCommunication"]
+    assert "already exists" in az(*args, "--file", str(existing)).stderr
+    forbidden = az(*args, "--file", str(tmp_path / "new.pem"))
+    assert forbidden.returncode == 1 and "(Forbidden) Caller is not authorized" in forbidden.stderr
+    assert az("deployment", "group", "what-if", "--resource-group", "nowhere").returncode == 3
 
 
 def test_a_failed_deployment_says_which_resource_and_why_in_one_line(
@@ -271,3 +434,29 @@ def test_jobs_on_the_new_cluster_run_one_process_per_gpu_of_its_size(
         "submit", "--dry-run", "--cluster", "gpu1", *nodes, "--nproc-per-node", "2", str(script)
     )
     assert "--nproc_per_node=2" in explicit.stdout  # the job's own option wins
+
+
+def test_the_ports_the_readme_names_are_those_the_template_s_security_group_opens() -> None:
+    def rules(node: object) -> list[dict[str, object]]:
+        """Every security rule anywhere in the template (its network security group is nested)."""
+        if isinstance(node, dict):
+            found = (
+                list(node.get("securityRules") or []) if isinstance(node.get("securityRules"), list) else []
+            )
+            return found + [rule for value in node.values() for rule in rules(value)]
+        if isinstance(node, list):
+            return [rule for value in node for rule in rules(value)]
+        return []
+
+    opened = sorted(
+        int(str(props["destinationPortRange"]).strip())
+        for rule in rules(_template())
+        if isinstance(props := rule.get("properties"), dict)
+        and props.get("access") == "Allow"
+        and props.get("direction") == "Inbound"
+    )
+    assert opened == [443, 3389, 9087, 9090, 9091, 9094]
+    readme = " ".join(
+        (Path(__file__).resolve().parents[1] / "hpcjob" / "arm" / "README.md").read_text().split()
+    )
+    assert f"opens only {', '.join(map(str, opened[:-1]))} and {opened[-1]}" in readme

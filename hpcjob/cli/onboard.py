@@ -16,7 +16,7 @@ from hpcjob.cli.cluster import cluster
 
 if TYPE_CHECKING:
     from hpcjob.config import ClusterProfile
-    from hpcjob.onboard import AzCommands, OnboardRequest, Secrets, SizeTable
+    from hpcjob.onboard import AzCommands, DeletedVault, OnboardRequest, Secrets, SizeTable
 
 # The size table and the parameters template: package data (hpcjob/arm/), so an installed hpcjob has them.
 ARM_PACKAGE, ARM_DIR = "hpcjob", "arm"
@@ -52,7 +52,18 @@ KEY_ENV = "HPCJOB_AUTH_KEY"
     metavar="VARIABLE",
     help="Read the nodes' authentication key from this variable; generated when it is not set.",
 )
-@click.option("--what-if", is_flag=True, help="Check, then show what Azure would create (az ... what-if).")
+@click.option(
+    "--what-if",
+    is_flag=True,
+    help="Check, then show what Azure would create (az ... what-if; a resource group that does not exist "
+    "yet is made for it and deleted after it).",
+)
+@click.option(
+    "--purge-deleted-vault",
+    is_flag=True,
+    help="Purge the soft-deleted Key Vault of an earlier cluster in a resource group of the same name "
+    "(asked for on a terminal): the template makes a vault of the same name.",
+)
 @click.option(
     "--print-only", is_flag=True, help="Check, write the parameters file and print the az commands."
 )
@@ -79,6 +90,7 @@ def cluster_onboard(
     password_env: str,
     key_env: str,
     what_if: bool,
+    purge_deleted_vault: bool,
     print_only: bool,
     out_dir: Path | None,
     template_file: Path | None,
@@ -95,7 +107,7 @@ def cluster_onboard(
     key reach `az` on its standard input only. Needs the Azure CLI, logged in (`az login`), and Owner or
     User Access Administrator on the subscription (the template assigns roles).
     """
-    from hpcjob.azure import load_template, run_az, run_az_text
+    from hpcjob.azure import load_template, run_az
     from hpcjob.onboard import (
         DEFAULT_IMAGE,
         DEFAULT_PREFIX,
@@ -107,8 +119,10 @@ def cluster_onboard(
         check_request,
         check_secrets,
         hourly_cost,
-        quota_problem,
+        offered_family,
+        quota_problems,
         template_parameters,
+        vaults_in_the_way,
     )
     from hpcjob.spec import SpecError
 
@@ -139,9 +153,20 @@ def cluster_onboard(
     if secret is not None:
         if bad := check_secrets(secret):
             raise SpecError(bad[0])
-        run_az(commands.account)  # logged in, or az says so in one line
-        if (hint := quota_problem(request, table, run_az(commands.usage) or [])) is not None:
-            raise SpecError(hint)
+        account = run_az(commands.account)  # logged in, or az says so in one line
+        click.echo(f"hpcjob: checking {request.vm_size} and the vCPU quotas in {request.location}", err=True)
+        family = offered_family(request, run_az(commands.skus) or [])
+        if family is None:
+            raise SpecError(
+                f"{request.vm_size} is not offered to this subscription in {request.location} (az vm "
+                "list-skus): choose another region or size, or ask Azure support to enable it"
+            )
+        if quotas := quota_problems(request, table, run_az(commands.usage) or [], family):
+            raise SpecError("\nhpcjob: error: ".join(quotas))
+        deleted = run_az(commands.deleted_vaults) or []
+        in_the_way = vaults_in_the_way(request, str(account.get("id", "")), deleted)
+        if in_the_way and not what_if:
+            _consent_to_purge(request.resource_group, in_the_way, purge_deleted_vault)
 
     folder.mkdir(parents=True, exist_ok=True)
     parameters_file.write_text(_parameters_text(parameters), encoding="utf-8")
@@ -158,8 +183,11 @@ def cluster_onboard(
     assert secret is not None
     secrets_json = json.dumps(secret.parameters())
     if what_if:
-        click.echo(run_az_text(commands.what_if, secrets_json).rstrip())
+        _what_if(request, commands, secrets_json)
         return
+    for vault in in_the_way:
+        click.echo(f"hpcjob: purging the deleted Key Vault {vault.name} (a few minutes)", err=True)
+        run_az(commands.purge(vault))
     dns = _deploy(request, commands, secrets_json, poll_interval)
     profile = _write_profile(
         request, table, commands, dns, password_env if from_env else None, secret, make_default
@@ -210,6 +238,45 @@ def _secrets(password_env: str, key_env: str, print_only: bool) -> Secrets | Non
     return Secrets(password, os.environ.get(key_env) or secrets.token_hex(32))
 
 
+def _consent_to_purge(resource_group: str, vaults: list[DeletedVault], given: bool) -> None:
+    """A soft-deleted vault of an earlier cluster would make the deployment fail after minutes: purge it
+    only with the user's word (the flag, or yes on a terminal)."""
+    from hpcjob.spec import SpecError
+
+    names = ", ".join(f"{v.name} (kept until {v.purge_date or 'its purge date'})" for v in vaults)
+    said = (
+        f"the Key Vault of an earlier cluster in resource group {resource_group} is soft-deleted, and the "
+        f"template makes one of the same name: {names}"
+    )
+    if given:
+        return
+    if not sys.stdin.isatty():
+        raise SpecError(f"{said}; purge it with --purge-deleted-vault, or choose another resource group")
+    click.echo(f"hpcjob: {said}", err=True)
+    click.confirm("Purge it for good (its keys and certificates cannot be recovered after)?", abort=True)
+
+
+def _what_if(request: OnboardRequest, commands: AzCommands, secrets_json: str) -> None:
+    """Azure's own preview. It needs the resource group to exist: one that does not yet is made for it,
+    empty and free, and deleted after it, so that nothing is left behind."""
+    from hpcjob.azure import run_az, run_az_text
+    from hpcjob.onboard import delete_command
+
+    made = run_az(commands.group_exists) is False
+    if made:
+        click.echo(
+            f"hpcjob: resource group {request.resource_group} does not exist yet: made for the preview, "
+            "deleted after it",
+            err=True,
+        )
+        run_az(commands.group)
+    try:
+        click.echo(run_az_text(commands.what_if, secrets_json).rstrip())
+    finally:
+        if made:
+            run_az(delete_command(request.resource_group, wait=True))
+
+
 def _deploy(request: OnboardRequest, commands: AzCommands, secrets_json: str, poll_interval: float) -> str:
     """Create the resource group and deploy into it; the head node's public name."""
     from hpcjob.azure import AzError, deploy, run_az
@@ -238,17 +305,23 @@ def _write_profile(
     secret: Secrets,
     make_default: bool,
 ) -> ClusterProfile:
-    """The new cluster's profile: the REST API at the head node's public name, its certificate from the
-    cluster's Key Vault, the admin's password where it came from, one process per GPU of the size."""
-    from hpcjob.azure import run_az
-    from hpcjob.config import KEYRING_SERVICE, ClusterProfile, config_path, save_profile
-    from hpcjob.onboard import NODE_GROUP, SHARE
+    """The new cluster's profile: the REST API at the head node's public name, its certificate pinned by
+    the thumbprint the deployment gives, the admin's password where it came from, one process per GPU of
+    the size."""
+    from hpcjob.azure import AzError, run_az
+    from hpcjob.config import KEYRING_SERVICE, ClusterProfile, save_profile
+    from hpcjob.onboard import CERTIFICATE_DEPLOYMENT, NODE_GROUP, SHARE, certificate_thumbprint
 
-    ca_file = config_path().parent / f"{request.name}-ca.pem"
-    vaults = run_az(commands.vaults) or []
-    if vaults:
-        ca_file.parent.mkdir(parents=True, exist_ok=True)
-        run_az(commands.certificate(vaults[0]["name"], str(ca_file)))
+    try:
+        thumbprint = certificate_thumbprint(run_az(commands.certificate) or {})
+    except AzError:
+        thumbprint = None
+    if thumbprint is None:
+        click.echo(
+            f"hpcjob: warning: the deployment {CERTIFICATE_DEPLOYMENT} names no certificate thumbprint: pin "
+            f"the head node's certificate with `hpcjob cluster add {request.name} ... --cert-fingerprint`",
+            err=True,
+        )
     password = f"env:{password_env}" if password_env else "prompt"
     if password_env is None:
         try:
@@ -265,7 +338,7 @@ def _write_profile(
         url=f"https://{dns}",
         user=f"{request.name}\\{request.admin_user}",  # a local account of the head node (no AD)
         password=password,
-        ca_bundle=str(ca_file) if ca_file.is_file() else None,
+        cert_fingerprint=thumbprint,
         share=SHARE.format(name=request.name.upper()),
         smb_server=dns,
         node_group=NODE_GROUP,

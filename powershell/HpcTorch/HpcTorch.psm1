@@ -120,6 +120,7 @@ $script:Cli = @{
             Nodes = '--nodes'; AdminUser = '--admin-user'; Image = '--image'; NodePrefix = '--node-prefix'
             HeadNodeSize = '--head-node-size'; WhatIfAzure = '--what-if'; OutputFolder = '--out'
             Template = '--template'; NoCheck = '--no-check'; PollSeconds = '--poll-interval'
+            PurgeDeletedVault = '--purge-deleted-vault'
             Default = '--default'
         }
         Arguments = @('Name')
@@ -709,7 +710,9 @@ function New-HpcTorchCluster {
     cluster's profile, mounts the share on the nodes and runs the checks of Test-HpcTorchCluster. The
     admin password and the nodes' authentication key reach hpcjob through its environment and az
     through its standard input, never a command line. -WhatIf writes the parameters file and prints the
-    az commands; -WhatIfAzure asks Azure what it would create. Needs the Azure CLI, logged in.
+    az commands; -WhatIfAzure asks Azure what it would create. -PurgeDeletedVault purges the soft-deleted
+    Key Vault of an earlier cluster in a resource group of the same name, which would make the deployment
+    fail. Needs the Azure CLI, logged in.
 
     .EXAMPLE
     New-HpcTorchCluster -Name gpu1 -ResourceGroup rg-gpu1 -Location eastus -VmSize Standard_NC24ads_A100_v4 -Nodes 2 -AdminPassword (Read-Host -AsSecureString)
@@ -734,6 +737,7 @@ function New-HpcTorchCluster {
         [string]$Template,
         [ValidateRange(1, 3600)][double]$PollSeconds,
         [switch]$WhatIfAzure,
+        [switch]$PurgeDeletedVault,
         [switch]$NoCheck,
         [switch]$Default
     )
