@@ -86,6 +86,8 @@ COMMANDS: dict[str, tuple[set[str], set[str]]] = {
             "--no-pretty-print",
             "--exclude-change-types",
             "-x",
+            "--no-prompt",
+            "--validation-level",
         },
         {"--resource-group"},
     ),
