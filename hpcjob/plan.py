@@ -8,13 +8,14 @@ RequiredNodes, all with the same torchrun CommandLine whose rendezvous endpoint 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from hpcjob.node import mount_filter
 from hpcjob.spec import PLAIN_PATH, JobSpec, SpecError, check_run_id, parse_node_names
-from hpcjob.torchrun import TorchrunCommand, bash_join, bash_quote, command_line
+from hpcjob.torchrun import NODE_DIR, TorchrunCommand, bash_join, bash_quote, command_line
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,17 @@ SEPARATE_ROUND_STORES = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 MOUNT_VAR = "HPCJOB_MOUNT"
 # What the filter did, in the task's environment: mounted, already mounted, or "failed: <why>".
 MOUNT_RESULT_VAR = "HPCJOB_MOUNT_RESULT"
+# The job's environment (hpcjob/node/env.py): its requirements file in the job folder, and the share's
+# folder of environments (beside the job folders, so that jobs with the same requirements share one).
+REQUIREMENTS_VAR = "HPCJOB_REQUIREMENTS"
+ENVS_VAR = "HPCJOB_ENVS"
+ENVS_FOLDER = "hpcjob/envs"
+
+
+def requirements_file(text: str) -> str:
+    """Where a job's requirements go in its folder: named by their content, so that a run never reads
+    another run's."""
+    return f"{NODE_DIR}/requirements-{hashlib.sha256(text.encode()).hexdigest()[:12]}.txt"
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,8 @@ class JobPlan:
     job_template: str | None = None
     # An elastic job: at least this many nodes go on without the others (None: a gang of all).
     min_nodes: int | None = None
+    # Files the job needs in its folder besides the code (path in the job folder, text): its requirements.
+    files: tuple[tuple[str, str], ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -91,6 +105,7 @@ class JobPlan:
         values["env"] = tuple(env.items()) if isinstance(env, Mapping) else tuple(map(tuple, env))
         values["nodes"] = tuple(data["nodes"])
         values["tasks"] = tuple(TaskPlan(**task) for task in data["tasks"])
+        values["files"] = tuple(map(tuple, data.get("files") or ()))
         mount = data.get("mount")
         values["mount"] = None if mount is None else MountStep(**{**mount, "nodes": tuple(mount["nodes"])})
         return cls(**values)
@@ -132,6 +147,7 @@ def make_plan(
             rdzv_join_timeout=spec.rdzv_join_timeout,
             rdzv_last_call=spec.rdzv_last_call,
             min_nnodes=spec.min_nodes if spec.elastic else None,
+            environment=spec.requirements is not None,
         )
     )
     if len(line) > spec.command_limit:
@@ -153,6 +169,10 @@ def make_plan(
     )
     mount = None
     env = spec.env
+    files: tuple[tuple[str, str], ...] = ()
+    if spec.requirements is not None:
+        files = ((requirements_file(spec.requirements), spec.requirements),)
+        env = (*env, (REQUIREMENTS_VAR, files[0][0]), (ENVS_VAR, f"{root.rstrip('/')}/{ENVS_FOLDER}"))
     if spec.elastic and all(name != SEPARATE_ROUND_STORES[0] for name, _ in env):
         env = (*env, SEPARATE_ROUND_STORES)
     if spec.share is not None:
@@ -181,6 +201,7 @@ def make_plan(
         priority=spec.priority,
         job_template=spec.job_template,
         min_nodes=spec.min_nodes if spec.elastic else None,
+        files=files,
     )
 
 

@@ -217,6 +217,9 @@ class JobSpec:
     priority: str | None = None
     job_template: str | None = None
     exclude_nodes: tuple[str, ...] = ()  # never chosen for the job
+    # The text of a pip requirements file: the job's own packages, in an environment built once per
+    # content on the share (hpcjob/node/env.py); None: the nodes' Python as it is.
+    requirements: str | None = None
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem
@@ -306,6 +309,8 @@ class JobSpec:
             raise SpecError(f"--python {self.python!r} must be a program name or path without spaces")
         _positive("command length limit", self.command_limit)
         self._validate_env()
+        if self.requirements is not None:
+            check_requirements(self.requirements)
 
     def _validate_env(self) -> None:
         total = 0
@@ -326,6 +331,22 @@ class JobSpec:
             raise SpecError(
                 f"--env: {total} characters of environment variables, more than HPC Pack's {TASK_ENV_LIMIT}"
             )
+
+
+# A URL that carries a password (https://user:token@host/...): pip would read it from a file on the share.
+_URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@")
+
+
+def check_requirements(text: str) -> None:
+    """A requirements file that may go to the share: nothing secret in it, and text a node can read."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if _URL_WITH_PASSWORD.search(line):
+            raise SpecError(
+                f"requirements line {number}: a URL with a password would be written to the share; give "
+                "the index's credentials in pip.conf or ~/.netrc on the nodes, readable by you only"
+            )
+        if NOT_XML.search(line) or "\0" in line:
+            raise SpecError(f"requirements line {number} holds a control character")
 
 
 def _positive(option: str, value: int | None, most: int | None = None) -> None:

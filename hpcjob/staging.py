@@ -36,7 +36,7 @@ DEFAULT_IGNORE = (
     "*.pth",
     "*.ckpt",
 )
-NODE_FILES = ("node.sh", "worker.py")
+NODE_FILES = ("node.sh", "worker.py", "env.py")
 MANIFEST = f"{NODE_DIR}/manifest.json"
 
 
@@ -101,14 +101,21 @@ def node_files() -> Iterator[tuple[PurePosixPath, bytes]]:
         yield PurePosixPath(NODE_DIR) / name, (package / name).read_bytes()
 
 
-def stage_run(code_dir: Path, folder: ShareFolder, job_folder: str, run_id: str) -> str:
-    """Upload the code and make the run's log folder, then close `folder`; returns what was done.
+def stage_run(
+    code_dir: Path,
+    folder: ShareFolder,
+    job_folder: str,
+    run_id: str,
+    files: Sequence[tuple[str, str]] = (),
+) -> str:
+    """Upload the code (and the plan's `files`) and make the run's log folder, then close `folder`;
+    returns what was done.
 
     The tasks' stdout/stderr go to the log folder, and the agent checks it can write them before it
     starts a task, so the folder must exist before the job runs.
     """
     try:
-        report = upload(code_dir, folder, job_folder)
+        report = upload(code_dir, folder, job_folder, files)
         folder.makedirs(f"{job_folder}/logs/{run_id}")
     finally:
         folder.close()
@@ -118,8 +125,11 @@ def stage_run(code_dir: Path, folder: ShareFolder, job_folder: str, run_id: str)
     )
 
 
-def upload(code_dir: Path, folder: ShareFolder, job_folder: str) -> SyncReport:
-    """Send the code and the node files to `<job_folder>/` on the share, only what changed.
+def upload(
+    code_dir: Path, folder: ShareFolder, job_folder: str, files: Sequence[tuple[str, str]] = ()
+) -> SyncReport:
+    """Send the code, the node files and `files` (the plan's: path in the job folder, text) to
+    `<job_folder>/` on the share, only what changed.
 
     What was sent is remembered in a manifest in the job folder (size and modification time of each
     file); it is written last, so an interrupted upload is completed by the next one.
@@ -141,7 +151,8 @@ def upload(code_dir: Path, folder: ShareFolder, job_folder: str) -> SyncReport:
         folder.copy_file(f"{job_folder}/{key}", item.path)
         sent += 1
         sent_bytes += item.size
-    for relative, content in node_files():
+    extra = ((PurePosixPath(path), text.encode()) for path, text in files)
+    for relative, content in (*node_files(), *extra):
         key = str(relative)
         current[key] = [len(content), hashlib.sha256(content).hexdigest()]
         if previous.get(key) != current[key]:

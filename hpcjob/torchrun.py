@@ -16,6 +16,7 @@ from dataclasses import dataclass
 NODE_DIR = ".hpcjob"
 NODE_HELPER = f"{NODE_DIR}/node.sh"
 WORKER_SHIM = f"{NODE_DIR}/worker.py"
+ENV_BUILDER = f"{NODE_DIR}/env.py"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class TorchrunCommand:
     rdzv_join_timeout: int | None = None
     rdzv_last_call: int | None = None
     min_nnodes: int | None = None  # elastic: torchrun's --nnodes=MIN:MAX
+    environment: bool = False  # run in the job's environment (hpcjob/node/env.py) built from `python`
 
 
 def bash_quote(word: str) -> str:
@@ -60,8 +62,12 @@ def command_line(cmd: TorchrunCommand) -> str:
     if cmd.rdzv_last_call is not None:
         rdzv_conf += f",last_call_timeout={cmd.rdzv_last_call}"
     helper = bash_join([".", NODE_HELPER, cmd.store_node, cmd.rdzv_id])
+    python = bash_quote(cmd.python)
+    if cmd.environment:  # the node's Python builds (or finds) the job's environment and names its Python
+        helper += f" && HPCJOB_PYTHON=$({python} {ENV_BUILDER})"
+        python = '"$HPCJOB_PYTHON"'
     torchrun = [
-        bash_quote(cmd.python),
+        python,
         "-m torch.distributed.run",
         f"--nnodes={cmd.nnodes}" if cmd.min_nnodes is None else f"--nnodes={cmd.min_nnodes}:{cmd.nnodes}",
         f"--nproc_per_node={cmd.nproc_per_node}",

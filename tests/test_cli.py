@@ -144,12 +144,13 @@ def test_render_copy_to_puts_code_and_node_files_in_the_job_folder(script: Path,
     assert result.returncode == 0, result.stderr
     job_dir = mounted / "hpcjob" / "train"
     assert sorted(p.relative_to(job_dir).as_posix() for p in job_dir.rglob("*") if p.is_file()) == [
+        ".hpcjob/env.py",
         ".hpcjob/manifest.json",
         ".hpcjob/node.sh",
         ".hpcjob/worker.py",
         "train.py",
     ]
-    assert "sent 3 file(s)" in result.stderr
+    assert "sent 4 file(s)" in result.stderr
 
 
 def test_renders_of_one_job_folder_share_its_run_id_and_staging_starts_a_new_one(

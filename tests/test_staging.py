@@ -66,10 +66,14 @@ def test_sync_sends_only_what_changed(tmp_path: Path) -> None:
     code, share = tmp_path / "code", tmp_path / "share" / "hpcjob" / "job"
     make_tree(code, {"train.py": "print(1)\n", "lib/util.py": "x = 1\n"})
     folder = LocalFolder(tmp_path / "share")
-    first = upload(code, folder, "hpcjob/job")
-    assert first.files_sent == 4 and first.files_unchanged == 0  # two code files and two node files
-    assert (share / ".hpcjob" / "node.sh").is_file() and (share / ".hpcjob" / "worker.py").is_file()
-    again = upload(code, folder, "hpcjob/job")
+    requirements = ((".hpcjob/requirements-abc.txt", "tiny==1.0\n"),)  # a plan's file
+    first = upload(code, folder, "hpcjob/job", requirements)
+    assert first.files_sent == 6 and first.files_unchanged == 0  # 2 code files, 3 node files, 1 of the plan
+    assert sorted(p.name for p in (share / ".hpcjob").iterdir()) == [
+        "env.py", "manifest.json", "node.sh", "requirements-abc.txt", "worker.py"
+    ]  # fmt: skip
+    assert (share / ".hpcjob" / "requirements-abc.txt").read_text() == "tiny==1.0\n"
+    again = upload(code, folder, "hpcjob/job", requirements)
     assert (again.files_sent, again.bytes_sent, again.files_unchanged) == (0, 0, 2)
     (code / "train.py").write_text("print(22)\n")
     os.utime(code / "train.py", ns=(1, 1))

@@ -375,7 +375,8 @@ def submit_and_follow(
         return cluster.share(spec.share, smb_user, smb_server, smb_port)
 
     if spec.share:
-        progress(stage_run(Path(spec.script).resolve().parent, open_share(), spec.job_folder, plan.run_id))
+        code_dir = Path(spec.script).resolve().parent
+        progress(stage_run(code_dir, open_share(), spec.job_folder, plan.run_id, plan.files))
     else:
         progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
     first = RunRecord.of(

@@ -111,7 +111,9 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
         else:
             assert spec.share is not None  # checked above
             folder = open_smb(spec.share, params)
-        staged = stage_run(Path(spec.script).resolve().parent, folder, spec.job_folder, plan.run_id)
+        staged = stage_run(
+            Path(spec.script).resolve().parent, folder, spec.job_folder, plan.run_id, plan.files
+        )
         click.echo(f"hpcjob: run {run_id}: {staged}", err=True)
         save_run(record)
     click.echo(text, nl=False)
@@ -202,7 +204,7 @@ def run(
     )
     if backend.gpu_note:
         progress(backend.gpu_note)
-    upload(Path(spec.script).resolve().parent, LocalFolder(share_root), spec.job_folder)
+    upload(Path(spec.script).resolve().parent, LocalFolder(share_root), spec.job_folder, plan.files)
     pid, pid_start = this_process()
     save_run(
         RunRecord.of(

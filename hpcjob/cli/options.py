@@ -201,12 +201,52 @@ def job_options(command: F) -> F:
             metavar="NAME",
             help="Never choose this node, repeatable (when hpcjob chooses the nodes).",
         ),
+        click.option(
+            "--requirements",
+            type=click.Path(dir_okay=False),
+            metavar="FILE",
+            help="pip requirements of the job: installed once per content into an environment on the "
+            "share that every task runs with [default: requirements.txt beside SCRIPT, if there is one].",
+        ),
+        click.option(
+            "--no-env",
+            is_flag=True,
+            help="Run with the nodes' Python as it is, even with a requirements.txt beside SCRIPT.",
+        ),
         click.argument("script", type=click.Path(dir_okay=False)),
         click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
     ]
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def requirements_text(script: Path, given: str | None, no_env: bool) -> str | None:
+    """The job's requirements: the file given, else requirements.txt beside the script (said on one
+    line), else none; none at all with --no-env."""
+    from hpcjob.spec import SpecError
+
+    if given is not None and no_env:
+        raise SpecError("--requirements and --no-env contradict each other: give one")
+    if no_env:
+        return None
+    path = Path(given) if given is not None else script.resolve().parent / "requirements.txt"
+    if given is None:
+        if not path.is_file():
+            return None
+        click.echo(
+            f"hpcjob: the job's packages from {path.name} beside {script.name} (--no-env: the nodes' "
+            "Python as it is)",
+            err=True,
+        )
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"--requirements {given}: no such file") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"--requirements {given}: not UTF-8 text") from None
+    except OSError as exc:
+        raise SpecError(f"--requirements {given}: {exc.strerror}") from None
 
 
 def smb_options(command: F) -> F:
@@ -286,6 +326,7 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
         "priority": params["priority"],
         "job_template": params["job_template"],
         "exclude_nodes": tuple(params["exclude_nodes"]),
+        "requirements": requirements_text(script, params["requirements"], params["no_env"]),
     }
     if params["mount_point"]:
         fields["mount_point"] = params["mount_point"]

@@ -24,6 +24,7 @@ import runpy
 import signal
 import sys
 import time
+from typing import Optional
 
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
 
@@ -102,7 +103,7 @@ def _watch(child: int, reports: int) -> None:
     os._exit(code)
 
 
-def _run(script: str, reports: int | None) -> None:
+def _run(script: str, reports: Optional[int]) -> None:
     """Run the script as `__main__`, as the rank; tell the watching shim a failing exit code."""
     try:
         runpy.run_path(script, run_name="__main__")
@@ -116,7 +117,7 @@ def _run(script: str, reports: int | None) -> None:
         raise
 
 
-def _report(reports: int | None, code: int) -> None:
+def _report(reports: Optional[int], code: int) -> None:
     if reports is not None and code != 0:
         with contextlib.suppress(OSError):
             os.write(reports, f"{time.time():.6f} {code}\n".encode())

@@ -33,6 +33,8 @@ $script:JobOptions = @{
     Priority     = '--priority'
     JobTemplate  = '--job-template'
     ExcludeNode  = '--exclude-node'
+    Requirements = '--requirements'
+    NoEnv        = '--no-env'
 }
 $script:SmbOptions = @{ SmbUser = '--smb-user'; SmbServer = '--smb-server'; SmbPort = '--smb-port' }
 $script:ClusterOptions = @{ Cluster = '--cluster'; Backend = '--backend' }
@@ -359,6 +361,8 @@ function Submit-HpcTorchJob {
         [ValidateSet('Lowest', 'BelowNormal', 'Normal', 'AboveNormal', 'Highest')][string]$Priority,
         [string]$JobTemplate,
         [string[]]$ExcludeNode,
+        [string]$Requirements,
+        [switch]$NoEnv,
         [string]$SmbUser,
         [string]$SmbServer,
         [ValidateRange(1, 65535)][int]$SmbPort,
@@ -368,6 +372,9 @@ function Submit-HpcTorchJob {
         [pscredential]$Credential
     )
     $PSBoundParameters['Script'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Script
+    if ($Requirements) {
+        $PSBoundParameters['Requirements'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Requirements
+    }
     $target = if ($Node) { $Node -join ', ' } elseif ($Nodes) { "$Nodes node(s)" } else { 'the cluster' }
     if ($PSCmdlet.ShouldProcess($target, "Submit $Script")) {
         Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Submit-HpcTorchJob' -Bound $PSBoundParameters `
@@ -423,11 +430,16 @@ function Invoke-HpcTorchJob {
         [ValidateSet('Lowest', 'BelowNormal', 'Normal', 'AboveNormal', 'Highest')][string]$Priority,
         [string]$JobTemplate,
         [string[]]$ExcludeNode,
+        [string]$Requirements,
+        [switch]$NoEnv,
         [hashtable]$Tag,
         [switch]$Quiet,
         [ValidateRange(0, 86400)][double]$GracePeriod
     )
     $PSBoundParameters['Script'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Script
+    if ($Requirements) {
+        $PSBoundParameters['Requirements'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Requirements
+    }
     Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Invoke-HpcTorchJob' -Bound $PSBoundParameters `
         -TypeName 'HpcTorch.JobSummary'
 }

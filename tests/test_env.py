@@ -1,0 +1,329 @@
+"""The job's own Python packages (issue 19): an environment built once per content on the share, under a
+lock, by the first task that gets there, with a real `pip install` from a local wheelhouse (no index is
+reachable here), and real torchrun jobs that run in it."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hpcjob.plan import ENVS_VAR, REQUIREMENTS_VAR, make_plan, requirements_file
+from hpcjob.render import job_xml
+from hpcjob.spec import SpecError
+from hpcjob.staging import node_files
+
+from .conftest import RUN_ID, cluster_spec
+from .test_local_e2e import hpcjob_run
+from .test_mount_filter import python36
+
+ENV_BUILDER = Path(__file__).resolve().parents[1] / "hpcjob" / "node" / "env.py"
+
+
+def make_wheel(folder: Path, name: str, version: str, code: str) -> Path:
+    """A pure-Python wheel made by hand (building one would need setuptools from an index)."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": code,
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hpcjob-tests\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+    return wheel
+
+
+@pytest.fixture
+def wheelhouse(tmp_path: Path) -> Path:
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    make_wheel(folder, "tinya", "1.0", "VALUE = 'a1'\n")
+    make_wheel(folder, "tinyb", "2.0", "VALUE = 'b2'\n")
+    return folder
+
+
+def requirements(wheelhouse: Path, *names: str) -> str:
+    return "".join(f"{line}\n" for line in ("--no-index", f"--find-links {wheelhouse}", *names))
+
+
+def run_builder(job_dir: Path, envs: Path, text: str, node: str = "N1", **env: str) -> subprocess.Popen[str]:
+    """env.py as a task runs it: in the job folder, with the requirements file the plan names."""
+    path = requirements_file(text)
+    (job_dir / path).parent.mkdir(parents=True, exist_ok=True)
+    (job_dir / path).write_text(text)
+    logs = job_dir / "logs" / "run-1"
+    logs.mkdir(parents=True, exist_ok=True)
+    variables = {
+        "PATH": os.environ["PATH"],
+        REQUIREMENTS_VAR: path,
+        ENVS_VAR: str(envs),
+        "HPCJOB_LOG_DIR": str(logs),
+        "HPCJOB_NODE": node,
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, str(ENV_BUILDER)],
+        cwd=job_dir,
+        env=variables,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=180)
+    return process.returncode, out.strip(), err
+
+
+def test_a_killed_build_is_never_complete_and_the_next_task_builds_it_again(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    text = requirements(wheelhouse, "tinya==1.0")
+    envs = tmp_path / "envs"
+    first = run_builder(tmp_path, envs, text, HPCJOB_ENV_STALE_S="2")
+    assert first.stderr is not None
+    line = first.stderr.readline()
+    assert "hpcjob: building environment" in line
+    first.kill()  # SIGKILL mid-build: nothing runs on the way out, the lock stays behind
+    first.wait()
+    owner = envs / next(p.name for p in envs.iterdir())
+    assert not list(owner.glob("*/.hpcjob-complete")) and list(owner.glob("*.lock"))
+    started = time.monotonic()
+    code, python, err = finish(run_builder(tmp_path, envs, text, HPCJOB_ENV_STALE_S="2"))
+    assert code == 0, err
+    assert "stopped beating: taking over" in err and "ready in" in err
+    assert time.monotonic() - started < 60
+    check = subprocess.run(
+        [python, "-c", "import tinya, torch; print(tinya.VALUE)"], capture_output=True, text=True
+    )
+    assert check.stdout.strip() == "a1", check.stderr  # its packages and the base Python's (torch)
+    assert not list(owner.glob("*.lock"))
+
+
+def test_a_changed_requirements_file_builds_another_environment(tmp_path: Path, wheelhouse: Path) -> None:
+    envs = tmp_path / "envs"
+    code, first, err = finish(run_builder(tmp_path, envs, requirements(wheelhouse, "tinya==1.0")))
+    assert code == 0, err
+    code, again, err = finish(run_builder(tmp_path, envs, requirements(wheelhouse, "tinya==1.0")))
+    assert (code, again) == (0, first) and "built before" in err and "building" not in err
+    code, other, err = finish(
+        run_builder(tmp_path, envs, requirements(wheelhouse, "tinya==1.0", "tinyb==2.0"))
+    )
+    assert code == 0 and other != first, err
+    assert subprocess.run([other, "-c", "import tinyb"]).returncode == 0
+    assert subprocess.run([first, "-c", "import tinyb"], capture_output=True).returncode != 0
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # a node's own Python, which another user may run
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or subprocess.run([SYSTEM_PYTHON, "-c", "import ensurepip"]).returncode != 0,
+    reason="needs root (to run as two users) and a system python3 with venv",
+)
+def test_two_users_never_share_an_environment(wheelhouse: Path) -> None:
+    base = Path(tempfile.mkdtemp(prefix="hpcjob-env-users-"))  # pytest's own folders are root's only
+    try:
+        base.chmod(0o755)
+        envs = base / "envs"
+        envs.mkdir()
+        envs.chmod(0o1777)  # a share folder both users write to
+        logs = base / "logs" / "run-1"
+        logs.mkdir(parents=True)
+        logs.chmod(0o777)
+        house = base / "wheels"
+        shutil.copytree(wheelhouse, house)
+        text = requirements(house, "tinya==1.0")
+        (base / requirements_file(text)).parent.mkdir()
+        (base / requirements_file(text)).write_text(text)
+        variables = {
+            "PATH": os.environ["PATH"],
+            REQUIREMENTS_VAR: requirements_file(text),
+            ENVS_VAR: str(envs),
+            "HPCJOB_LOG_DIR": str(logs),
+        }
+        builder = base / "env.py"
+        shutil.copy(ENV_BUILDER, builder)
+
+        def build(user: int | None, node: str) -> str:
+            def become() -> None:
+                if user is not None:
+                    os.setgid(user)
+                    os.setuid(user)
+
+            done = subprocess.run(
+                [SYSTEM_PYTHON, str(builder)], cwd=base, capture_output=True, text=True, timeout=180,
+                env={**variables, "HPCJOB_NODE": node}, preexec_fn=become,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            return done.stdout.strip()
+
+        mine, theirs = build(None, "N1"), build(65534, "N2")
+        assert Path(mine).parts[-4] == "root" and Path(theirs).parts[-4] == "nobody", (mine, theirs)
+        assert (envs / "root").stat().st_mode & 0o777 == 0o700  # nobody cannot touch root's environments
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_job_s_environment_is_built_once_and_a_second_job_installs_nothing(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(
+        "import os, tinya, torch\nprint('rank', os.environ['RANK'], tinya.VALUE, flush=True)\n"
+    )
+    (code / "requirements.txt").write_text(requirements(wheelhouse, "tinya==1.0"))  # used as it is beside
+    share = tmp_path / "share"
+
+    def job(run_id: str) -> tuple[dict[str, object], str, str, str]:
+        done = subprocess.run(
+            [*hpcjob_run(share, run_id, "-n", "2", str(code / "train.py"))],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        logs = share / "hpcjob" / "train" / "logs" / run_id
+        errs = "".join((logs / f"LOCAL{n}.err").read_text() for n in (1, 2))
+        outs = "".join((logs / f"LOCAL{n}.out").read_text() for n in (1, 2))
+        return json.loads(done.stdout), errs, outs, done.stderr
+
+    summary, errs, outs, said = job("env-1")
+    assert summary["state"] == "Finished"
+    assert "the job's packages from requirements.txt beside train.py" in said
+    assert errs.count("building environment") == 1 and errs.count("waiting for environment") == 1
+    assert outs.count(" a1") == 2  # both ranks imported the environment's package
+    summary, errs, _, _ = job("env-2")
+    assert errs.count("built before") == 2 and "building" not in errs and "waiting" not in errs
+
+
+@pytest.mark.slow
+def test_a_failed_install_fails_the_job_before_training_with_pip_s_reason(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('training started')\n")
+    (code / "reqs.txt").write_text(requirements(wheelhouse, "tinya==1.0", "tinyz==9"))
+    share = tmp_path / "share"
+    done = subprocess.run(
+        [
+            *hpcjob_run(
+                share, "env-bad", "-n", "2", "--requirements", str(code / "reqs.txt"), str(code / "train.py")
+            )
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    summary = json.loads(done.stdout)
+    assert done.returncode == 1 and summary["state"] == "Failed"
+    reason = summary["root_cause"]["reason"]
+    assert reason.startswith(
+        "hpcjob: error: the job's environment did not build: ERROR: No matching distribution"
+    )
+    assert "tinyz==9" in reason and "training started" not in done.stderr
+    logs = share / "hpcjob" / "train" / "logs" / "env-bad"
+    assert "Looking in links" in next(logs.glob("*.env.log")).read_text()  # pip's whole log, kept
+    assert not list((share / "hpcjob" / "envs").glob("*/*/.hpcjob-complete"))
+
+
+def test_the_task_runs_in_the_environment_the_node_builds(golden: Callable[[str, str], None]) -> None:
+    spec = cluster_spec(2, requirements="torchvision==0.29.1\n")
+    plan = make_plan(spec, spec.node_names, RUN_ID)
+    text = job_xml(plan)
+    golden("job-2node-requirements.xml", text)
+    task = ET.fromstring(text).find(".//{*}Task")
+    assert task is not None
+    line = task.get("CommandLine") or ""
+    assert ' && HPCJOB_PYTHON=$(python3 .hpcjob/env.py) && "$HPCJOB_PYTHON" -m torch.distributed.run ' in line
+    assert dict(plan.env)[ENVS_VAR] == "/app/hpcjob/envs"
+    assert plan.files == ((dict(plan.env)[REQUIREMENTS_VAR], "torchvision==0.29.1\n"),)
+    assert ".hpcjob/env.py" in {str(path) for path, _ in node_files()}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("--index-url https://alice:s3cret@pypi.contoso.com/simple\n", "line 1: a URL with a password"),
+        ("torch\ngit+https://tok:x-oauth@github.com/a/b.git\n", "requirements line 2: a URL with a password"),
+        ("torch\x07\n", "requirements line 1 holds a control character"),
+    ],
+)  # fmt: skip
+def test_requirements_that_would_leak_a_password_are_refused(text: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        cluster_spec(2, requirements=text)
+
+
+def test_requirements_beside_the_script_are_used_and_no_env_turns_them_off(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "requirements.txt").write_text("tinya==1.0\n")
+
+    def render(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hpcjob.cli", "render", "--node", "A", *extra, str(tmp_path / "train.py")],
+            capture_output=True,
+            text=True,
+        )
+
+    used = render()
+    assert used.returncode == 0, used.stderr
+    assert used.stderr.splitlines() == [
+        "hpcjob: the job's packages from requirements.txt beside train.py (--no-env: the nodes' Python as "
+        "it is)"
+    ]
+    assert "HPCJOB_REQUIREMENTS" in used.stdout
+    plain = render("--no-env")
+    assert plain.returncode == 0 and "HPCJOB_REQUIREMENTS" not in plain.stdout
+    assert "the job's packages" not in plain.stderr
+    both = render("--no-env", "--requirements", str(tmp_path / "requirements.txt"))
+    assert both.returncode == 2 and "--requirements and --no-env contradict each other" in both.stderr
+    missing = render("--requirements", str(tmp_path / "nope.txt"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+@pytest.mark.skipif(python36() is None, reason="no Python 3.6 on this machine")
+def test_a_node_with_python_3_6_builds_its_own_environment(tmp_path: Path, wheelhouse: Path) -> None:
+    """CentOS 7 and Ubuntu 18.04 nodes: env.py runs there, and their Python is part of the key."""
+    python = python36()
+    assert python is not None
+    text = requirements(wheelhouse, "tinya==1.0")
+    envs = tmp_path / "envs"
+    process = run_builder(tmp_path, envs, text)
+    code, newest, err = finish(process)
+    assert code == 0, err
+    (tmp_path / "logs" / "run-1").mkdir(parents=True, exist_ok=True)
+    old = subprocess.run(
+        [python, str(ENV_BUILDER)], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+        env={"PATH": os.environ["PATH"], REQUIREMENTS_VAR: requirements_file(text), ENVS_VAR: str(envs),
+             "HPCJOB_LOG_DIR": str(tmp_path / "logs" / "run-1"), "HPCJOB_NODE": "OLD"},
+    )  # fmt: skip
+    assert old.returncode == 0, old.stderr
+    built = old.stdout.strip()
+    assert built != newest  # another Python, another environment
+    check = subprocess.run([built, "-c", "import sys, tinya; print(sys.version_info[:2], tinya.VALUE)"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert check.stdout.strip() == "(3, 6) a1", check.stderr
