@@ -336,3 +336,31 @@ def test_the_readme_flow_by_hand_runs_on_the_head_node(cluster: Cluster, tmp_pat
     logs = cluster.hpcjob("logs", str(run_id))
     assert logs.returncode == 0, logs.stderr
     assert "epoch 1/1" in logs.stdout
+
+
+def test_the_job_s_environment_is_built_on_the_share_through_either_front_door(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """--requirements through REST builds the environment once on the share (a real pip install from a
+    local wheelhouse); the same requirements through WinRM find it built and install nothing."""
+    from .test_env import make_wheel, requirements
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "tinya", "1.0", "VALUE = 'a1'\n")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("import os, tinya\nprint('rank', os.environ['RANK'], tinya.VALUE)\n")
+    (code / "reqs.txt").write_text(requirements(wheels, "tinya==1.0"))
+    for backend, said in (("rest", "building environment"), ("winrm", "built before")):
+        result = cluster.submit(
+            "--backend", backend, "--wait", "--json", "-n", "2", "--requirements", str(code / "reqs.txt"),
+            str(code / "train.py"),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        status = json.loads(result.stdout)
+        logs = cluster.hpcjob("logs", str(status["job_id"]))
+        assert logs.stdout.count(" a1") == 2, logs.stdout[-3000:]
+        assert said in logs.stdout, logs.stdout[-3000:]
+    complete = list((cluster.share_dir / "hpcjob" / "envs").glob("*/*/.hpcjob-complete"))
+    assert len(complete) == 1 and json.loads(complete[0].read_text())["node"] in ("LOCALHOST", "NODE002")
