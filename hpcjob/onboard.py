@@ -296,11 +296,12 @@ def _family_key(name: str) -> str:
 
 
 def offered_family(request: OnboardRequest, skus: list[Mapping[str, Any]]) -> str | None:
-    """The size's quota family as `az vm list-skus` names it, or None when the size is not offered to
-    this subscription in the region (the deployment would fail with SkuNotAvailable after minutes)."""
+    """The size's quota family as `az vm list-skus` names it ("" when it names none), or None when the
+    size is not offered to this subscription in the region (the deployment would fail with
+    SkuNotAvailable after minutes)."""
     for row in skus:
         if str(row.get("name", "")).casefold() == request.vm_size.casefold():
-            return str(row.get("family") or "") or None
+            return str(row.get("family") or "")
     return None
 
 
@@ -321,16 +322,16 @@ def quota_problems(
         total, what = total + table.head_node_vcpus, f"{what} and the head node"
     wanted.append((REGIONAL_TOTAL, total, what))
     needed: dict[str, tuple[str, int, str]] = {}
-    for family, vcpus, who in wanted:  # the head node may share the nodes' family
-        key = _family_key(family)
+    for name, vcpus, who in wanted:  # the head node may share the nodes' family
+        key = _family_key(name)
         if key in needed:
             _, before, named = needed[key]
             vcpus, who = before + vcpus, f"{named} and {who}"
-        needed[key] = (family, vcpus, who)
+        needed[key] = (name, vcpus, who)
     rows = {_family_key(str((row.get("name") or {}).get("value", ""))): row for row in usage}
     problems = []
-    for key, (family, vcpus, who) in needed.items():
-        label = "Total Regional vCPUs" if key == REGIONAL_TOTAL else family
+    for key, (name, vcpus, who) in needed.items():
+        label = "Total Regional vCPUs" if key == REGIONAL_TOTAL else name
         row = rows.get(key)
         if row is None:
             problems.append(

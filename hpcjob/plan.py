@@ -129,6 +129,11 @@ def make_plan(
     if len(nodes) != spec.node_count:
         raise SpecError(f"{len(nodes)} node(s) chosen for a job of {spec.node_count} node(s)")
     check_run_id(run_id)
+    if f"{spec.job_folder}/".startswith(f"{ENVS_FOLDER}/"):
+        raise SpecError(
+            f"job folder {spec.job_folder} is where the jobs' environments live: choose another --name or "
+            "--job-folder"
+        )
     root = (mount_point or spec.mount_point).rstrip("/") or "/"
     job_dir = f"{root.rstrip('/')}/{spec.job_folder}"
     log_dir = f"{job_dir}/logs/{run_id}"

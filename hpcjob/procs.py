@@ -32,13 +32,15 @@ Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
 # Run in front of every task's command: ignored signals survive exec, and a script's background job
 # ignores SIGINT and SIGQUIT, nohup SIGHUP, and Python itself SIGPIPE and SIGXFSZ. A task that ignored
 # SIGINT could not be stopped gracefully, so each is reset to the default, then the task's program
-# replaces this Python (same pid). The stopping signals are blocked meanwhile: one that came while
-# this Python held its own SIGINT handler would otherwise be lost at exec; blocked, it waits in the
-# kernel and ends the process as soon as the default is back.
+# replaces this Python (same pid). The stopping signals are blocked meanwhile (by its starter, from before
+# it starts): one that came while this Python held its own SIGINT handler would otherwise be lost at exec,
+# or raise KeyboardInterrupt in its start-up; blocked, it waits in the kernel and ends the process as
+# soon as the default is back.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 DEFAULT_SIGNALS = (
     "import os, signal, sys\n"
     "stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}\n"
-    "signal.pthread_sigmask(signal.SIG_BLOCK, stops)\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # blocked already when started by TaskProcess\n"
     "for s in signal.valid_signals():\n"
     "    try:\n"
     "        if s not in (signal.SIGKILL, signal.SIGSTOP) and (\n"
@@ -105,15 +107,22 @@ class TaskProcess:
     ) -> None:
         self.marker = f"{MARKER_VAR}={marker}\0".encode()
         self._lock = threading.Lock()
-        self.popen = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", DEFAULT_SIGNALS, *argv],
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,  # its own session, like a task forked by the agent
-        )
+        # Blocked from before the fork: the signal mask survives fork and exec, so a stopping signal
+        # that comes while the Python below starts up waits in the kernel, instead of raising
+        # KeyboardInterrupt in the middle of the interpreter's own start (exit code 1, a traceback).
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", DEFAULT_SIGNALS, *argv],
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,  # its own session, like a task forked by the agent
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         table = process_table()
         start = table.get(self.popen.pid, (0, -1, b""))[1]
         self._seen: set[Proc] = {(self.popen.pid, start)}

@@ -333,17 +333,28 @@ class JobSpec:
             )
 
 
-# A URL that carries a password (https://user:token@host/...): pip would read it from a file on the share.
-_URL_WITH_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@")
+# An http(s) URL with a user or a token in it (https://user:pass@host, https://ghp_TOKEN@github.com):
+# pip would read it from a file on the share. ssh://git@host names no secret.
+_URL_WITH_SECRET = re.compile(r"https?://[^/\s@]+@", re.I)
+# What a requirements file names relative to itself: it is copied into .hpcjob/ of the job folder, and
+# the environment's key is the file's own text, so these would be looked for elsewhere, or not rebuilt.
+_RELATIVE = re.compile(r"(-r|--requirement|-c|--constraint|-e|--editable)(\s|=|$)|\.{1,2}/|file:(?!//)")
 
 
 def check_requirements(text: str) -> None:
-    """A requirements file that may go to the share: nothing secret in it, and text a node can read."""
+    """A requirements file that may go to the share: nothing secret in it, nothing it names relative to
+    itself, and text a node can read."""
     for number, line in enumerate(text.splitlines(), 1):
-        if _URL_WITH_PASSWORD.search(line):
+        if _URL_WITH_SECRET.search(line):
             raise SpecError(
-                f"requirements line {number}: a URL with a password would be written to the share; give "
-                "the index's credentials in pip.conf or ~/.netrc on the nodes, readable by you only"
+                f"requirements line {number}: a URL with a user or token would be written to the share; "
+                "give the index's credentials in pip.conf or ~/.netrc on the nodes, readable by you only"
+            )
+        if _RELATIVE.match(line.strip()):
+            raise SpecError(
+                f"requirements line {number}: -r, -c, -e and relative paths are not taken (the file is "
+                "copied into the job folder, and only its own text keys the environment): list the "
+                "packages in the file itself, or give absolute paths on the nodes"
             )
         if NOT_XML.search(line) or "\0" in line:
             raise SpecError(f"requirements line {number} holds a control character")

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,7 +109,7 @@ def test_a_killed_build_is_never_complete_and_the_next_task_builds_it_again(
     first.kill()  # SIGKILL mid-build: nothing runs on the way out, the lock stays behind
     first.wait()
     owner = envs / next(p.name for p in envs.iterdir())
-    assert not list(owner.glob("*/.hpcjob-complete")) and list(owner.glob("*.lock"))
+    assert not list(owner.glob("*.ready")) and list(owner.glob("*.lock"))
     started = time.monotonic()
     code, python, err = finish(run_builder(tmp_path, envs, text, HPCJOB_ENV_STALE_S="2"))
     assert code == 0, err
@@ -118,7 +119,48 @@ def test_a_killed_build_is_never_complete_and_the_next_task_builds_it_again(
         [python, "-c", "import tinya, torch; print(tinya.VALUE)"], capture_output=True, text=True
     )
     assert check.stdout.strip() == "a1", check.stderr  # its packages and the base Python's (torch)
-    assert not list(owner.glob("*.lock"))
+    assert not list(owner.glob("*.lock")) and len(list(owner.glob("*-*"))) == 1  # the dead build is gone
+
+
+def test_a_builder_taken_over_while_paused_marks_nothing_and_harms_nobody(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    """A builder stopped (SIGSTOP: a node that froze) stops beating; another task takes over and builds in
+    a folder of its own. The first, resumed, finds the lock no longer its own: it neither marks its build
+    ready nor removes the other's lock, and waits for the other's build."""
+    text = requirements(wheelhouse, "tinya==1.0")
+    envs = tmp_path / "envs"
+    paused = run_builder(tmp_path, envs, text, node="A", HPCJOB_ENV_STALE_S="2")
+    assert paused.stderr is not None and "building environment" in paused.stderr.readline()
+    paused.send_signal(signal.SIGSTOP)
+    try:
+        code, python, err = finish(run_builder(tmp_path, envs, text, node="B", HPCJOB_ENV_STALE_S="2"))
+        assert code == 0 and "taking over" in err, err
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    code, resumed, err = finish(paused)
+    assert (code, resumed) == (0, python), err  # the build B marked ready, whatever A had done
+    owner = envs / next(p.name for p in envs.iterdir())
+    record = json.loads(next(owner.glob("*.ready")).read_text())
+    assert record["node"] == "B" and Path(python).parts[-3] == record["build"]
+    assert subprocess.run([python, "-c", "import tinya"]).returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant a folder as another user")
+def test_an_environment_folder_another_user_planted_is_never_used(tmp_path: Path, wheelhouse: Path) -> None:
+    """Anyone can work out a key (the requirements and the node's Python): a user's folder that someone
+    else owns, or may write to, is refused before anything in it runs."""
+    text = requirements(wheelhouse, "tinya==1.0")
+    envs = tmp_path / "envs"
+    planted = envs / "root"
+    planted.mkdir(parents=True)
+    os.chown(planted, 65534, 65534)
+    code, python, err = finish(run_builder(tmp_path, envs, text))
+    assert code == 1 and python == "" and "is not a folder of yours that only you may write to" in err
+    os.chown(planted, 0, 0)
+    planted.chmod(0o777)
+    code, python, err = finish(run_builder(tmp_path, envs, text))
+    assert code == 1 and "is not a folder of yours" in err
 
 
 def test_a_changed_requirements_file_builds_another_environment(tmp_path: Path, wheelhouse: Path) -> None:
@@ -248,7 +290,7 @@ def test_a_failed_install_fails_the_job_before_training_with_pip_s_reason(
     assert "tinyz==9" in reason and "training started" not in done.stderr
     logs = share / "hpcjob" / "train" / "logs" / "env-bad"
     assert "Looking in links" in next(logs.glob("*.env.log")).read_text()  # pip's whole log, kept
-    assert not list((share / "hpcjob" / "envs").glob("*/*/.hpcjob-complete"))
+    assert not list((share / "hpcjob" / "envs").glob("*/*.ready"))
 
 
 def test_the_task_runs_in_the_environment_the_node_builds(golden: Callable[[str, str], None]) -> None:
@@ -268,14 +310,32 @@ def test_the_task_runs_in_the_environment_the_node_builds(golden: Callable[[str,
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("--index-url https://alice:s3cret@pypi.contoso.com/simple\n", "line 1: a URL with a password"),
-        ("torch\ngit+https://tok:x-oauth@github.com/a/b.git\n", "requirements line 2: a URL with a password"),
+        ("--index-url https://alice:s3cret@pypi.contoso.com/simple\n", "line 1: a URL with a user or token"),
+        ("torch\ngit+https://tok:x-oauth@github.com/a/b.git\n", "requirements line 2: a URL with a user"),
         ("torch\x07\n", "requirements line 1 holds a control character"),
+        ("git+https://ghp_abc123@github.com/a/b.git\n", "line 1: a URL with a user or token"),
+        ("torch\n-r base.txt\n", "requirements line 2: -r, -c, -e and relative paths are not taken"),
+        ("--constraint=c.txt\n", "line 1: -r, -c, -e and relative paths"),
+        ("-e .\n", "line 1: -r, -c, -e and relative paths"),
+        ("./mypkg\n", "line 1: -r, -c, -e and relative paths"),
     ],
 )  # fmt: skip
-def test_requirements_that_would_leak_a_password_are_refused(text: str, message: str) -> None:
+def test_requirements_that_would_leak_a_secret_or_name_files_beside_them_are_refused(
+    text: str, message: str
+) -> None:
     with pytest.raises(SpecError, match=message):
         cluster_spec(2, requirements=text)
+
+
+def test_requirements_may_name_absolute_paths_and_ssh_urls_on_the_nodes() -> None:
+    text = "--find-links /app/wheels\n/app/wheels/tinya-1.0-py3-none-any.whl\ngit+ssh://git@host/a/b.git\n"
+    assert cluster_spec(2, requirements=text).requirements == text
+
+
+def test_no_job_takes_the_environments_folder() -> None:
+    spec = cluster_spec(2, name="envs")  # its folder would be hpcjob/envs
+    with pytest.raises(SpecError, match="job folder hpcjob/envs is where the jobs' environments live"):
+        make_plan(spec, spec.node_names, RUN_ID)
 
 
 def test_requirements_beside_the_script_are_used_and_no_env_turns_them_off(tmp_path: Path) -> None:

@@ -330,6 +330,18 @@ def test_onboarding_again_after_delete_purges_the_old_vault_with_consent(
     assert "gpu1" in tomllib.loads(Path(az_env["HPCJOB_CONFIG"]).read_text())["clusters"]
 
 
+def test_what_if_warns_of_a_soft_deleted_vault_that_azure_s_preview_does_not_see(
+    hpcjob: CommandRunner,
+) -> None:
+    assert onboard(hpcjob).returncode == 0
+    assert hpcjob("cluster", "delete", "gpu1", "--yes").returncode == 0
+    preview = onboard(hpcjob, "--what-if")
+    assert preview.returncode == 0, preview.stderr
+    assert (
+        "warning: the deployment itself would need the soft-deleted Key Vault rg-gpu1-kv-" in preview.stderr
+    )
+
+
 def test_the_fake_az_refuses_what_az_refuses(az_env: dict[str, str], tmp_path: Path) -> None:
     """So that the tests above cannot pass on an option or a download that the real az would refuse."""
 

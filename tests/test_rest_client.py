@@ -31,6 +31,7 @@ from hpcjob.backends.scheduler import (
     RetryPolicy,
     choose_nodes,
     job_summary,
+    pin_certificate,
     refuse_taken_names,
     run_job_names,
 )
@@ -536,6 +537,16 @@ def test_a_pinned_certificate_is_trusted_by_its_fingerprint_alone(
     with pytest.raises(RestError, match=r"failed verification \(its fingerprint is not the cluster"):
         client.version()
     assert slept == []
+
+
+def test_the_pin_holds_through_an_https_proxy_too() -> None:
+    """requests builds the pool manager of a proxy apart from the direct one: both must carry the pin."""
+    session = requests.Session()
+    pin_certificate(session, "AB" * 20)
+    adapter = session.get_adapter("https://head.contoso.com")
+    assert adapter.poolmanager.connection_pool_kw["assert_fingerprint"] == "ab" * 20
+    proxied = adapter.proxy_manager_for("http://proxy.contoso.com:3128")
+    assert proxied.connection_pool_kw["assert_fingerprint"] == "ab" * 20
 
 
 def test_a_submitted_job_ends_with_the_summary_of_a_local_run(tmp_path: Path) -> None:

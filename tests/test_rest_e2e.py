@@ -362,5 +362,5 @@ def test_the_job_s_environment_is_built_on_the_share_through_either_front_door(
         logs = cluster.hpcjob("logs", str(status["job_id"]))
         assert logs.stdout.count(" a1") == 2, logs.stdout[-3000:]
         assert said in logs.stdout, logs.stdout[-3000:]
-    complete = list((cluster.share_dir / "hpcjob" / "envs").glob("*/*/.hpcjob-complete"))
+    complete = list((cluster.share_dir / "hpcjob" / "envs").glob("*/*.ready"))
     assert len(complete) == 1 and json.loads(complete[0].read_text())["node"] in ("LOCALHOST", "NODE002")

@@ -324,9 +324,16 @@ def pin_certificate(session: Any, fingerprint: str) -> None:
     head node certificate with no host name in it (HPC Pack's own) would fail."""
     from requests.adapters import HTTPAdapter
 
+    pinned = fingerprint.replace(":", "").lower()
+
     class Pinned(HTTPAdapter):
         def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["assert_fingerprint"] = fingerprint.replace(":", "").lower()
+            kwargs["assert_fingerprint"] = pinned
             super().init_poolmanager(*args, **kwargs)
+
+        def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+            # Through an HTTPS_PROXY too: requests makes that pool manager apart, without the pin.
+            proxy_kwargs["assert_fingerprint"] = pinned
+            return super().proxy_manager_for(proxy, **proxy_kwargs)
 
     session.mount("https://", Pinned())

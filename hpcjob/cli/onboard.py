@@ -165,7 +165,14 @@ def cluster_onboard(
             raise SpecError("\nhpcjob: error: ".join(quotas))
         deleted = run_az(commands.deleted_vaults) or []
         in_the_way = vaults_in_the_way(request, str(account.get("id", "")), deleted)
-        if in_the_way and not what_if:
+        if in_the_way and what_if:  # Azure's preview does not see it: say it here
+            names = ", ".join(vault.name for vault in in_the_way)
+            click.echo(
+                f"hpcjob: warning: the deployment itself would need the soft-deleted Key Vault {names} "
+                "purged first (--purge-deleted-vault)",
+                err=True,
+            )
+        elif in_the_way:
             _consent_to_purge(request.resource_group, in_the_way, purge_deleted_vault)
 
     folder.mkdir(parents=True, exist_ok=True)

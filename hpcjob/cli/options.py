@@ -239,14 +239,15 @@ def requirements_text(script: Path, given: str | None, no_env: bool) -> str | No
             "Python as it is)",
             err=True,
         )
+    named = f"--requirements {given}" if given is not None else str(path)
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(f"--requirements {given}: no such file") from None
+        raise SpecError(f"{named}: no such file") from None
     except UnicodeDecodeError:
-        raise SpecError(f"--requirements {given}: not UTF-8 text") from None
+        raise SpecError(f"{named}: not UTF-8 text") from None
     except OSError as exc:
-        raise SpecError(f"--requirements {given}: {exc.strerror}") from None
+        raise SpecError(f"{named}: {exc.strerror}") from None
 
 
 def smb_options(command: F) -> F:

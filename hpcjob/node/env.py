@@ -5,24 +5,36 @@ folder, with the node's Python:
 
     HPCJOB_PYTHON=$(python3 .hpcjob/env.py) && "$HPCJOB_PYTHON" -m torch.distributed.run ...
 
-It prints the environment's Python. The environment is a virtual environment in the share's envs folder,
-`$HPCJOB_ENVS/<user>/<key>/`: the key hashes the requirements file's text, this node's Python (its path,
-version and build) and platform, and the format below, so nodes with another Python get their own. The
-first task to take the lock (a folder, made atomically on any file system, SMB included) builds it; the
-others wait; it is marked complete only when pip succeeded, so a build that was killed is started again
-(its lock stops beating: taken over after HPCJOB_ENV_STALE_S seconds without a beat). A later job with the
-same requirements finds it complete and installs nothing. The base Python's own packages (torch, most
+It prints the environment's Python. Environments live in the share's envs folder, one folder per user,
+`$HPCJOB_ENVS/<user>/`; an environment's key hashes the requirements file's text, this node's Python (its
+path, version and build) and platform, and the format below, so nodes with another Python get their own:
+
+    <key>.lock/           held by the task that builds: `owner` (a random token), `beat` (touched every 5 s)
+    <key>-<token>/        one build (a virtual environment), named by its builder's token
+    <key>.ready           written last, atomically: the finished build's folder. Nothing else is used.
+    <key>.failed          why the last build failed, and in which run
+
+The first task to take the lock (a folder made with mkdir: atomic on any file system, SMB included)
+builds; the others wait. A builder whose beat stops (killed, or its node lost) is taken over after
+HPCJOB_ENV_STALE_S seconds; a builder taken over while only paused finds its token gone and marks nothing:
+each build has a folder of its own, so two builders never write into the same one. A later job with the
+same requirements finds `<key>.ready` and installs nothing. The base Python's own packages (torch, most
 often) stay visible below the environment's (a .pth file), so a requirements file adds to the node's
 Python instead of reinstalling it; pin a package there to get another version.
 
 A failed install fails the task before training starts: pip's reason on the last line of its stderr
-(hpcjob reports it as the job's root cause) and pip's whole log in the run's log folder. The other
-tasks of the same run fail with the same line instead of building again; a later run tries again.
-Environments of different users never mix (one folder each, made readable by its owner only). Reads
-HPCJOB_REQUIREMENTS, HPCJOB_ENVS, and HPCJOB_LOG_DIR, HPCJOB_NODE (set by node.sh). Runs with any
+(hpcjob reports it as the job's root cause) and pip's whole log in the run's log folder. The other tasks of
+the same run fail with the same line instead of building again; a later run tries again.
+
+Nobody else's environment is used: the user's folder must be the user's own and writable by nobody else.
+On a share mounted with forceuid and one mode (hpcjob's filter mounts so), every file looks like the
+user's: there, what keeps another user out is the share's own permissions, as for the job's code itself.
+
+Reads HPCJOB_REQUIREMENTS, HPCJOB_ENVS, and HPCJOB_LOG_DIR, HPCJOB_NODE (set by node.sh). Runs with any
 Python 3.6+ on the node; imports nothing from hpcjob.
 """
 
+import binascii
 import contextlib
 import hashlib
 import json
@@ -32,14 +44,17 @@ import pwd
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
-from typing import NoReturn, Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
-FORMAT = "hpcjob-env-1"  # change it when what an environment holds changes: every key changes with it
-COMPLETE = ".hpcjob-complete"
+if TYPE_CHECKING:
+    from typing import NoReturn  # not in Python 3.6.0 and 3.6.1
+
+FORMAT = "hpcjob-env-2"  # change it when what an environment holds changes: every key changes with it
 BEAT_S = 5.0
 
 
@@ -48,7 +63,7 @@ def say(line: str) -> None:
     sys.stderr.flush()
 
 
-def fail(line: str) -> NoReturn:
+def fail(line: str) -> "NoReturn":
     say("error: " + line)
     sys.exit(1)
 
@@ -68,22 +83,38 @@ def environment_key(requirements: bytes) -> str:
 
 
 def owner_folder(root: str) -> str:
-    """This user's own folder of environments: nobody else's packages run in their jobs."""
+    """This user's own folder of environments, refused when another user owns it or may write to it:
+    nobody else's packages run in this user's jobs."""
     name = pwd.getpwuid(os.getuid()).pw_name
     if not re.match(r"^[A-Za-z0-9._-]+$", name):
         name = "u" + hashlib.sha256(name.encode()).hexdigest()[:12]
     folder = os.path.join(root, name)
     os.makedirs(folder, mode=0o700, exist_ok=True)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        fail(
+            "%s is not a folder of yours that only you may write to: its environments are not used "
+            "(remove it, or ask the share's administrator)" % folder
+        )
     return folder
 
 
+def write_atomically(path: str, text: str) -> None:
+    """Readers see the whole file or none of it (rename replaces in one step, on SMB too)."""
+    part = "%s.part-%s" % (path, binascii.hexlify(os.urandom(4)).decode())
+    with open(part, "w") as out:
+        out.write(text)
+    os.rename(part, path)
+
+
 class Lock:
-    """A folder made with mkdir (atomic, also on SMB), with a beat: a file touched while it is held."""
+    """A folder made with mkdir, with the holder's token in it and a beat: a file touched while held."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.beat = os.path.join(path, "beat")
+        self.token = binascii.hexlify(os.urandom(8)).decode()
         self.stop = threading.Event()
+        self.lost = False
 
     def take(self) -> bool:
         try:
@@ -92,34 +123,50 @@ class Lock:
             if not os.path.isdir(self.path):
                 raise
             return False
-        with open(os.path.join(self.path, "owner"), "w") as owner:
-            owner.write(
-                "%s %d %s\n" % (os.environ.get("HPCJOB_NODE", platform.node()), os.getpid(), time.time())
-            )
-        open(self.beat, "w").close()
+        node = os.environ.get("HPCJOB_NODE", platform.node())
+        write_atomically(os.path.join(self.path, "owner"), "%s %s %d\n" % (self.token, node, os.getpid()))
+        open(os.path.join(self.path, "beat"), "w").close()
         threading.Thread(target=self._beat, daemon=True).start()
         return True
 
     def _beat(self) -> None:
         while not self.stop.wait(BEAT_S):
-            with contextlib.suppress(OSError):
-                os.utime(self.beat, None)
+            try:
+                os.utime(os.path.join(self.path, "beat"), None)
+            except OSError:  # moved aside by a task that took over: this holder must mark nothing
+                self.lost = True
+
+    def holder(self) -> Optional[str]:
+        """The token of whoever holds the lock now (None: nobody, or not said yet)."""
+        try:
+            with open(os.path.join(self.path, "owner")) as owner:
+                return owner.read().split()[0]
+        except (OSError, IndexError):
+            return None
+
+    def held(self) -> bool:
+        return not self.lost and self.holder() == self.token
 
     def release(self) -> None:
         self.stop.set()
-        shutil.rmtree(self.path, ignore_errors=True)
+        if self.held():  # never another task's lock
+            shutil.rmtree(self.path, ignore_errors=True)
 
-    def last_beat(self) -> Optional[float]:
-        """What the holder last touched (None: the lock is gone), compared with itself only: the nodes'
-        clocks need not agree."""
+    def last_beat(self) -> Optional[Tuple[Optional[str], float]]:
+        """The holder and when it last beat (None: the lock is gone), compared with themselves only:
+        the nodes' clocks need not agree."""
         try:
-            return os.stat(self.beat).st_mtime
+            return self.holder(), os.stat(os.path.join(self.path, "beat")).st_mtime
         except OSError:
-            return None if not os.path.isdir(self.path) else -1.0
+            return (self.holder(), -1.0) if os.path.isdir(self.path) else None
 
-    def take_over(self) -> None:
-        """The holder is gone: one waiter moves the lock aside (rename is atomic), and tries again."""
-        aside = "%s.stale-%d" % (self.path, os.getpid())
+    def take_over(self, stale: Optional[str]) -> None:
+        """The holder `stale` stopped beating: move its lock aside (rename is atomic: one task does it)
+        and try again. A lock held by someone else by then is left alone."""
+        if self.holder() != stale:
+            return
+        node = re.sub(r"[^A-Za-z0-9_-]", "_", os.environ.get("HPCJOB_NODE", platform.node()))
+        aside = "%s.stale-%s-%d" % (self.path, node, os.getpid())
         try:
             os.rename(self.path, aside)
         except OSError:
@@ -146,21 +193,21 @@ def pip_reason(log_path: str) -> str:
     return found if len(found) <= 300 else found[:297] + "..."
 
 
-def build(env: str, requirements_path: str, log_path: str) -> Tuple[Optional[str], str]:
-    """Build the environment at `env`: its Python, or None and the reason it could not be built."""
-    if os.path.isdir(env):
-        shutil.rmtree(env)  # what a killed build left: never marked complete
+def build(env: str, requirements_path: str, log_path: str) -> Optional[str]:
+    """Build the environment at `env`; None, or the reason it could not be built."""
     with open(log_path, "w") as log:
         log.write("$ %s -m venv %s\n" % (sys.executable, env))
         log.flush()
         if subprocess.call([sys.executable, "-m", "venv", env], stdout=log, stderr=subprocess.STDOUT) != 0:
             reason = pip_reason(log_path)
-            return None, "%s -m venv failed (on Debian and Ubuntu: install python3-venv): %s" % (
+            return "%s -m venv failed (on Debian and Ubuntu: install python3-venv): %s" % (
                 sys.executable,
                 reason,
             )
         python = os.path.join(env, "bin", "python")
-        # The base Python's packages, after the environment's own: requirements add to what the node has.
+        # The base Python's packages, after the environment's own. Not --system-site-packages: that gives
+        # the base interpreter's, and a Python that is itself a virtual environment (a local run's) has its
+        # packages (torch) elsewhere.
         base = [
             p
             for p in sys.path
@@ -173,8 +220,59 @@ def build(env: str, requirements_path: str, log_path: str) -> Tuple[Optional[str
         log.write("$ %s\n" % " ".join(command))
         log.flush()
         if subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) != 0:
-            return None, pip_reason(log_path)
-    return python, ""
+            return pip_reason(log_path)
+    return None
+
+
+def ready_python(folder: str, key: str) -> Optional[str]:
+    """The Python of the finished build, if there is one."""
+    try:
+        with open(os.path.join(folder, key + ".ready")) as ready:
+            build_folder = json.load(ready)["build"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    python = os.path.join(folder, os.path.basename(str(build_folder)), "bin", "python")
+    return python if os.path.exists(python) else None
+
+
+def build_under_lock(lock: Lock, folder: str, key: str, requirements_path: str, run: str) -> Optional[str]:
+    """Holding the lock: build in a folder of our own, and mark it ready only if the lock is still ours.
+    The Python, or None when another task has it by then (or built it before we could start)."""
+    python = ready_python(folder, key)
+    if python is not None:
+        return python
+    for leftover in os.listdir(folder):  # what builders that were taken over left
+        if leftover.startswith(key + "-"):
+            shutil.rmtree(os.path.join(folder, leftover), ignore_errors=True)
+    env = os.path.join(folder, "%s-%s" % (key, lock.token))
+    node = os.environ.get("HPCJOB_NODE", platform.node())
+    log_path = os.path.join(os.environ.get("HPCJOB_LOG_DIR", "."), "%s.env.log" % node)
+    say(
+        "building environment %s on %s: pip install -r %s (log: %s)"
+        % (key, node, requirements_path, log_path)
+    )
+    started = time.time()
+    try:
+        reason = build(env, requirements_path, log_path)
+    except OSError as exc:  # a folder or file the task may not write: one line, no traceback
+        reason = "%s: %s" % (exc.strerror, exc.filename)
+    if not lock.held():
+        shutil.rmtree(env, ignore_errors=True)
+        say("another task took over building environment %s: waiting for it" % key)
+        return None
+    if reason is not None:
+        shutil.rmtree(env, ignore_errors=True)
+        write_atomically(
+            os.path.join(folder, key + ".failed"),
+            "%s\n%s (%s's whole log: %s)" % (run, reason, node, log_path),
+        )
+        fail("the job's environment did not build: %s (whole log: %s)" % (reason, log_path))
+    record = {"build": os.path.basename(env), "requirements": requirements_path, "python": sys.executable,
+              "node": node, "run": run, "seconds": round(time.time() - started, 1)}  # fmt: skip
+    write_atomically(os.path.join(folder, key + ".ready"), json.dumps(record))
+    with contextlib.suppress(OSError):
+        os.remove(os.path.join(folder, key + ".failed"))
+    return os.path.join(env, "bin", "python")
 
 
 def main() -> str:
@@ -184,26 +282,22 @@ def main() -> str:
         fail("env.py needs HPCJOB_REQUIREMENTS and HPCJOB_ENVS (the job's environment)")
     with open(requirements_path, "rb") as requirements:
         key = environment_key(requirements.read())
-    node = os.environ.get("HPCJOB_NODE", platform.node())
-    log_dir = os.environ.get("HPCJOB_LOG_DIR", ".")
-    run = os.path.basename(log_dir.rstrip("/"))
+    run = os.path.basename(os.environ.get("HPCJOB_LOG_DIR", ".").rstrip("/"))
     folder = owner_folder(root)
-    env = os.path.join(folder, key)
-    python = os.path.join(env, "bin", "python")
-    failed = os.path.join(folder, key + ".failed")
     lock = Lock(os.path.join(folder, key + ".lock"))
     stale_s = float(os.environ.get("HPCJOB_ENV_STALE_S", "60"))
     started = time.time()
     waited = False
-    seen: Optional[float] = None
+    seen: Optional[Tuple[Optional[str], float]] = None
     seen_at = time.monotonic()
     while True:
-        if os.path.exists(os.path.join(env, COMPLETE)):
+        python = ready_python(folder, key)
+        if python is not None:
             said = "ready in %.1f s" % (time.time() - started) if waited else "built before"
             say("environment %s (%s): %s" % (key, os.path.basename(requirements_path), said))
             return python
         try:
-            with open(failed) as record:
+            with open(os.path.join(folder, key + ".failed")) as record:
                 failed_run, reason = record.read().split("\n", 1)
             if failed_run == run:
                 fail("the job's environment did not build: " + reason.strip())
@@ -211,31 +305,13 @@ def main() -> str:
             pass
         if lock.take():
             try:
-                if os.path.exists(os.path.join(env, COMPLETE)):
-                    continue
-                log_path = os.path.join(log_dir, "%s.env.log" % node)
-                say(
-                    "building environment %s on %s: pip install -r %s (log: %s)"
-                    % (key, node, requirements_path, log_path)
-                )
-                try:
-                    built, reason = build(env, requirements_path, log_path)
-                except OSError as exc:  # a folder or file the task may not write: one line, no traceback
-                    built, reason = None, "%s: %s" % (exc.strerror, exc.filename)
-                if built is None:
-                    shutil.rmtree(env, ignore_errors=True)
-                    with open(failed, "w") as record:
-                        record.write("%s\n%s (%s's whole log: %s)" % (run, reason, node, log_path))
-                    fail("the job's environment did not build: %s (whole log: %s)" % (reason, log_path))
-                with open(os.path.join(env, COMPLETE + ".tmp"), "w") as marker:
-                    json.dump({"requirements": requirements_path, "python": sys.executable, "node": node,
-                               "run": run, "seconds": round(time.time() - started, 1)}, marker)  # fmt: skip
-                os.rename(os.path.join(env, COMPLETE + ".tmp"), os.path.join(env, COMPLETE))
-                if os.path.exists(failed):
-                    os.remove(failed)
-                waited = True
+                built = build_under_lock(lock, folder, key, requirements_path, run)
             finally:
                 lock.release()
+            waited = True
+            if built is not None:
+                continue  # says it is ready, from the record
+            lock = Lock(lock.path)  # taken over: wait for whoever holds it now, with a new token
             continue
         if not waited:
             say("waiting for environment %s, being built by another task" % key)
@@ -245,7 +321,7 @@ def main() -> str:
             seen, seen_at = beat, time.monotonic()
         elif beat is not None and time.monotonic() - seen_at > stale_s:
             say("the task building environment %s stopped beating: taking over" % key)
-            lock.take_over()
+            lock.take_over(beat[0])
             seen, seen_at = None, time.monotonic()
         time.sleep(0.5)
 
@@ -255,5 +331,5 @@ if __name__ == "__main__":
         signal.signal(stop, signal.default_int_handler)
     try:
         print(main())
-    except KeyboardInterrupt:  # the job canceled while waiting or building: the lock is released
+    except KeyboardInterrupt:  # the job canceled while waiting or building
         sys.exit(130)
