@@ -14,8 +14,14 @@ from hpcjob.results import NodeInfo, State
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 PROBE_PREFIX = "HPCJOB_PROBE"
-# torch's answer as one word: version,CUDA works,GPUs it sees (or its error, spaces made commas)
-TORCH_PROBE = "import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.device_count())"
+# One Python run answers for the node, on its first line: its Python and platform, torch's version,
+# whether CUDA works and the GPUs it sees, and whether it can make a job's environment (venv with pip:
+# ensurepip, which Debian and Ubuntu leave out without python3-venv): "3.10.12 x86_64 2.14.1 True 2 venv".
+# Where an import fails, the rest is its traceback, whose last line says why.
+NODE_PROBE = (
+    "import platform as p;print(p.python_version(),p.machine(),end=' ');import torch as t;"
+    "print(t.__version__,t.cuda.is_available(),t.cuda.device_count(),end=' ');import ensurepip;print('venv')"
+)
 
 
 @dataclass(frozen=True)
@@ -31,13 +37,13 @@ class Check:
 
 
 def probe_command(mount_point: str, python: str = "python3") -> str:
-    """One shell line for every node: `HPCJOB_PROBE key=value` lines (the scheduler keeps the first
-    1500 bytes of a task's output: these fit). `mount_point` is a plain path (the spec's rules)."""
-    p = PROBE_PREFIX
+    """One shell line for every node, short (a CommandLine may be limited to 480 characters): `HPCJOB_PROBE
+    key=value` lines (the scheduler keeps the first 1500 bytes of a task's output: these fit).
+    `mount_point` is a plain path (the spec's rules)."""
     return (
-        f"echo {p} gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU '); "
-        f'echo {p} torch=$({python} -c "{TORCH_PROBE}" 2>&1 | tail -n 1 | tr " " ","); '
-        f"if mountpoint -q {mount_point}; then echo {p} mounted=yes; else echo {p} mounted=no; fi"
+        f"P={PROBE_PREFIX}; echo $P gpus=$(nvidia-smi -L 2>&-|grep -c ^GPU); "
+        f'echo $P node=$({python} -c "{NODE_PROBE}" 2>&1|tr "\\n " ";,"); '
+        f"echo $P mounted=$(mountpoint -q {mount_point} && echo yes || echo no)"
     )
 
 
@@ -117,15 +123,29 @@ class NodeProbe:
         value = self.said.get("gpus", "")
         return int(value) if value.isdigit() else None
 
+    def _words(self) -> list[str]:
+        """The node's Python run: its first line's words."""
+        return self.said.get("node", "").split(";")[0].split(",")
+
+    @property
+    def python(self) -> tuple[str, str, bool | None] | None:
+        """The node's Python version and machine, and whether it has venv (None: not known, torch did not
+        import before it); None when the node did not say."""
+        words = self._words()
+        if len(words) < 2 or not words[0][:1].isdigit():
+            return None
+        return words[0], words[1], (words[5:6] == ["venv"]) if self.torch is not None else None
+
     @property
     def torch(self) -> tuple[str, bool] | None:
         """torch's version and whether CUDA works; None when it could not be imported."""
-        parts = self.said.get("torch", "").split(",")
-        return (parts[0], parts[1] == "True") if len(parts) == 3 and parts[0][:1].isdigit() else None
+        words = self._words()
+        return (words[2], words[3] == "True") if len(words) >= 5 and words[2][:1].isdigit() else None
 
     @property
     def torch_error(self) -> str:
-        return " ".join(self.said.get("torch", "").split(",")) or "no answer"
+        lines = [line for line in self.said.get("node", "").split(";") if line.strip(",")]
+        return " ".join(lines[-1].split(",")) if len(lines) > 1 else "no answer"
 
     @property
     def fit(self) -> bool:
@@ -147,6 +167,7 @@ def probe_checks(
         _gpu_check(answered, expected_gpus),
         _mount_check(answered, mount_point, share),
         _torch_check(answered),
+        _python_check(answered),
     ]
     silent = [probe.node for probe in probes if not probe.said]
     if silent:
@@ -211,6 +232,35 @@ def _torch_check(probes: Sequence[NodeProbe]) -> Check:
         )
     cuda = "CUDA works" if any(probe.gpus for probe in probes) else "no GPUs: gloo on the CPU"
     return Check("torch", PASS, f"{versions} on {len(probes)} node(s), {cuda}")
+
+
+def _python_check(probes: Sequence[NodeProbe]) -> Check:
+    """One Python on every node, able to make a job's environment (--requirements, a requirements.txt
+    beside the script): each Python gets an environment of its own, and the ranks of one job should run
+    the same torch."""
+    said = {probe.node: probe.python for probe in probes if probe.python is not None}
+    if not said:
+        return Check("Python", SKIP, "no node said which Python it has")
+    kinds: dict[str, list[str]] = {}
+    for node, (version, machine, _) in said.items():
+        kinds.setdefault(f"{version} {machine}", []).append(node)
+    if len(kinds) > 1:
+        return Check(
+            "Python",
+            FAIL,
+            "; ".join(f"{kind} on {', '.join(nodes)}" for kind, nodes in sorted(kinds.items())),
+            "give every node the same Python: a job's environment is built once per Python, and the ranks "
+            "of one job should run the same torch",
+        )
+    no_venv = [node for node, (_, _, venv) in said.items() if venv is False]
+    if no_venv:
+        return Check(
+            "Python",
+            FAIL,
+            f"no venv on {', '.join(no_venv)}: a job with a requirements file fails there",
+            "install python3-venv on those nodes (Debian, Ubuntu), or run jobs with --no-env",
+        )
+    return Check("Python", PASS, f"{next(iter(kinds))} on {len(said)} node(s), venv for a job's environment")
 
 
 def share_check(share: str | None, error: str | None) -> Check:

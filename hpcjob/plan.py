@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -44,6 +45,18 @@ MOUNT_RESULT_VAR = "HPCJOB_MOUNT_RESULT"
 REQUIREMENTS_VAR = "HPCJOB_REQUIREMENTS"
 ENVS_VAR = "HPCJOB_ENVS"
 ENVS_FOLDER = "hpcjob/envs"
+# `--wheelhouse`: the requirements' wheels for the nodes, on the share, installed from there alone.
+WHEELS_FOLDER = "hpcjob/wheels"
+# Options that name where pip looks: the nodes look in the share's wheels alone.
+_INDEX_OPTION = re.compile(
+    r"(-i|--index-url|--extra-index-url|-f|--find-links|--no-index|--trusted-host)(\s|=|$)"
+)
+
+
+def node_requirements(text: str, wheels: str) -> str:
+    """The requirements as the nodes install them from the share's wheels: with no index at all."""
+    kept = [line for line in text.splitlines() if not _INDEX_OPTION.match(line.strip())]
+    return "\n".join(["--no-index", f"--find-links {wheels}", *kept]) + "\n"
 
 
 def requirements_file(text: str) -> str:
@@ -176,7 +189,10 @@ def make_plan(
     env = spec.env
     files: tuple[tuple[str, str], ...] = ()
     if spec.requirements is not None:
-        files = ((requirements_file(spec.requirements), spec.requirements),)
+        text = spec.requirements
+        if spec.wheelhouse is not None:
+            text = node_requirements(text, f"{root.rstrip('/')}/{WHEELS_FOLDER}")
+        files = ((requirements_file(text), text),)
         env = (*env, (REQUIREMENTS_VAR, files[0][0]), (ENVS_VAR, f"{root.rstrip('/')}/{ENVS_FOLDER}"))
     if spec.elastic and all(name != SEPARATE_ROUND_STORES[0] for name, _ in env):
         env = (*env, SEPARATE_ROUND_STORES)

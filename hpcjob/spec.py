@@ -220,6 +220,9 @@ class JobSpec:
     # The text of a pip requirements file: the job's own packages, in an environment built once per
     # content on the share (hpcjob/node/env.py); None: the nodes' Python as it is.
     requirements: str | None = None
+    # A cluster without internet: the requirements' wheels for the nodes' (Python X.Y, platform tag),
+    # downloaded on the client and installed on the nodes from the share (hpcjob/wheelhouse.py).
+    wheelhouse: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem
@@ -311,6 +314,15 @@ class JobSpec:
         self._validate_env()
         if self.requirements is not None:
             check_requirements(self.requirements)
+        if self.wheelhouse is not None:
+            python, platform = self.wheelhouse
+            if self.requirements is None:
+                raise SpecError("--wheelhouse needs requirements: --requirements FILE, or requirements.txt")
+            if not re.fullmatch(r"3\.\d{1,2}", python) or not re.fullmatch(r"[a-z][a-z0-9_]{2,60}", platform):
+                raise SpecError(
+                    f"--wheelhouse {python}:{platform} must be the nodes' Python and, optionally, their "
+                    "platform tag: 3.10, or 3.10:manylinux2014_x86_64"
+                )
 
     def _validate_env(self) -> None:
         total = 0
@@ -333,6 +345,9 @@ class JobSpec:
             )
 
 
+# `--wheelhouse 3.10`: the nodes' platform unless said (glibc 2.28 and later: Ubuntu 20.04+, AlmaLinux 8+;
+# pip takes the older manylinux wheels too). UNVERIFIED for a given cluster's image: say it when it differs.
+DEFAULT_NODE_PLATFORM = "manylinux_2_28_x86_64"
 # An http(s) URL with a user or a token in it (https://user:pass@host, https://ghp_TOKEN@github.com):
 # pip would read it from a file on the share. ssh://git@host names no secret.
 _URL_WITH_SECRET = re.compile(r"https?://[^/\s@]+@", re.I)

@@ -107,15 +107,16 @@ def stage_run(
     job_folder: str,
     run_id: str,
     files: Sequence[tuple[str, str]] = (),
+    wheels: Sequence[Path] = (),
 ) -> str:
-    """Upload the code (and the plan's `files`) and make the run's log folder, then close `folder`;
-    returns what was done.
+    """Upload the code (and the plan's `files`, and `wheels` for the nodes) and make the run's log
+    folder, then close `folder`; returns what was done.
 
     The tasks' stdout/stderr go to the log folder, and the agent checks it can write them before it
     starts a task, so the folder must exist before the job runs.
     """
     try:
-        report = upload(code_dir, folder, job_folder, files)
+        report = upload(code_dir, folder, job_folder, files, wheels)
         folder.makedirs(f"{job_folder}/logs/{run_id}")
     finally:
         folder.close()
@@ -126,10 +127,14 @@ def stage_run(
 
 
 def upload(
-    code_dir: Path, folder: ShareFolder, job_folder: str, files: Sequence[tuple[str, str]] = ()
+    code_dir: Path,
+    folder: ShareFolder,
+    job_folder: str,
+    files: Sequence[tuple[str, str]] = (),
+    wheels: Sequence[Path] = (),
 ) -> SyncReport:
     """Send the code, the node files and `files` (the plan's: path in the job folder, text) to
-    `<job_folder>/` on the share, only what changed.
+    `<job_folder>/` on the share, only what changed; and `wheels` to the share's wheels (hpcjob.wheelhouse).
 
     What was sent is remembered in a manifest in the job folder (size and modification time of each
     file); it is written last, so an interrupted upload is completed by the next one.
@@ -160,4 +165,13 @@ def upload(
             sent += 1
             sent_bytes += len(content)
     folder.write_bytes(manifest_path, json.dumps({"files": current}, indent=0).encode())
+    if wheels:
+        from hpcjob.wheelhouse import upload as upload_wheels
+
+        report = upload_wheels(wheels, folder)
+        sent, sent_bytes, unchanged = (
+            sent + report.sent,
+            sent_bytes + report.bytes_sent,
+            unchanged + report.already_there,
+        )
     return SyncReport(files_sent=sent, bytes_sent=sent_bytes, files_unchanged=unchanged)

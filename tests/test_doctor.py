@@ -23,9 +23,16 @@ STAND_INS = {
     "nvidia-smi": NODE + 'case "$node" in $NO_GPU) exit 9;; esac\necho "GPU 0: NVIDIA H100 (UUID: GPU-1)"\n'
     'echo "GPU 1: NVIDIA H100 (UUID: GPU-2)"\n',
     # The probe's `python3 -c ...` answers for the node; the all-reduce job's torchrun is the real one.
-    "python3": NODE + 'case "$node" in $NO_TORCH) echo "Traceback (most recent call last):" >&2\n'
-    "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1;; esac\n"
-    f'if [ "$1" = -c ]; then echo 2.14.1 True 2; else exec "{sys.executable}" "$@"; fi\n',
+    "python3": NODE
+    + 'if [ "$1" != -c ]; then exec "'
+    + sys.executable
+    + '" "$@"; fi\n'
+    + 'case "$node" in $OLD_PYTHON) echo -n "3.8.10 x86_64 ";; *) echo -n "3.10.12 x86_64 ";; esac\n'
+    + 'case "$node" in $NO_TORCH) echo "Traceback (most recent call last):" >&2\n'
+    + "  echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1;; esac\n"
+    + 'echo -n "2.14.1 True 2 "\n'
+    + 'case "$node" in $NO_VENV) echo Traceback; echo "ModuleNotFoundError: No module named ensurepip";;\n'
+    + "  *) echo venv;; esac\n",
     "mountpoint": NODE + 'case "$node" in $UNMOUNTED) exit 1;; esac\nexit 0\n',
 }
 
@@ -43,6 +50,8 @@ def head(tmp_path: Path) -> Iterator[HeadNode]:
         "NO_GPU": "-",
         "NO_TORCH": "-",
         "UNMOUNTED": "-",
+        "OLD_PYTHON": "-",
+        "NO_VENV": "-",
     }
     with HeadNode(users={"alice": PASSWORD}, env=env) as started:
         yield started
@@ -78,15 +87,17 @@ def test_a_healthy_cluster_passes_every_check(
     assert done.code == 0, done.out + done.err
     found = checks(done)
     assert list(found) == [
-        *("head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "all-reduce", "share")
+        *("head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "Python", "all-reduce"),
+        "share",
     ]
     assert {result for result, _ in found.values()} == {"pass"}
     assert found["GPUs"][1].startswith("2 per node (3 node(s)")
     assert found["torch"][1] == "2.14.1 on 3 node(s), CUDA works"
+    assert found["Python"][1] == "3.10.12 x86_64 on 3 node(s), venv for a job's environment"
     assert ("HPC Pack 6." in found["head node"][1]) == (backend == "rest")  # WinRM: not asked
     assert (tmp_path / "share" / ".hpcjob-doctor").is_file()  # written from here
     text = hpcjob("doctor")
-    assert text.code == 0 and text.out.splitlines()[-1] == "all 8 checks passed"
+    assert text.code == 0 and text.out.splitlines()[-1] == "all 9 checks passed"
 
 
 def test_each_failure_is_named_with_its_fix_and_the_exit_is_1(
@@ -114,7 +125,7 @@ def test_each_failure_is_named_with_its_fix_and_the_exit_is_1(
     assert "FAIL  share  " in text and "port 445" in text
     assert "PASS  GPUs" in text  # the two usable nodes
     assert "SKIP  all-reduce     cannot run: it needs two nodes that passed the checks above" in text
-    assert lines[-1] == "4 of 7 checks failed"
+    assert lines[-1] == "4 of 8 checks failed"
 
 
 def test_refused_credentials_fail_and_the_rest_cannot_run(
@@ -139,3 +150,15 @@ def test_a_node_without_its_gpus_fails_against_the_profile(
     head.cluster.base_env["NO_GPU"] = "NODE003"
     found = checks(hpcjob("doctor", "--json"))
     assert found["GPUs"] == ("fail", "NODE003: 0 (the profile says 2)")
+
+
+def test_nodes_with_another_python_or_no_venv_fail_the_python_check(
+    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> None:
+    hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path))
+    head.cluster.base_env["OLD_PYTHON"] = "NODE003"
+    found = checks(hpcjob("doctor", "--json"))
+    assert found["Python"] == ("fail", "3.10.12 x86_64 on LOCALHOST, NODE002; 3.8.10 x86_64 on NODE003")
+    head.cluster.base_env.update(OLD_PYTHON="-", NO_VENV="NODE002")
+    found = checks(hpcjob("doctor", "--json"))
+    assert found["Python"] == ("fail", "no venv on NODE002: a job with a requirements file fails there")

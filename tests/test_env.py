@@ -25,6 +25,7 @@ from hpcjob.plan import ENVS_VAR, REQUIREMENTS_VAR, make_plan, requirements_file
 from hpcjob.render import job_xml
 from hpcjob.spec import SpecError
 from hpcjob.staging import node_files
+from hpcjob.wheelhouse import platform_tags
 
 from .conftest import RUN_ID, cluster_spec
 from .test_local_e2e import hpcjob_run
@@ -33,21 +34,21 @@ from .test_mount_filter import python36
 ENV_BUILDER = Path(__file__).resolve().parents[1] / "hpcjob" / "node" / "env.py"
 
 
-def make_wheel(folder: Path, name: str, version: str, code: str) -> Path:
-    """A pure-Python wheel made by hand (building one would need setuptools from an index)."""
+def make_wheel(folder: Path, name: str, version: str, code: str, tag: str = "py3-none-any") -> Path:
+    """A wheel made by hand (building one would need setuptools from an index); pure Python unless
+    `tag` says otherwise."""
     dist = f"{name}-{version}.dist-info"
     files = {
         f"{name}/__init__.py": code,
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: hpcjob-tests\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n",
+        f"{dist}/WHEEL": f"Wheel-Version: 1.0\nGenerator: hpcjob-tests\nRoot-Is-Purelib: true\nTag: {tag}\n",
     }
     record = []
     for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
         record.append(f"{path},sha256={digest},{len(text.encode())}")
     files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
-    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    wheel = folder / f"{name}-{version}-{tag}.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         for path, text in files.items():
             archive.writestr(path, text)
@@ -387,3 +388,83 @@ def test_a_node_with_python_3_6_builds_its_own_environment(tmp_path: Path, wheel
     check = subprocess.run([built, "-c", "import sys, tinya; print(sys.version_info[:2], tinya.VALUE)"],
                            capture_output=True, text=True)  # fmt: skip
     assert check.stdout.strip() == "(3, 6) a1", check.stderr
+
+
+def render_copy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "render", "--node", "A", "--copy-to", str(tmp_path / "mounted"),
+         *args, str(tmp_path / "code" / "train.py")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )  # fmt: skip
+
+
+def test_a_wheelhouse_puts_the_nodes_wheels_on_the_share_once_and_the_nodes_install_from_it_alone(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("")
+    (code / "requirements.txt").write_text(requirements(wheelhouse, "tinya==1.0"))
+    first = render_copy(tmp_path, "--wheelhouse", "3.10")
+    assert first.returncode == 0, first.stderr
+    assert "wheels for Python 3.10 on manylinux_2_28_x86_64: pip download" in first.stderr
+    wheels = tmp_path / "mounted" / "hpcjob" / "wheels"
+    assert sorted(p.name for p in wheels.iterdir()) == ["manifest.json", "tinya-1.0-py3-none-any.whl"]
+    staged = next(
+        (tmp_path / "mounted" / "hpcjob" / "train" / ".hpcjob").glob("requirements-*.txt")
+    ).read_text()
+    assert (
+        staged == "--no-index\n--find-links /app/hpcjob/wheels\ntinya==1.0\n"
+    )  # the nodes' index: the share
+    again = render_copy(tmp_path, "--wheelhouse", "3.10")
+    assert again.returncode == 0, again.stderr
+    assert "sent 0 file(s)" in again.stderr  # the wheel and the code, all there already
+
+
+def test_a_package_without_a_wheel_for_the_nodes_is_named_before_anything_is_uploaded(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    make_wheel(wheelhouse, "tinyc", "1.0", "", tag="cp310-cp310-manylinux_2_17_x86_64")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("")
+    (code / "requirements.txt").write_text(requirements(wheelhouse, "tinya==1.0", "tinyc==1.0"))
+    fits = render_copy(tmp_path, "--wheelhouse", "3.10:manylinux2014_x86_64")
+    assert fits.returncode == 0, fits.stderr
+    refused = render_copy(tmp_path, "--run-id", "r-2", "--wheelhouse", "3.10:manylinux_2_28_aarch64")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines()[-1] == (
+        "hpcjob: error: no wheel of tinyc==1.0 for Python 3.10 on manylinux_2_28_aarch64: nothing was "
+        "uploaded (build one, or install that package on the nodes another way)"
+    )
+    assert not (tmp_path / "mounted" / "hpcjob" / "train" / "logs" / "r-2").exists()
+
+
+@pytest.mark.slow
+def test_a_local_run_with_a_wheelhouse_installs_from_the_share_s_wheels(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("import tinya\nprint('tinya', tinya.VALUE)\n")
+    (code / "reqs.txt").write_text(requirements(wheelhouse, "tinya==1.0"))
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    share = tmp_path / "share"
+    done = subprocess.run(
+        hpcjob_run(share, "wh-1", "-n", "1", "--requirements", str(code / "reqs.txt"), "--wheelhouse",
+                   python, str(code / "train.py")),
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = (share / "hpcjob" / "train" / "logs" / "wh-1" / "LOCAL1.env.log").read_text()
+    assert f"{share}/hpcjob/wheels" in log and str(wheelhouse) not in log
+
+
+def test_a_node_s_platform_takes_the_wheels_of_every_older_glibc() -> None:
+    tags = platform_tags("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert "manylinux2014_x86_64" in tags and "manylinux_2_29_x86_64" not in tags
+    assert platform_tags("manylinux2014_aarch64")[0] == "manylinux_2_17_aarch64"
+    assert platform_tags("musllinux_1_2_x86_64") == ["musllinux_1_2_x86_64"]

@@ -21,6 +21,7 @@ from hpcjob.cli.options import (
     build_spec,
     job_options,
     new_run_id,
+    node_wheels,
     smb_options,
     started_command,
     tag_option,
@@ -375,8 +376,9 @@ def submit_and_follow(
         return cluster.share(spec.share, smb_user, smb_server, smb_port)
 
     if spec.share:
+        wheels = node_wheels(spec, progress)
         code_dir = Path(spec.script).resolve().parent
-        progress(stage_run(code_dir, open_share(), spec.job_folder, plan.run_id, plan.files))
+        progress(stage_run(code_dir, open_share(), spec.job_folder, plan.run_id, plan.files, wheels))
     else:
         progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
     first = RunRecord.of(

@@ -23,6 +23,7 @@ from hpcjob.cli.options import (
     job_options,
     local_folder,
     new_run_id,
+    node_wheels,
     open_smb,
     smb_options,
     started_command,
@@ -105,15 +106,15 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     elif not staging and not params["run_id"]:
         save_run(dataclasses.replace(record, state=RENDERED))  # later renders of the folder reuse it
     if staging:
+        wheels = node_wheels(spec, lambda line: click.echo(f"hpcjob: {line}", err=True))
         folder: ShareFolder
         if copy_to is not None:
             folder = LocalFolder(Path(copy_to))
         else:
             assert spec.share is not None  # checked above
             folder = open_smb(spec.share, params)
-        staged = stage_run(
-            Path(spec.script).resolve().parent, folder, spec.job_folder, plan.run_id, plan.files
-        )
+        code_dir = Path(spec.script).resolve().parent
+        staged = stage_run(code_dir, folder, spec.job_folder, plan.run_id, plan.files, wheels)
         click.echo(f"hpcjob: run {run_id}: {staged}", err=True)
         save_run(record)
     click.echo(text, nl=False)
@@ -204,7 +205,8 @@ def run(
     )
     if backend.gpu_note:
         progress(backend.gpu_note)
-    upload(Path(spec.script).resolve().parent, LocalFolder(share_root), spec.job_folder, plan.files)
+    wheels = node_wheels(spec, progress)
+    upload(Path(spec.script).resolve().parent, LocalFolder(share_root), spec.job_folder, plan.files, wheels)
     pid, pid_start = this_process()
     save_run(
         RunRecord.of(

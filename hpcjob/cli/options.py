@@ -209,6 +209,13 @@ def job_options(command: F) -> F:
             "share that every task runs with [default: requirements.txt beside SCRIPT, if there is one].",
         ),
         click.option(
+            "--wheelhouse",
+            metavar="PYTHON[:PLATFORM]",
+            help="The nodes have no index: download the requirements' wheels here for their Python and "
+            "platform (e.g. 3.10, or 3.10:manylinux2014_x86_64 [default platform: manylinux_2_28_x86_64]), "
+            "upload the new ones to the share, and install from there.",
+        ),
+        click.option(
             "--no-env",
             is_flag=True,
             help="Run with the nodes' Python as it is, even with a requirements.txt beside SCRIPT.",
@@ -248,6 +255,26 @@ def requirements_text(script: Path, given: str | None, no_env: bool) -> str | No
         raise SpecError(f"{named}: not UTF-8 text") from None
     except OSError as exc:
         raise SpecError(f"{named}: {exc.strerror}") from None
+
+
+def wheelhouse_target(value: str | None) -> tuple[str, str] | None:
+    """`--wheelhouse 3.10[:PLATFORM]` as (Python, platform); JobSpec checks both."""
+    from hpcjob.spec import DEFAULT_NODE_PLATFORM
+
+    if value is None:
+        return None
+    python, _, platform = value.partition(":")
+    return python, platform or DEFAULT_NODE_PLATFORM
+
+
+def node_wheels(spec: JobSpec, progress: Callable[[str], None]) -> list[Path]:
+    """The wheels the nodes install from when the job has a wheelhouse (downloaded here, before anything
+    is uploaded: a package without a wheel for the nodes stops the job first)."""
+    if spec.wheelhouse is None or spec.requirements is None:
+        return []
+    from hpcjob.wheelhouse import download
+
+    return download(spec.requirements, *spec.wheelhouse, progress)
 
 
 def smb_options(command: F) -> F:
@@ -328,6 +355,7 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
         "job_template": params["job_template"],
         "exclude_nodes": tuple(params["exclude_nodes"]),
         "requirements": requirements_text(script, params["requirements"], params["no_env"]),
+        "wheelhouse": wheelhouse_target(params["wheelhouse"]),
     }
     if params["mount_point"]:
         fields["mount_point"] = params["mount_point"]

@@ -34,6 +34,7 @@ $script:JobOptions = @{
     JobTemplate  = '--job-template'
     ExcludeNode  = '--exclude-node'
     Requirements = '--requirements'
+    Wheelhouse   = '--wheelhouse'
     NoEnv        = '--no-env'
 }
 $script:SmbOptions = @{ SmbUser = '--smb-user'; SmbServer = '--smb-server'; SmbPort = '--smb-port' }
@@ -362,6 +363,7 @@ function Submit-HpcTorchJob {
         [string]$JobTemplate,
         [string[]]$ExcludeNode,
         [string]$Requirements,
+        [ValidatePattern('^3\.\d+(:[a-z0-9_]+)?$')][string]$Wheelhouse,
         [switch]$NoEnv,
         [string]$SmbUser,
         [string]$SmbServer,
@@ -431,6 +433,7 @@ function Invoke-HpcTorchJob {
         [string]$JobTemplate,
         [string[]]$ExcludeNode,
         [string]$Requirements,
+        [ValidatePattern('^3\.\d+(:[a-z0-9_]+)?$')][string]$Wheelhouse,
         [switch]$NoEnv,
         [hashtable]$Tag,
         [switch]$Quiet,

@@ -1,0 +1,121 @@
+"""A job's packages for a cluster without internet (`--wheelhouse PYTHON[:PLATFORM]`): every wheel the
+requirements need, for the nodes' Python and platform, downloaded here and put on the share once.
+
+`pip download --only-binary=:all: --platform P --python-version V` runs on this machine (which reaches
+the index, or the file's own --find-links) into a cache, `~/.cache/hpcjob/wheels/<python>-<platform>/`.
+A package without a wheel for the nodes is named in one line before anything is uploaded. The wheels go
+to `<share>/hpcjob/wheels/`, each once: what is there is listed in `manifest.json` (name and SHA-256),
+written after the wheels, so a wheel whose upload was cut off is sent again. The nodes then install with
+`--no-index --find-links <mount point>/hpcjob/wheels` (hpcjob.plan.node_requirements).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcjob.plan import WHEELS_FOLDER
+from hpcjob.share import ShareFolder
+from hpcjob.spec import SpecError
+
+MANIFEST = f"{WHEELS_FOLDER}/manifest.json"
+
+
+@dataclass(frozen=True)
+class WheelReport:
+    sent: int
+    bytes_sent: int
+    already_there: int
+
+
+def cache_folder(python: str, platform: str) -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "hpcjob" / "wheels" / f"{python}-{platform}"
+
+
+# PEP 600's names of the older manylinux tags (the glibc each stands for).
+_LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
+
+
+def platform_tags(platform: str) -> list[str]:
+    """Every tag a node of `platform` takes: pip's --platform takes each as it is given, and a
+    manylinux_2_28 node runs the wheels of every older glibc too (torch's are manylinux_2_28, most
+    others manylinux2014)."""
+    found = re.fullmatch(r"(manylinux1|manylinux2010|manylinux2014|manylinux_(\d+)_(\d+))_(\w+)", platform)
+    if found is None:
+        return [platform]
+    legacy, major, minor, arch = found.groups()
+    glibc = _LEGACY_MANYLINUX.get(legacy) or (int(major), int(minor))
+    tags = [f"manylinux_{glibc[0]}_{m}_{arch}" for m in range(glibc[1], 4, -1)]
+    tags += [f"{name}_{arch}" for name, (_, m) in _LEGACY_MANYLINUX.items() if glibc >= (2, m)]
+    return tags
+
+
+def download(requirements: str, python: str, platform: str, progress: Callable[[str], None]) -> list[Path]:
+    """Every wheel the requirements need on the nodes (their dependencies too), from pip run here."""
+    folder = cache_folder(python, platform)
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listed:
+        listed.write(requirements)
+    progress(f"wheels for Python {python} on {platform}: pip download into {folder}")
+    platforms = [word for tag in platform_tags(platform) for word in ("--platform", tag)]
+    try:
+        done = subprocess.run(
+            [
+                sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
+                "--only-binary=:all:", *platforms,
+                "--python-version", python,
+                "--implementation", "cp", "--dest", str(folder), "-r", listed.name,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )  # fmt: skip
+    finally:
+        os.unlink(listed.name)
+    if done.returncode != 0:
+        raise SpecError(_no_wheel(done.stdout + done.stderr, python, platform))
+    saved = re.findall(r"(?:Saved|File was already downloaded) (\S+\.whl)", done.stdout)
+    return sorted({Path(path).resolve() for path in saved})
+
+
+def _no_wheel(output: str, python: str, platform: str) -> str:
+    """pip's reason in one line, naming the package without a wheel for the nodes when it says so."""
+    missing = re.search(r"Could not find a version that satisfies the requirement (\S+)", output)
+    if missing:
+        return (
+            f"no wheel of {missing.group(1)} for Python {python} on {platform}: nothing was uploaded "
+            "(build one, or install that package on the nodes another way)"
+        )
+    errors = [line.strip() for line in output.splitlines() if line.startswith("ERROR:")]
+    said = (errors or [line.strip() for line in output.splitlines() if line.strip()] or ["no output"])[-1]
+    return f"pip download failed for Python {python} on {platform}: {said}"
+
+
+def upload(wheels: Sequence[Path], folder: ShareFolder) -> WheelReport:
+    """Put the wheels in the share's wheel folder, only those it does not hold yet."""
+    try:
+        known: dict[str, str] = json.loads(folder.read_bytes(MANIFEST))
+    except (FileNotFoundError, ValueError):
+        known = {}
+    sent = sent_bytes = there = 0
+    folder.makedirs(WHEELS_FOLDER)
+    for wheel in wheels:
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        if known.get(wheel.name) == digest:
+            there += 1
+            continue
+        folder.copy_file(f"{WHEELS_FOLDER}/{wheel.name}", wheel)
+        known[wheel.name] = digest
+        sent += 1
+        sent_bytes += wheel.stat().st_size
+    folder.write_bytes(MANIFEST, json.dumps(known, indent=0, sort_keys=True).encode())
+    return WheelReport(sent, sent_bytes, there)
