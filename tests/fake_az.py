@@ -47,6 +47,11 @@ RESOURCES = [
     ("Microsoft.Compute/virtualMachines", "IaaSLnxCN001"),
 ]
 GLOBAL = {"--output", "-o", "--query", "--only-show-errors", "--debug", "--verbose", "--subscription"}
+# What `deployment group create` and `what-if` both take.
+DEPLOYMENT = {
+    *("--resource-group", "-g", "--name", "-n", "--template-uri", "-u", "--template-file", "-f"),
+    *("--parameters", "-p", "--mode", "--no-prompt", "--validation-level"),
+}
 # Each command's options as azure-cli declares them (its _params.py), by the name hpcjob may use; the
 # value-less ones (flags) in FLAGS. Required ones are listed second.
 COMMANDS: dict[str, tuple[set[str], set[str]]] = {
@@ -69,48 +74,11 @@ COMMANDS: dict[str, tuple[set[str], set[str]]] = {
         {"--name"},
     ),
     "deployment group what-if": (
-        {
-            "--resource-group",
-            "-g",
-            "--name",
-            "-n",
-            "--template-uri",
-            "-u",
-            "--template-file",
-            "-f",
-            "--parameters",
-            "-p",
-            "--mode",
-            "--result-format",
-            "-r",
-            "--no-pretty-print",
-            "--exclude-change-types",
-            "-x",
-            "--no-prompt",
-            "--validation-level",
-        },
+        DEPLOYMENT | {"--result-format", "-r", "--no-pretty-print", "--exclude-change-types", "-x"},
         {"--resource-group"},
     ),
     "deployment group create": (
-        {
-            "--resource-group",
-            "-g",
-            "--name",
-            "-n",
-            "--template-uri",
-            "-u",
-            "--template-file",
-            "-f",
-            "--parameters",
-            "-p",
-            "--mode",
-            "--no-wait",
-            "--what-if",
-            "-c",
-            "--confirm-with-what-if",
-            "--rollback-on-error",
-            "--no-prompt",
-        },
+        DEPLOYMENT | {"--no-wait", "--what-if", "-c", "--confirm-with-what-if", "--rollback-on-error"},
         {"--resource-group"},
     ),
     "deployment group show": ({"--resource-group", "-g", "--name", "-n"}, {"--resource-group", "--name"}),

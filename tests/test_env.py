@@ -68,6 +68,16 @@ def requirements(wheelhouse: Path, *names: str) -> str:
     return "".join(f"{line}\n" for line in ("--no-index", f"--find-links {wheelhouse}", *names))
 
 
+def code_folder(tmp_path: Path, train: str, files: dict[str, str]) -> Path:
+    """The user's code: train.py and the files beside it (a requirements file)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(train)
+    for name, text in files.items():
+        (code / name).write_text(text)
+    return code
+
+
 def run_builder(job_dir: Path, envs: Path, text: str, node: str = "N1", **env: str) -> subprocess.Popen[str]:
     """env.py as a task runs it: in the job folder, with the requirements file the plan names."""
     path = requirements_file(text)
@@ -233,12 +243,11 @@ def test_two_users_never_share_an_environment(wheelhouse: Path) -> None:
 def test_a_job_s_environment_is_built_once_and_a_second_job_installs_nothing(
     tmp_path: Path, wheelhouse: Path
 ) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text(
-        "import os, tinya, torch\nprint('rank', os.environ['RANK'], tinya.VALUE, flush=True)\n"
-    )
-    (code / "requirements.txt").write_text(requirements(wheelhouse, "tinya==1.0"))  # used as it is beside
+    code = code_folder(
+        tmp_path,
+        "import os, tinya, torch\nprint('rank', os.environ['RANK'], tinya.VALUE, flush=True)\n",
+        {"requirements.txt": requirements(wheelhouse, "tinya==1.0")},
+    )  # requirements.txt: used as it is, beside the script
     share = tmp_path / "share"
 
     def job(run_id: str) -> tuple[dict[str, object], str, str, str]:
@@ -267,10 +276,11 @@ def test_a_job_s_environment_is_built_once_and_a_second_job_installs_nothing(
 def test_a_failed_install_fails_the_job_before_training_with_pip_s_reason(
     tmp_path: Path, wheelhouse: Path
 ) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text("print('training started')\n")
-    (code / "reqs.txt").write_text(requirements(wheelhouse, "tinya==1.0", "tinyz==9"))
+    code = code_folder(
+        tmp_path,
+        "print('training started')\n",
+        {"reqs.txt": requirements(wheelhouse, "tinya==1.0", "tinyz==9")},
+    )
     share = tmp_path / "share"
     done = subprocess.run(
         [
@@ -402,10 +412,7 @@ def render_copy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_wheelhouse_puts_the_nodes_wheels_on_the_share_once_and_the_nodes_install_from_it_alone(
     tmp_path: Path, wheelhouse: Path
 ) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text("")
-    (code / "requirements.txt").write_text(requirements(wheelhouse, "tinya==1.0"))
+    code_folder(tmp_path, "", {"requirements.txt": requirements(wheelhouse, "tinya==1.0")})
     first = render_copy(tmp_path, "--wheelhouse", "3.10")
     assert first.returncode == 0, first.stderr
     assert "wheels for Python 3.10 on manylinux_2_28_x86_64: pip download" in first.stderr
@@ -426,10 +433,7 @@ def test_a_package_without_a_wheel_for_the_nodes_is_named_before_anything_is_upl
     tmp_path: Path, wheelhouse: Path
 ) -> None:
     make_wheel(wheelhouse, "tinyc", "1.0", "", tag="cp310-cp310-manylinux_2_17_x86_64")
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text("")
-    (code / "requirements.txt").write_text(requirements(wheelhouse, "tinya==1.0", "tinyc==1.0"))
+    code_folder(tmp_path, "", {"requirements.txt": requirements(wheelhouse, "tinya==1.0", "tinyc==1.0")})
     fits = render_copy(tmp_path, "--wheelhouse", "3.10:manylinux2014_x86_64")
     assert fits.returncode == 0, fits.stderr
     refused = render_copy(tmp_path, "--run-id", "r-2", "--wheelhouse", "3.10:manylinux_2_28_aarch64")
@@ -445,10 +449,11 @@ def test_a_package_without_a_wheel_for_the_nodes_is_named_before_anything_is_upl
 def test_a_local_run_with_a_wheelhouse_installs_from_the_share_s_wheels(
     tmp_path: Path, wheelhouse: Path
 ) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "train.py").write_text("import tinya\nprint('tinya', tinya.VALUE)\n")
-    (code / "reqs.txt").write_text(requirements(wheelhouse, "tinya==1.0"))
+    code = code_folder(
+        tmp_path,
+        "import tinya\nprint('tinya', tinya.VALUE)\n",
+        {"reqs.txt": requirements(wheelhouse, "tinya==1.0")},
+    )
     python = f"{sys.version_info[0]}.{sys.version_info[1]}"
     share = tmp_path / "share"
     done = subprocess.run(
