@@ -367,6 +367,7 @@ class AzCommands:
     usage: list[str]
     deleted_vaults: list[str]
     group_exists: list[str]
+    group_show: list[str]
     group: list[str]
     what_if: list[str]
     deploy: list[str]
@@ -393,6 +394,7 @@ def az_commands(request: OnboardRequest, parameters_file: str) -> AzCommands:
         usage=["az", "vm", "list-usage", "--location", request.location, "--output", "json"],
         deleted_vaults=["az", "keyvault", "list-deleted", "--resource-type", "vault", "--output", "json"],
         group_exists=["az", "group", "exists", "--name", request.resource_group, "--output", "json"],
+        group_show=["az", "group", "show", "--name", request.resource_group, "--output", "json"],
         group=[
             "az", "group", "create", "--name", request.resource_group, "--location", request.location,
             "--tags", "created-by=hpcjob", f"hpcjob-cluster={request.name}", "--output", "json",

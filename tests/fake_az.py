@@ -17,7 +17,8 @@ It follows the real one (azure-cli 2.91.0; facts/azure-cli-and-hpcpack-template.
 It records each call's arguments (and, for the commands that read `@-`, the NAMES of the parameters it got
 on stdin, never their values) to $FAKE_AZ_LOG, one JSON object per line. Knobs (environment):
 FAKE_AZ_STATE (a folder for its state), FAKE_AZ_QUOTA (vCPUs free in the A100 family, default 1000),
-FAKE_AZ_REGIONAL (Total Regional vCPUs free, default 2000), FAKE_AZ_NOT_OFFERED (a size the subscription
+FAKE_AZ_REGIONAL (Total Regional vCPUs free, default 2000), FAKE_AZ_SLOW_DELETE=1 (`group delete --no-wait`
+leaves the group Deleting, its vault not yet soft-deleted), FAKE_AZ_NOT_OFFERED (a size the subscription
 may not use), FAKE_AZ_FAIL=1 (the deployment fails on a node VM), FAKE_AZ_DNS (the head node's name),
 FAKE_AZ_CERT (a PEM file: the certificate the Key Vault made), FAKE_AZ_LOGGED_OUT=1.
 """
@@ -65,6 +66,7 @@ COMMANDS: dict[str, tuple[set[str], set[str]]] = {
         {"--file"},
     ),
     "group exists": ({"--name", "-n", "--resource-group", "-g"}, {"--name"}),
+    "group show": ({"--name", "-n", "--resource-group", "-g"}, {"--name"}),
     "group create": (
         {"--name", "-n", "--location", "-l", "--tags", "--managed-by"},
         {"--name", "--location"},
@@ -324,8 +326,19 @@ def answer(command: str, options: dict[str, list[str]], stdin: str) -> Any:
         )
     if command == "group exists":
         return first["--name"].lower() in state["groups"]
+    if command == "group show":
+        need_group(state, first["--name"])
+        group = state["groups"][first["--name"].lower()]
+        deleting = first["--name"].lower() in state.get("deleting", [])
+        return {"id": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}", "name": group,
+                "properties": {"provisioningState": "Deleting" if deleting else "Succeeded"}}  # fmt: skip
     if command == "group create":
         group = first["--name"]
+        if group.lower() in state.get("deleting", []):
+            fail(
+                f"(ResourceGroupBeingDeleted) The resource group '{group}' is in deprovisioning state and "
+                "cannot perform this operation."
+            )
         state["groups"][group.lower()] = group
         save(state)
         return {"id": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}", "name": group,
@@ -333,6 +346,10 @@ def answer(command: str, options: dict[str, list[str]], stdin: str) -> Any:
     if command == "group delete":
         group = first["--name"]
         need_group(state, group)
+        if "--no-wait" in options and os.environ.get("FAKE_AZ_SLOW_DELETE"):  # still there, on its way out
+            state.setdefault("deleting", []).append(group.lower())
+            save(state)
+            return None
         del state["groups"][group.lower()]
         for vault, owner in list(state["vaults"].items()):
             if owner.lower() == group.lower():  # soft delete: the name stays taken

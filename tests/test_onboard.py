@@ -108,10 +108,11 @@ def test_onboarding_deploys_the_pinned_template_and_writes_the_profile(
     done = onboard(hpcjob, "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
     calls = az_calls(az_env)
-    assert commands(calls)[:6] == [
+    assert commands(calls)[:7] == [
         "account show --output",
         "vm list-skus --location",
         "vm list-usage --location",
+        "group exists --name",
         "keyvault list-deleted --resource-type",
         "group create --name",
         "deployment group create",
@@ -300,10 +301,10 @@ def test_what_if_makes_a_missing_resource_group_for_the_preview_and_deletes_it(
     assert done.returncode == 0, done.stderr
     assert "Resource changes: 23 to create." in done.stdout
     calls = [call["argv"] for call in az_calls(az_env)]
-    assert calls[-4:-2] == [
-        ["group", "exists", "--name", "rg-gpu1", "--output", "json"],
-        ["group", "create", "--name", "rg-gpu1", "--location", "eastus", "--tags", "created-by=hpcjob",
-         "hpcjob-cluster=gpu1", "--output", "json"],
+    assert ["group", "exists", "--name", "rg-gpu1", "--output", "json"] in calls
+    assert calls[-3] == [
+        "group", "create", "--name", "rg-gpu1", "--location", "eastus", "--tags", "created-by=hpcjob",
+        "hpcjob-cluster=gpu1", "--output", "json",
     ]  # fmt: skip
     assert calls[-2][:3] == ["deployment", "group", "what-if"]
     assert calls[-1] == ["group", "delete", "--name", "rg-gpu1", "--yes"]  # waited for: nothing left
@@ -328,6 +329,20 @@ def test_onboarding_again_after_delete_purges_the_old_vault_with_consent(
     calls = [call["argv"][:2] for call in az_calls(az_env)[before:]]
     assert calls.index(["keyvault", "purge"]) < calls.index(["group", "create"])
     assert "gpu1" in tomllib.loads(Path(az_env["HPCJOB_CONFIG"]).read_text())["clusters"]
+
+
+def test_onboarding_into_a_group_still_being_deleted_says_so_before_anything_else(
+    hpcjob: CommandRunner, az_env: dict[str, str]
+) -> None:
+    assert onboard(hpcjob).returncode == 0
+    assert hpcjob("cluster", "delete", "gpu1", "--yes", FAKE_AZ_SLOW_DELETE="1").returncode == 0
+    before = len(az_calls(az_env))
+    again = onboard(hpcjob)
+    assert again.returncode == 2 and error_lines(again) == [
+        "hpcjob: error: resource group rg-gpu1 is still being deleted: wait for it (az group wait --deleted "
+        "--name rg-gpu1), then onboard again"
+    ]
+    assert ["group", "create"] not in [call["argv"][:2] for call in az_calls(az_env)[before:]]
 
 
 def test_what_if_warns_of_a_soft_deleted_vault_that_azure_s_preview_does_not_see(

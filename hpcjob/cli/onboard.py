@@ -163,6 +163,12 @@ def cluster_onboard(
             )
         if quotas := quota_problems(request, table, run_az(commands.usage) or [], family):
             raise SpecError("\nhpcjob: error: ".join(quotas))
+        group_exists = bool(run_az(commands.group_exists))
+        if group_exists and _deleting(run_az(commands.group_show)):
+            raise SpecError(
+                f"resource group {request.resource_group} is still being deleted: wait for it (az group "
+                f"wait --deleted --name {request.resource_group}), then onboard again"
+            )
         deleted = run_az(commands.deleted_vaults) or []
         in_the_way = vaults_in_the_way(request, str(account.get("id", "")), deleted)
         if in_the_way and what_if:  # Azure's preview does not see it: say it here
@@ -190,7 +196,7 @@ def cluster_onboard(
     assert secret is not None
     secrets_json = json.dumps(secret.parameters())
     if what_if:
-        _what_if(request, commands, secrets_json)
+        _what_if(request, commands, secrets_json, make_group=not group_exists)
         return
     for vault in in_the_way:
         click.echo(f"hpcjob: purging the deleted Key Vault {vault.name} (a few minutes)", err=True)
@@ -245,6 +251,11 @@ def _secrets(password_env: str, key_env: str, print_only: bool) -> Secrets | Non
     return Secrets(password, os.environ.get(key_env) or secrets.token_hex(32))
 
 
+def _deleting(group: Any) -> bool:
+    """Whether `az group show` says the group is on its way out (an earlier `cluster delete`)."""
+    return isinstance(group, dict) and (group.get("properties") or {}).get("provisioningState") == "Deleting"
+
+
 def _consent_to_purge(resource_group: str, vaults: list[DeletedVault], given: bool) -> None:
     """A soft-deleted vault of an earlier cluster would make the deployment fail after minutes: purge it
     only with the user's word (the flag, or yes on a terminal)."""
@@ -263,14 +274,13 @@ def _consent_to_purge(resource_group: str, vaults: list[DeletedVault], given: bo
     click.confirm("Purge it for good (its keys and certificates cannot be recovered after)?", abort=True)
 
 
-def _what_if(request: OnboardRequest, commands: AzCommands, secrets_json: str) -> None:
+def _what_if(request: OnboardRequest, commands: AzCommands, secrets_json: str, *, make_group: bool) -> None:
     """Azure's own preview. It needs the resource group to exist: one that does not yet is made for it,
     empty and free, and deleted after it, so that nothing is left behind."""
     from hpcjob.azure import run_az, run_az_text
     from hpcjob.onboard import delete_command
 
-    made = run_az(commands.group_exists) is False
-    if made:
+    if make_group:
         click.echo(
             f"hpcjob: resource group {request.resource_group} does not exist yet: made for the preview, "
             "deleted after it",
@@ -280,7 +290,7 @@ def _what_if(request: OnboardRequest, commands: AzCommands, secrets_json: str) -
     try:
         click.echo(run_az_text(commands.what_if, secrets_json).rstrip())
     finally:
-        if made:
+        if make_group:
             run_az(delete_command(request.resource_group, wait=True))
 
 
