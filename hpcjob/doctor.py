@@ -306,3 +306,27 @@ def allreduce_check(nodes: Sequence[str], state: str, metrics: dict[str, object]
         "check that the nodes reach each other on the rendezvous port and the interface node.sh picks "
         "(HPCJOB_IFNAME); rerun the job with NCCL_DEBUG=INFO (hpcjob logs RUN shows it)",
     )
+
+
+def environment_check(
+    file: str, nodes: Sequence[str], state: str, metrics: dict[str, object] | None, cause: str
+) -> Check:
+    """`doctor --requirements FILE`: the all-reduce job ran in the job's environment built from FILE."""
+    between = " and ".join(nodes)
+    if state == State.FINISHED and metrics and metrics.get("torch"):
+        cuda = "with CUDA" if metrics.get("cuda") else "without CUDA"
+        return Check(
+            "environment",
+            PASS,
+            f"{file} on {between}: the all-reduce ran in it, torch {metrics['torch']} {cuda} "
+            f"({metrics.get('python')})",
+        )
+    if "environment did not build" in cause:
+        return Check(
+            "environment",
+            FAIL,
+            f"{file} on {between}: {cause}",
+            "fix the requirements (pip's whole log: <node>.env.log in the run's log folder), or give the "
+            "nodes an index or a --wheelhouse",
+        )
+    return Check("environment", SKIP, f"cannot say: the all-reduce job in it ended {state}")

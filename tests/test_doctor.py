@@ -162,3 +162,25 @@ def test_nodes_with_another_python_or_no_venv_fail_the_python_check(
     head.cluster.base_env.update(OLD_PYTHON="-", NO_VENV="NODE002")
     found = checks(hpcjob("doctor", "--json"))
     assert found["Python"] == ("fail", "no venv on NODE002: a job with a requirements file fails there")
+
+
+def test_doctor_builds_the_job_s_environment_and_runs_the_all_reduce_in_it(
+    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> None:
+    from .test_env import make_wheel, requirements
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "tinya", "1.0", "VALUE = 1\n")
+    good, bad = tmp_path / "good.txt", tmp_path / "bad.txt"
+    good.write_text(requirements(wheels, "tinya==1.0"))
+    bad.write_text(requirements(wheels, "tinyz==9"))
+    hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path))
+    found = checks(hpcjob("doctor", "--json", "--requirements", str(good)))
+    result, detail = found["environment"]
+    assert result == "pass" and detail.startswith("good.txt on LOCALHOST and NODE002: the all-reduce ran in")
+    assert "torch 2.14.1" in detail and "/hpcjob/envs/" in detail  # the environment's own Python
+    failed = hpcjob("doctor", "--json", "--requirements", str(bad))
+    assert failed.code == 1
+    result, detail = checks(failed)["environment"]
+    assert result == "fail" and "ERROR: No matching distribution found for tinyz==9" in detail

@@ -22,10 +22,20 @@ SHARE_PROBE_FILE = ".hpcjob-doctor"  # written (and overwritten) at the share's 
 @cluster_option
 @backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
-def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) -> None:
+@click.option(
+    "--requirements",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Also build the job's environment from FILE on two nodes and run the all-reduce in it.",
+)
+def doctor(
+    cluster_name: str | None, backend_kind: str | None, as_json: bool, requirements: Path | None
+) -> None:
     """Check a cluster before the first job: the head node and its version, the credentials, the node
-    group's nodes, each node's GPUs, torch and CUDA and its mount of the share (one short job, a task per
-    node), and the share from this machine. Exits 1 when a check fails."""
+    group's nodes, each node's GPUs, Python, torch and CUDA and its mount of the share (one short job, a
+    task per node), an all-reduce between two nodes (in the environment of --requirements FILE, when
+    given), and the share from this machine. Exits 1 when a check fails."""
+    from hpcjob.cli.options import read_requirements
     from hpcjob.doctor import (
         FAIL,
         SKIP,
@@ -40,6 +50,12 @@ def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) ->
     from hpcjob.render import JobShape
     from hpcjob.spec import HpcjobError
 
+    # Read first: a file that cannot be read is said before anything runs.
+    wanted = (
+        (requirements.name, read_requirements(requirements, f"--requirements {requirements}"))
+        if requirements
+        else None
+    )
     access = ClusterAccess(cluster_name, backend_kind)
     profile, backend = access.profile, access.backend
     mount_point = profile_mount_point(profile)
@@ -66,7 +82,7 @@ def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) ->
                     f"hpcjob-doctor-{int(time.time())}", probe_command(mount_point), shape, lambda line: None
                 )
                 checks += probe_checks(answers, profile.gpus_per_node, mount_point, profile.share)
-                checks.append(_allreduce(access, fit_nodes(answers), mount_point, as_json))
+                checks += _allreduce(access, fit_nodes(answers), mount_point, as_json, wanted)
             except HpcjobError as exc:
                 checks.append(
                     Check("probe", FAIL, " ".join(str(exc).split()), "see `hpcjob status` of the job")
@@ -82,16 +98,21 @@ def doctor(cluster_name: str | None, backend_kind: str | None, as_json: bool) ->
         raise SystemExit(1)
 
 
-def _allreduce(access: ClusterAccess, fit: list[str], mount_point: str, quiet: bool) -> Check:
-    """A 2-node all-reduce job (hpcjob/probes/allreduce.py) through the same path as `hpcjob submit`."""
+def _allreduce(
+    access: ClusterAccess, fit: list[str], mount_point: str, quiet: bool, requirements: tuple[str, str] | None
+) -> list[Check]:
+    """A 2-node all-reduce job (hpcjob/probes/allreduce.py) through the same path as `hpcjob submit`;
+    with `requirements` (a file's name and text), in the job's environment built from them."""
     from hpcjob.cli.cluster import submit_and_follow
     from hpcjob.cli.options import new_run_id
-    from hpcjob.doctor import SKIP, Check, allreduce_check
+    from hpcjob.doctor import SKIP, Check, allreduce_check, environment_check
     from hpcjob.spec import JobSpec, parse_share
 
     profile = access.profile
     if len(fit) < 2:
-        return Check("all-reduce", SKIP, "cannot run: it needs two nodes that passed the checks above")
+        why = "cannot run: it needs two nodes that passed the checks above"
+        skipped = [Check("all-reduce", SKIP, why)]
+        return skipped + ([Check("environment", SKIP, why)] if requirements else [])
     nodes = tuple(fit[:2])
     spec = JobSpec(
         script=str(Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"),
@@ -100,7 +121,8 @@ def _allreduce(access: ClusterAccess, fit: list[str], mount_point: str, quiet: b
         node_group=profile.node_group,
         share=parse_share(profile.share) if profile.share else None,
         mount_point=mount_point,
-        runtime_s=300,
+        runtime_s=600 if requirements else 300,  # building the environment takes its time
+        requirements=requirements[1] if requirements else None,
     )
     if not quiet:
         click.echo(f"hpcjob: an all-reduce job on {' and '.join(nodes)} ...", err=True)
@@ -110,7 +132,10 @@ def _allreduce(access: ClusterAccess, fit: list[str], mount_point: str, quiet: b
     )
     assert summary is not None  # waited
     cause = summary.root_cause.describe() if summary.root_cause else ""
-    return allreduce_check(nodes, summary.state, summary.metrics, cause)
+    checks = [allreduce_check(nodes, summary.state, summary.metrics, cause)]
+    if requirements:
+        checks.append(environment_check(requirements[0], nodes, summary.state, summary.metrics, cause))
+    return checks
 
 
 def _share_error(access: ClusterAccess) -> str | None:

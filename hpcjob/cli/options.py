@@ -246,7 +246,13 @@ def requirements_text(script: Path, given: str | None, no_env: bool) -> str | No
             "Python as it is)",
             err=True,
         )
-    named = f"--requirements {given}" if given is not None else str(path)
+    return read_requirements(path, f"--requirements {given}" if given is not None else str(path))
+
+
+def read_requirements(path: Path, named: str) -> str:
+    """A requirements file's text, or one line that says why not (`named`: how the user gave it)."""
+    from hpcjob.spec import SpecError
+
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:

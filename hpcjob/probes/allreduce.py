@@ -44,6 +44,7 @@ def main() -> int:
     bus = size / seconds * 2 * (world - 1) / world / 1e9
     if dist.get_rank() == 0:
         result = {"allreduce_backend": backend, "allreduce_mb": MESSAGE_MB[backend], "world_size": world}
+        result |= {"torch": torch.__version__, "cuda": cuda, "python": sys.executable}
         result |= {"allreduce_bus_gbps": round(bus, 3), "allreduce_correct": correct}
         print("HPCJOB_METRICS " + json.dumps(result), flush=True)
     dist.barrier()

@@ -112,7 +112,7 @@ $script:Cli = @{
     }
     'Test-HpcTorchCluster'     = @{
         Words     = @('doctor', '--json')
-        Options   = $script:ClusterOptions
+        Options   = $script:ClusterOptions + @{ Requirements = '--requirements' }
         Arguments = @()
         Unexposed = @()
     }
@@ -702,9 +702,13 @@ function Test-HpcTorchCluster {
     param(
         [string]$Cluster,
         [ValidateSet('rest', 'winrm')][string]$Backend,
+        [string]$Requirements,
         [pscredential]$Credential
     )
     # doctor --json is one report: {cluster, backend, checks}; the checks are what a user filters.
+    if ($Requirements) {
+        $PSBoundParameters['Requirements'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Requirements
+    }
     Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Test-HpcTorchCluster' -Bound $PSBoundParameters `
         -Secrets (Get-CredentialSecret $Credential) | ForEach-Object {
         foreach ($check in $_.checks) {
