@@ -32,15 +32,13 @@ Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
 # Run in front of every task's command: ignored signals survive exec, and a script's background job
 # ignores SIGINT and SIGQUIT, nohup SIGHUP, and Python itself SIGPIPE and SIGXFSZ. A task that ignored
 # SIGINT could not be stopped gracefully, so each is reset to the default, then the task's program
-# replaces this Python (same pid). The stopping signals are blocked meanwhile (by its starter, from before
-# it starts): one that came while this Python held its own SIGINT handler would otherwise be lost at exec,
-# or raise KeyboardInterrupt in its start-up; blocked, it waits in the kernel and ends the process as
-# soon as the default is back.
+# replaces this Python (same pid). Its starter (TaskProcess) blocks the stopping signals from before the
+# fork, and the block survives exec: one that came while this Python starts up, or holds its own SIGINT
+# handler, would otherwise raise KeyboardInterrupt in its start-up or be lost at exec; blocked, it waits
+# in the kernel and ends the process as soon as the defaults are back and this unblocks it.
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 DEFAULT_SIGNALS = (
     "import os, signal, sys\n"
-    "stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}\n"
-    "signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # blocked already when started by TaskProcess\n"
     "for s in signal.valid_signals():\n"
     "    try:\n"
     "        if s not in (signal.SIGKILL, signal.SIGSTOP) and (\n"
@@ -49,6 +47,7 @@ DEFAULT_SIGNALS = (
     "            signal.signal(s, signal.SIG_DFL)\n"
     "    except (OSError, ValueError):\n"
     "        pass\n"
+    "stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}\n"
     "signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
@@ -107,9 +106,7 @@ class TaskProcess:
     ) -> None:
         self.marker = f"{MARKER_VAR}={marker}\0".encode()
         self._lock = threading.Lock()
-        # Blocked from before the fork: the signal mask survives fork and exec, so a stopping signal
-        # that comes while the Python below starts up waits in the kernel, instead of raising
-        # KeyboardInterrupt in the middle of the interpreter's own start (exit code 1, a traceback).
+        # Blocked from before the fork, unblocked by DEFAULT_SIGNALS once the defaults are set (above).
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             self.popen = subprocess.Popen(
