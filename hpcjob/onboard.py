@@ -29,10 +29,6 @@ NODE_GROUP = "LinuxNodes"
 # uses role-based access and gives the deploying user no data role, so the certificate itself cannot be
 # downloaded (Forbidden); the thumbprint in the deployment's outputs needs no Key Vault role at all.
 CERTIFICATE_DEPLOYMENT = "KeyVaultWithCert"
-# The vault's name: take('<resource group>-kv-<uniqueString(resourceGroup().id)>', 24), soft-deleted for
-# 90 days when its group is deleted (enableSoftDelete, softDeleteRetentionInDays 90, no purge protection;
-# key-vault-with-cert.bicep): a new cluster in a group of the same name makes a vault of the same name.
-VAULT_SOFT_DELETE_DAYS = 90
 # UNVERIFIED: the share of a no-AD head node, \\<clusterName>\CcpSpoolDir (facts/hpcpack-arm-and-sample.md).
 SHARE = "//{name}/CcpSpoolDir"
 # Azure's reserved administrator names (the VM API refuses them).
@@ -425,7 +421,9 @@ def vaults_in_the_way(
     request: OnboardRequest, subscription_id: str, deleted: list[Mapping[str, Any]]
 ) -> list[DeletedVault]:
     """Soft-deleted vaults that an earlier cluster in a resource group of this name left: the template
-    would make a vault of the same name, and Azure refuses it while the deleted one is kept."""
+    would make a vault of the same name, and Azure refuses it while the deleted one is kept. The name is
+    take('<resource group>-kv-<uniqueString(resourceGroup().id)>', 24), soft-deleted for 90 days with its
+    group, with no purge protection (key-vault-with-cert.bicep)."""
     group = f"/subscriptions/{subscription_id}/resourcegroups/{request.resource_group}/".casefold()
     prefix = f"{request.resource_group}-kv-"[:24].casefold()
     found = []
