@@ -7,6 +7,12 @@ it complete and installs nothing. This times env.py as a task runs it, on a fres
 wheelhouse (no index is reachable), and two tasks at once as the two nodes of one job start: one builds,
 one waits. Figures: min / median / max of each over the repeats.
 
+Then where the environment lives (`--env-on`): the time to import torch and torchvision on a test-bed host
+(its own network namespace) from the share, served by a real smbd on the head host's address, against
+from the host's local disk. The share is read through smbnetfs (libsmbclient under FUSE: this kernel
+cannot mount CIFS), a copy of this checkout's site-packages (hard links) in the share folder. Needs root,
+samba and smbnetfs (`apt-get install smbnetfs`); skipped, and said, without them.
+
     .venv/bin/python benchmarks/bench_env.py [--repeats 5]
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpcjob.plan import ENVS_VAR, REQUIREMENTS_VAR, requirements_file
 from tests.test_env import make_wheel, requirements
+from tests.testbed import TestBed
 
 BUILDER = Path(__file__).resolve().parents[1] / "hpcjob" / "node" / "env.py"
 
@@ -54,6 +62,47 @@ def tasks(job_dir: Path, envs: Path, text: str, count: int) -> float:
         if process.returncode != 0:
             raise SystemExit(f"env.py failed: {err}")
     return time.perf_counter() - started
+
+
+IMPORT = (
+    "import sys, time; sys.path.insert(0, sys.argv[1]); started = time.perf_counter(); "
+    "import torch, torchvision; print(time.perf_counter() - started)"
+)
+
+
+def import_times(repeats: int) -> tuple[list[float], list[float]] | None:
+    """Seconds to import torch and torchvision on a test-bed host: from its local disk, from the share."""
+    if os.geteuid() != 0 or not all(map(shutil.which, ("smbd", "smbnetfs", "fusermount"))):
+        print("import times skipped: they need root, samba and smbnetfs (apt-get install smbnetfs)")
+        return None
+    import site
+
+    packages = Path(site.getsitepackages()[0])
+    with TestBed(("node1",)) as bed, tempfile.TemporaryDirectory() as config:
+        assert bed.smb is not None
+        copy = bed.share_folder / "site-packages"
+        subprocess.run(["cp", "-al", str(packages), str(copy)], check=True)  # hard links: same bytes
+        smb_conf = Path(config) / ".smb"
+        smb_conf.mkdir()
+        (smb_conf / "smb.conf").write_text("[global]\n")
+        login = smb_conf / "smbnetfs.conf"
+        login.touch(mode=0o600)  # the password in a file only root reads, never on a command line
+        login.write_text(f'auth "{bed.smb.address}" "{bed.smb.username}" "{bed.smb.password}"\n')
+        host = bed["node1"]
+        host.check_output(f"mkdir -p /mnt/smbnetfs && HOME={config} smbnetfs /mnt/smbnetfs")
+        over_smb = f"/mnt/smbnetfs/{bed.smb.address}/CcpSpoolDir/{bed.share_folder.name}/site-packages"
+        local: list[float] = []
+        share: list[float] = []
+        try:
+            for repeat in range(repeats):
+                for where, times in ((str(packages), local), (over_smb, share)):
+                    out = host.check_output([sys.executable, "-S", "-c", IMPORT, where], timeout=600)
+                    times.append(float(out))
+                print(f"import {repeat + 1}/{repeats}: local {local[-1]:.2f} s, share {share[-1]:.2f} s",
+                      file=sys.stderr)  # fmt: skip
+        finally:
+            host.check_output("fusermount -u /mnt/smbnetfs")
+    return local, share
 
 
 def row(name: str, times: list[float]) -> str:
@@ -90,6 +139,15 @@ def main() -> None:
     print("|---|---|---|---|")
     print(row("first (venv and pip install of 2 wheels; one task builds, one waits)", first))
     print(row("second, same requirements (found complete: nothing installed)", second))
+    imports = import_times(args.repeats)
+    if imports is not None:
+        local, share = imports
+        print(f"\nimport torch, torchvision on a test-bed host, {args.repeats} repeats")
+        print("| environment on | min | median | max |")
+        print("|---|---|---|---|")
+        print(row("the node's local disk (--env-on node-local)", local))
+        print(row("the share, over SMB from smbd on the head host (--env-on share)", share))
+        print(f"share / local (medians): {statistics.median(share) / statistics.median(local):.1f}x")
 
 
 if __name__ == "__main__":

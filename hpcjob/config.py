@@ -43,7 +43,15 @@ import tomli_w
 
 from hpcjob.backends import CLUSTER_BACKENDS, WINRM_TRANSPORTS
 from hpcjob.credentials import SMB_PASSWORD_ENV
-from hpcjob.spec import GROUP_NAME, PLAIN_PATH, HpcjobError, SpecError, parse_share
+from hpcjob.spec import (
+    DEFAULT_NODE_ENV_DIR,
+    GROUP_NAME,
+    PLAIN_PATH,
+    HpcjobError,
+    SpecError,
+    check_env_place,
+    parse_share,
+)
 
 KEYRING_SERVICE = "hpcjob"
 CLUSTER_ENV = "HPCJOB_CLUSTER"
@@ -100,6 +108,10 @@ class ClusterProfile:
     gpus_per_node: int | None = None
     # The Azure resource group `hpcjob cluster onboard` made for this cluster (`cluster delete` removes it).
     resource_group: str | None = None
+    # Where jobs keep their environment (`--env-on`: node-local or share), and the nodes' own folder for
+    # it (default ~/.cache/hpcjob/envs): checked as the job options are.
+    env_on: str | None = None
+    node_env_dir: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -196,6 +208,10 @@ class ClusterProfile:
                 f"{where}: node_group {self.node_group!r} must be a node group name (letters, digits, "
                 "space and . _ -, at most 64)"
             )
+        try:
+            check_env_place(self.env_on or "node-local", self.node_env_dir or DEFAULT_NODE_ENV_DIR)
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
 
     @property
     def api_base(self) -> str:

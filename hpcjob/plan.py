@@ -40,8 +40,8 @@ SEPARATE_ROUND_STORES = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 MOUNT_VAR = "HPCJOB_MOUNT"
 # What the filter did, in the task's environment: mounted, already mounted, or "failed: <why>".
 MOUNT_RESULT_VAR = "HPCJOB_MOUNT_RESULT"
-# The job's environment (hpcjob/node/env.py): its requirements file in the job folder, and the share's
-# folder of environments (beside the job folders, so that jobs with the same requirements share one).
+# The job's environment (hpcjob/node/env.py): its requirements file in the job folder, and the folder of
+# environments: each node's own (spec.node_env_dir), or the share's, beside the job folders (`--env-on`).
 REQUIREMENTS_VAR = "HPCJOB_REQUIREMENTS"
 ENVS_VAR = "HPCJOB_ENVS"
 ENVS_FOLDER = "hpcjob/envs"
@@ -193,7 +193,8 @@ def make_plan(
         if spec.wheelhouse is not None:
             text = node_requirements(text, f"{root.rstrip('/')}/{WHEELS_FOLDER}")
         files = ((requirements_file(text), text),)
-        env = (*env, (REQUIREMENTS_VAR, files[0][0]), (ENVS_VAR, f"{root.rstrip('/')}/{ENVS_FOLDER}"))
+        envs = f"{root.rstrip('/')}/{ENVS_FOLDER}" if spec.env_on == "share" else spec.node_env_dir
+        env = (*env, (REQUIREMENTS_VAR, files[0][0]), (ENVS_VAR, envs))
     if spec.elastic and all(name != SEPARATE_ROUND_STORES[0] for name, _ in env):
         env = (*env, SEPARATE_ROUND_STORES)
     if spec.share is not None:

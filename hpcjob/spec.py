@@ -19,6 +19,16 @@ DEFAULT_COMMAND_LIMIT = 480
 TASK_ENV_LIMIT = 2048
 DEFAULT_MOUNT_POINT = "/app"
 DEFAULT_RDZV_PORT = 29400
+# Where a job's environment lives (`--env-on`). Node-local by default: importing torch and torchvision from
+# the share took 10.5 s against 2.4 s from local disk (medians, benchmarks/bench_env.py, a real smbd), on
+# every rank of every job; a node builds its own environment once, at the same time as the other nodes.
+ENV_PLACES = ("node-local", "share")
+# Each node's own folder of environments: the job owner's home, which the node agent makes (`useradd -m`,
+# and `sudo -H` sets HOME for the task: Azure/hpcpack-linux-agent @f50e911 nodemanager/utils/System.cpp
+# L485, nodemanager/scripts/StartTask.sh L42-49). env.py expands `~` on the node.
+DEFAULT_NODE_ENV_DIR = "~/.cache/hpcjob/envs"
+_NODE_ENV_DIR = re.compile(r"(~|/[A-Za-z0-9._-]+)(/[A-Za-z0-9._-]+)*")
+
 # Beyond any cluster; they keep a typo (a huge -n) from reaching the scheduler, or a local run.
 MAX_NODES = 10_000
 MAX_PROCS_PER_NODE = 1024
@@ -223,6 +233,10 @@ class JobSpec:
     # A cluster without internet: the requirements' wheels for the nodes' (Python X.Y, platform tag),
     # downloaded on the client and installed on the nodes from the share (hpcjob/wheelhouse.py).
     wheelhouse: tuple[str, str] | None = None
+    # Where the nodes keep the environment (ENV_PLACES): each on its local disk (node_env_dir, kept
+    # between jobs), or one on the share for all of them.
+    env_on: str = "node-local"
+    node_env_dir: str = DEFAULT_NODE_ENV_DIR
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem
@@ -323,6 +337,7 @@ class JobSpec:
                     f"--wheelhouse {python}:{platform} must be the nodes' Python and, optionally, their "
                     "platform tag: 3.10, or 3.10:manylinux2014_x86_64"
                 )
+        check_env_place(self.env_on, self.node_env_dir)
 
     def _validate_env(self) -> None:
         total = 0
@@ -343,6 +358,16 @@ class JobSpec:
             raise SpecError(
                 f"--env: {total} characters of environment variables, more than HPC Pack's {TASK_ENV_LIMIT}"
             )
+
+
+def check_env_place(env_on: str, node_env_dir: str) -> None:
+    if env_on not in ENV_PLACES:
+        raise SpecError(f"env_on {env_on!r} must be one of {', '.join(ENV_PLACES)}")
+    if not _NODE_ENV_DIR.fullmatch(node_env_dir) or "/../" in f"{node_env_dir}/":
+        raise SpecError(
+            f"node_env_dir {node_env_dir!r} must be an absolute path or one under ~ (letters, digits, "
+            ". _ -), without .."
+        )
 
 
 # `--wheelhouse 3.10`: the nodes' platform unless said (glibc 2.28 and later: Ubuntu 20.04+, AlmaLinux 8+;

@@ -28,10 +28,13 @@ RUN_ID = "run_ddp-20261122-000000-abcd"
 
 @pytest.fixture(autouse=True)
 def private_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs recorded and local shares made by tests stay out of the user's home."""
+    """Runs recorded, local shares and the nodes' environments (~/.cache/hpcjob/envs) made by tests stay
+    out of the user's home."""
     home = tmp_path_factory.mktemp("xdg")
     monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    (home / "home").mkdir()
+    monkeypatch.setenv("HOME", str(home / "home"))
 
 
 @pytest.fixture

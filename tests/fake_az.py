@@ -1,6 +1,6 @@
 """A stand-in for the Azure CLI, put on PATH as `az` by tests/test_onboard.py.
 
-It follows the real one (azure-cli 2.91.0; facts/azure-cli-and-hpcpack-template.md), never hpcjob:
+It follows the real one (azure-cli 2.91.0; docs/facts/azure-cli-and-hpcpack-template.md), never hpcjob:
 - each command takes only its own options (and az's global ones), and refuses the rest as argparse does,
   with exit code 2; a missing required option likewise;
 - answers in az's shapes: `vm list-usage` gives currentValue and limit as strings and spells quota
@@ -91,7 +91,8 @@ COMMANDS: dict[str, tuple[set[str], set[str]]] = {
 }
 FLAGS = {"--all", "--yes", "-y", "--no-wait", "--only-show-errors", "--debug", "--verbose", "--no-prompt",
          "--no-pretty-print", "--what-if", "-c", "--confirm-with-what-if"}  # fmt: skip
-# A size's family as `vm list-skus` gives it, and its quota row as `vm list-usage` does (facts, section 1).
+# A size's family as `vm list-skus` gives it, and its quota row as `vm list-usage` does
+# (docs/facts/azure-cli-and-hpcpack-template.md section 1).
 SKUS = {
     "Standard_NC24ads_A100_v4": ("StandardNCADSA100v4Family", 24),
     "Standard_NC96ads_A100_v4": ("StandardNCADSA100v4Family", 96),

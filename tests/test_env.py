@@ -1,10 +1,11 @@
-"""The job's own Python packages (issue 19): an environment built once per content on the share, under a
-lock, by the first task that gets there, with a real `pip install` from a local wheelhouse (no index is
-reachable here), and real torchrun jobs that run in it."""
+"""The job's own Python packages (issue 19): an environment built once per content (on each node's disk or
+on the share), under a lock, by the first task that gets there, with a real `pip install` from a local
+wheelhouse (no index is reachable here), and real torchrun jobs that run in it."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -284,9 +285,8 @@ def test_a_failed_install_fails_the_job_before_training_with_pip_s_reason(
     share = tmp_path / "share"
     done = subprocess.run(
         [
-            *hpcjob_run(
-                share, "env-bad", "-n", "2", "--requirements", str(code / "reqs.txt"), str(code / "train.py")
-            )
+            *hpcjob_run(share, "env-bad", "-n", "2", "--env-on", "share"),
+            *("--requirements", str(code / "reqs.txt"), str(code / "train.py")),
         ],
         capture_output=True,
         text=True,
@@ -301,7 +301,8 @@ def test_a_failed_install_fails_the_job_before_training_with_pip_s_reason(
     assert "tinyz==9" in reason and "training started" not in done.stderr
     logs = share / "hpcjob" / "train" / "logs" / "env-bad"
     assert "Looking in links" in next(logs.glob("*.env.log")).read_text()  # pip's whole log, kept
-    assert not list((share / "hpcjob" / "envs").glob("*/*.ready"))
+    left = {path.suffix for path in (share / "hpcjob" / "envs").glob("*/*")}
+    assert left == {".failed"}  # on the share (--env-on): nothing ready, no lock or build folder left
 
 
 def test_the_task_runs_in_the_environment_the_node_builds(golden: Callable[[str, str], None]) -> None:
@@ -313,7 +314,10 @@ def test_the_task_runs_in_the_environment_the_node_builds(golden: Callable[[str,
     assert task is not None
     line = task.get("CommandLine") or ""
     assert ' && HPCJOB_PYTHON=$(python3 .hpcjob/env.py) && "$HPCJOB_PYTHON" -m torch.distributed.run ' in line
-    assert dict(plan.env)[ENVS_VAR] == "/app/hpcjob/envs"
+    assert dict(plan.env)[ENVS_VAR] == "~/.cache/hpcjob/envs"  # each node's own disk: env.py expands ~
+    on_share = make_plan(dataclasses.replace(spec, env_on="share"), spec.node_names, RUN_ID)
+    assert dict(on_share.env)[ENVS_VAR] == "/app/hpcjob/envs"
+    assert on_share.tasks == plan.tasks
     assert plan.files == ((dict(plan.env)[REQUIREMENTS_VAR], "torchvision==0.29.1\n"),)
     assert ".hpcjob/env.py" in {str(path) for path, _ in node_files()}
 

@@ -458,7 +458,7 @@ def test_what_runs_on_the_nodes_python_is_python_3_6(name: str) -> None:
 
 def python36() -> str | None:
     found = shutil.which("python3.6")
-    pyenv = Path.home() / ".pyenv" / "versions"
+    pyenv = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".pyenv" / "versions"  # the tests' HOME is their own
     candidates = [found] if found else []
     candidates += sorted(str(p) for p in pyenv.glob("3.6*/bin/python3.6")) if pyenv.is_dir() else []
     for candidate in candidates:

@@ -355,7 +355,7 @@ def test_the_job_s_environment_is_built_on_the_share_through_either_front_door(
     for backend, said in (("rest", "building environment"), ("winrm", "built before")):
         result = cluster.submit(
             "--backend", backend, "--wait", "--json", "-n", "2", "--requirements", str(code / "reqs.txt"),
-            str(code / "train.py"),
+            "--env-on", "share", str(code / "train.py"),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         status = json.loads(result.stdout)

@@ -192,6 +192,8 @@ def _spec_with_profile(params: dict[str, Any], profile: ClusterProfile) -> JobSp
         ("share", profile.share),
         ("node_group", profile.node_group),
         ("smb_server", profile.smb_server),
+        ("env_on", profile.env_on),
+        ("node_env_dir", profile.node_env_dir),
     ):
         if not params.get(key) and value:
             params[key] = value

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from hpcjob.spec import PRIORITIES
+from hpcjob.spec import ENV_PLACES, PRIORITIES
 
 if TYPE_CHECKING:
     from hpcjob.share import SmbFolder
@@ -205,8 +205,8 @@ def job_options(command: F) -> F:
             "--requirements",
             type=click.Path(dir_okay=False),
             metavar="FILE",
-            help="pip requirements of the job: installed once per content into an environment on the "
-            "share that every task runs with [default: requirements.txt beside SCRIPT, if there is one].",
+            help="pip requirements of the job: installed once per content into an environment that every "
+            "task runs with [default: requirements.txt beside SCRIPT, if there is one].",
         ),
         click.option(
             "--wheelhouse",
@@ -219,6 +219,13 @@ def job_options(command: F) -> F:
             "--no-env",
             is_flag=True,
             help="Run with the nodes' Python as it is, even with a requirements.txt beside SCRIPT.",
+        ),
+        click.option(
+            "--env-on",
+            type=click.Choice(ENV_PLACES),
+            help="Where the environment lives: each node's own disk (built by each node, kept between "
+            "jobs; imports are fast) or the share (built once for all nodes) [default: the cluster "
+            "profile's env_on, else node-local].",
         ),
         click.argument("script", type=click.Path(dir_okay=False)),
         click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
@@ -363,6 +370,9 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
         "requirements": requirements_text(script, params["requirements"], params["no_env"]),
         "wheelhouse": wheelhouse_target(params["wheelhouse"]),
     }
+    for key in ("env_on", "node_env_dir"):  # the profile's, if it says
+        if params.get(key):
+            fields[key] = params[key]
     if params["mount_point"]:
         fields["mount_point"] = params["mount_point"]
     if params["rdzv_port"] is not None:

@@ -5,22 +5,25 @@ folder, with the node's Python:
 
     HPCJOB_PYTHON=$(python3 .hpcjob/env.py) && "$HPCJOB_PYTHON" -m torch.distributed.run ...
 
-It prints the environment's Python. Environments live in the share's envs folder, one folder per user,
-`$HPCJOB_ENVS/<user>/`; an environment's key hashes the requirements file's text, this node's Python (its
-path, version and build) and platform, and the format below, so nodes with another Python get their own:
+It prints the environment's Python. Environments live in HPCJOB_ENVS, one folder per user,
+`$HPCJOB_ENVS/<user>/`: a folder on the node's own disk (`~` is the job owner's home), kept between jobs, or
+the share's envs folder, which every node uses (`--env-on share`). An environment's key hashes the
+requirements file's text, this node's Python (its path, version and build) and platform, and the format
+below, so nodes with another Python get their own:
 
     <key>.lock/           held by the task that builds: `owner` (a random token), `beat` (touched every 5 s)
     <key>-<token>/        one build (a virtual environment), named by its builder's token
     <key>.ready           written last, atomically: the finished build's folder. Nothing else is used.
     <key>.failed          why the last build failed, and in which run
 
-The first task to take the lock (a folder made with mkdir: atomic on any file system, SMB included)
-builds; the others wait. A builder whose beat stops (killed, or its node lost) is taken over after
-HPCJOB_ENV_STALE_S seconds; a builder taken over while only paused finds its token gone and marks nothing:
-each build has a folder of its own, so two builders never write into the same one. A later job with the
-same requirements finds `<key>.ready` and installs nothing. The base Python's own packages (torch, most
-often) stay visible below the environment's (a .pth file), so a requirements file adds to the node's
-Python instead of reinstalling it; pin a package there to get another version.
+The first task to take the lock (a folder made with mkdir: atomic on any file system, SMB included) builds;
+the others wait: the other nodes' tasks on a share, the tasks of other jobs on the node itself. A builder
+whose beat stops (killed, or its node lost) is taken over after HPCJOB_ENV_STALE_S seconds; a builder taken
+over while only paused finds its token gone and marks nothing: each build has a folder of its own, so two
+builders never write into the same one. A later job with the same requirements finds `<key>.ready` and
+installs nothing. The base Python's own packages (torch, most often) stay visible below the environment's (a
+.pth file), so a requirements file adds to the node's Python instead of reinstalling it; pin a package there
+to get another version.
 
 A failed install fails the task before training starts: pip's reason on the last line of its stderr
 (hpcjob reports it as the job's root cause) and pip's whole log in the run's log folder. The other tasks of
@@ -277,7 +280,7 @@ def build_under_lock(lock: Lock, folder: str, key: str, requirements_path: str, 
 
 def main() -> str:
     requirements_path = os.environ.get("HPCJOB_REQUIREMENTS", "")
-    root = os.environ.get("HPCJOB_ENVS", "")
+    root = os.path.expanduser(os.environ.get("HPCJOB_ENVS", ""))
     if not requirements_path or not root:
         fail("env.py needs HPCJOB_REQUIREMENTS and HPCJOB_ENVS (the job's environment)")
     with open(requirements_path, "rb") as requirements:

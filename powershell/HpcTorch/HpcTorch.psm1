@@ -36,6 +36,7 @@ $script:JobOptions = @{
     Requirements = '--requirements'
     Wheelhouse   = '--wheelhouse'
     NoEnv        = '--no-env'
+    EnvOn        = '--env-on'
 }
 $script:SmbOptions = @{ SmbUser = '--smb-user'; SmbServer = '--smb-server'; SmbPort = '--smb-port' }
 $script:ClusterOptions = @{ Cluster = '--cluster'; Backend = '--backend' }
@@ -365,6 +366,7 @@ function Submit-HpcTorchJob {
         [string]$Requirements,
         [ValidatePattern('^3\.\d+(:[a-z0-9_]+)?$')][string]$Wheelhouse,
         [switch]$NoEnv,
+        [ValidateSet('node-local', 'share')][string]$EnvOn,
         [string]$SmbUser,
         [string]$SmbServer,
         [ValidateRange(1, 65535)][int]$SmbPort,
@@ -435,6 +437,7 @@ function Invoke-HpcTorchJob {
         [string]$Requirements,
         [ValidatePattern('^3\.\d+(:[a-z0-9_]+)?$')][string]$Wheelhouse,
         [switch]$NoEnv,
+        [ValidateSet('node-local', 'share')][string]$EnvOn,
         [hashtable]$Tag,
         [switch]$Quiet,
         [ValidateRange(0, 86400)][double]$GracePeriod
