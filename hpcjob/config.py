@@ -49,6 +49,7 @@ from hpcjob.spec import (
     PLAIN_PATH,
     HpcjobError,
     SpecError,
+    check_docker,
     check_env_place,
     parse_share,
 )
@@ -112,6 +113,10 @@ class ClusterProfile:
     # it (default ~/.cache/hpcjob/envs): checked as the job options are.
     env_on: str | None = None
     node_env_dir: str | None = None
+    # How `--image` containers get the GPUs (gpus-all, or nvidia-docker on older nodes), and more
+    # `docker run` options for this cluster's nodes (the InfiniBand devices, for one).
+    docker_gpus: str | None = None
+    docker_options: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -210,6 +215,7 @@ class ClusterProfile:
             )
         try:
             check_env_place(self.env_on or "node-local", self.node_env_dir or DEFAULT_NODE_ENV_DIR)
+            check_docker(None, self.docker_gpus or "gpus-all", self.docker_options or "")
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
 

@@ -330,3 +330,28 @@ def environment_check(
             "nodes an index or a --wheelhouse",
         )
     return Check("environment", SKIP, f"cannot say: the all-reduce job in it ended {state}")
+
+
+def container_check(
+    image: str, nodes: Sequence[str], state: str, metrics: dict[str, object] | None, cause: str
+) -> Check:
+    """`doctor --image IMAGE`: the all-reduce job ran in containers of IMAGE, started by the node agent."""
+    between = " and ".join(nodes)
+    if state == State.FINISHED and metrics and metrics.get("torch"):
+        cuda = "with CUDA" if metrics.get("cuda") else "without CUDA"
+        return Check(
+            "container",
+            PASS,
+            f"{image} on {between}: the all-reduce ran in it, torch {metrics['torch']} {cuda} "
+            f"({metrics.get('python')})",
+        )
+    if state == State.FINISHED:
+        return Check("container", SKIP, f"cannot say: the all-reduce job in {image} said nothing of torch")
+    return Check(
+        "container",
+        FAIL,
+        f"{image} on {between}: {cause or 'the job ' + state}",
+        "every node needs Docker, the image (or a registry it can pull from), and for GPUs the NVIDIA "
+        "container toolkit (or docker_gpus = \"nvidia-docker\" in the profile where nodes have that "
+        "command); the node agent must be the C++ one (the .NET agent runs no containers)",
+    )

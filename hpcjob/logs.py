@@ -239,6 +239,15 @@ def reason_line(folder: ShareFolder, log_folder: str, node: str) -> str:
     return found if len(found) <= 300 else found[:297] + "..."
 
 
+def output_reason(text: str) -> str:
+    """Why a task failed, from what the node agent kept of its output (a failed container start, say):
+    its last line that speaks of an error, else its last line."""
+    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    found = (errors or lines or [""])[-1]
+    return found if len(found) <= 300 else found[:297] + "..."
+
+
 def read_root_cause(
     folder: ShareFolder,
     log_folder: str,

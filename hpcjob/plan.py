@@ -45,6 +45,24 @@ MOUNT_RESULT_VAR = "HPCJOB_MOUNT_RESULT"
 REQUIREMENTS_VAR = "HPCJOB_REQUIREMENTS"
 ENVS_VAR = "HPCJOB_ENVS"
 ENVS_FOLDER = "hpcjob/envs"
+# `--image`: the node agent runs each task in a container of the image when its environment names one.
+# What the agent does with these variables, and what it leaves out: docs/facts/hpcpack-linux-agent-docker.md.
+DOCKER_IMAGE_VAR = "CCP_DOCKER_IMAGE"
+DOCKER_OPTIONS_VAR = "CCP_DOCKER_START_OPTION"  # words put unquoted into `docker run` (section 1)
+DOCKER_VOLUMES_VAR = "CCP_DOCKER_VOLUMES"  # comma-separated, each one `-v` (section 1)
+DOCKER_NVIDIA_VAR = "CCP_DOCKER_NVIDIA"  # anything but empty or 0: `nvidia-docker run` (section 1)
+# "1": no ssh set-up in the container, which the agent does (stopping the host's sshd) when a task's
+# CCP_NODES counts more than one node; each hpcjob task has one, and this keeps it so (section 5).
+DOCKER_SKIP_SSH_VAR = "CCP_DOCKER_SKIP_SSH_SETUP"
+# What multi-node DDP needs of a container, none of which the agent adds (section 2): the host's network
+# (c10d and NCCL reach the other nodes; the default bridge network hides them), its IPC namespace (the
+# data loaders' shared memory instead of Docker's 64 MB /dev/shm), and no limit on locked memory and a
+# large stack (what NVIDIA's PyTorch containers ask for; RDMA pins memory).
+CONTAINER_OPTIONS = "--network=host --ipc=host --ulimit memlock=-1 --ulimit stack=67108864"
+# The host's users, read-only. The agent's `useradd -m` in the container would give the job's owner
+# another uid than the host's (section 3): not one that may read the share mounted for the host's uid.
+# With these, that useradd fails (the agent ignores it) and `docker exec -u OWNER` runs as the host uid.
+CONTAINER_USERS = ("/etc/passwd:/etc/passwd:ro", "/etc/group:/etc/group:ro")
 # `--wheelhouse`: the requirements' wheels for the nodes, on the share, installed from there alone.
 WHEELS_FOLDER = "hpcjob/wheels"
 # Options that name where pip looks: the nodes look in the share's wheels alone.
@@ -57,6 +75,65 @@ def node_requirements(text: str, wheels: str) -> str:
     """The requirements as the nodes install them from the share's wheels: with no index at all."""
     kept = [line for line in text.splitlines() if not _INDEX_OPTION.match(line.strip())]
     return "\n".join(["--no-index", f"--find-links {wheels}", *kept]) + "\n"
+
+
+def docker_env(spec: JobSpec, root: str) -> tuple[tuple[str, str], ...]:
+    """The variables that make the agent run each task in a container of spec.image: the share's mount
+    point at the same path (the agent runs the work folder and output paths in the container and reads
+    them on the host), and the node-local environments' folder, kept on the host between containers."""
+    if spec.image is None:
+        return ()
+    options = CONTAINER_OPTIONS
+    gpus = spec.gpus_per_node is not None
+    if gpus and spec.docker_gpus == "gpus-all":
+        options += " --gpus=all"
+    if spec.docker_options:
+        options += " " + " ".join(spec.docker_options.split())
+    volumes = [f"{root}:{root}", *CONTAINER_USERS]
+    if spec.requirements is not None and spec.env_on == "node-local":
+        envs = spec.node_env_dir
+        volumes.append("/home:/home" if envs.startswith("~") else f"{envs}:{envs}")  # ~: the owner's home
+    env = [
+        (DOCKER_IMAGE_VAR, spec.image),
+        (DOCKER_OPTIONS_VAR, options),
+        (DOCKER_VOLUMES_VAR, ",".join(volumes)),
+        (DOCKER_SKIP_SSH_VAR, "1"),
+    ]
+    if gpus and spec.docker_gpus == "nvidia-docker":
+        env.append((DOCKER_NVIDIA_VAR, "1"))
+    return tuple(env)
+
+
+def container_engine(env: Mapping[str, str]) -> str:
+    """The command that starts a task's container: nvidia-docker where CCP_DOCKER_NVIDIA says so."""
+    return "nvidia-docker" if env.get(DOCKER_NVIDIA_VAR, "") not in ("", "0") else "docker"
+
+
+def container_command(
+    env: Mapping[str, str],
+    command_line: str,
+    *,
+    name: str,
+    env_file: str,
+    user: str,
+    workdir: str,
+    volumes: Sequence[str] = (),
+) -> list[str]:
+    """`docker run` of one task on this machine (a local run with --image), from the job's CCP_DOCKER_*
+    variables read as the node agent reads them (options split on blanks, volumes on commas, nvidia-docker
+    for CCP_DOCKER_NVIDIA): the container ends with the task, which runs as `user` in `workdir`, with
+    the variables of `env_file` alone. `volumes`: more, for this machine."""
+    mounts = [*filter(None, env.get(DOCKER_VOLUMES_VAR, "").split(",")), *volumes]
+    return [
+        container_engine(env),
+        "run",
+        "--rm",
+        *env.get(DOCKER_OPTIONS_VAR, "").split(),
+        *(word for mount in mounts for word in ("-v", mount)),
+        *("--name", name, "--env-file", env_file, "-u", user, "-w", workdir),
+        env[DOCKER_IMAGE_VAR],
+        *("/bin/bash", "-c", command_line),
+    ]
 
 
 def requirements_file(text: str) -> str:
@@ -108,6 +185,11 @@ class JobPlan:
     @property
     def world_size(self) -> int:
         return len(self.nodes) * self.nproc_per_node
+
+    @property
+    def image(self) -> str | None:
+        """The container image the tasks run in, if any."""
+        return dict(self.env).get(DOCKER_IMAGE_VAR) or None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobPlan:
@@ -195,6 +277,7 @@ def make_plan(
         files = ((requirements_file(text), text),)
         envs = f"{root.rstrip('/')}/{ENVS_FOLDER}" if spec.env_on == "share" else spec.node_env_dir
         env = (*env, (REQUIREMENTS_VAR, files[0][0]), (ENVS_VAR, envs))
+    env = (*env, *docker_env(spec, root))
     if spec.elastic and all(name != SEPARATE_ROUND_STORES[0] for name, _ in env):
         env = (*env, SEPARATE_ROUND_STORES)
     if spec.share is not None:

@@ -28,6 +28,19 @@ ENV_PLACES = ("node-local", "share")
 # L485, nodemanager/scripts/StartTask.sh L42-49). env.py expands `~` on the node.
 DEFAULT_NODE_ENV_DIR = "~/.cache/hpcjob/envs"
 _NODE_ENV_DIR = re.compile(r"(~|/[A-Za-z0-9._-]+)(/[A-Za-z0-9._-]+)*")
+# How a task's container gets the node's GPUs: `--gpus all` (the NVIDIA container toolkit, which the
+# Azure HPC images install: Azure/azhpc-images @8e9d055 components/install_nvidia_container_toolkit.sh),
+# or CCP_DOCKER_NVIDIA, with which the agent runs the container with the older `nvidia-docker` command
+# (docs/facts/hpcpack-linux-agent-docker.md section 2).
+DOCKER_GPUS = ("gpus-all", "nvidia-docker")
+# A Docker image reference: [registry[:port]/]name[:tag][@sha256:digest]. No `=`: the agent reads the
+# image back from its env file with `cut -d '=' -f 2`.
+_IMAGE = re.compile(
+    r"(?:[A-Za-z0-9.-]+(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@sha256:[0-9a-f]{64})?"
+)
+_DOCKER_WORD = re.compile(r"[A-Za-z0-9._=:/,+@-]+")
 
 # Beyond any cluster; they keep a typo (a huge -n) from reaching the scheduler, or a local run.
 MAX_NODES = 10_000
@@ -237,6 +250,11 @@ class JobSpec:
     # between jobs), or one on the share for all of them.
     env_on: str = "node-local"
     node_env_dir: str = DEFAULT_NODE_ENV_DIR
+    # A container image every task runs in, through the node agent's Docker support (hpcjob.plan's
+    # docker_env); how its GPUs reach it (DOCKER_GPUS), and more `docker run` options from the profile.
+    image: str | None = None
+    docker_gpus: str = "gpus-all"
+    docker_options: str = ""
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem
@@ -338,6 +356,7 @@ class JobSpec:
                     "platform tag: 3.10, or 3.10:manylinux2014_x86_64"
                 )
         check_env_place(self.env_on, self.node_env_dir)
+        check_docker(self.image, self.docker_gpus, self.docker_options)
 
     def _validate_env(self) -> None:
         total = 0
@@ -350,6 +369,11 @@ class JobSpec:
                 raise SpecError(
                     f"--env {name}: looks like a secret, and job environment variables are stored in "
                     "clear in the job; read it from a file on the nodes instead"
+                )
+            if name.upper().startswith("CCP_DOCKER_"):
+                raise SpecError(
+                    f"--env {name}: hpcjob sets the node agent's Docker variables: give --image (and the "
+                    "cluster profile's docker_options)"
                 )
             if NOT_XML.search(value):
                 raise SpecError(f"--env {name}: the value holds a control character a job file cannot carry")
@@ -367,6 +391,21 @@ def check_env_place(env_on: str, node_env_dir: str) -> None:
         raise SpecError(
             f"node_env_dir {node_env_dir!r} must be an absolute path or one under ~ (letters, digits, "
             ". _ -), without .."
+        )
+
+
+def check_docker(image: str | None, docker_gpus: str, docker_options: str) -> None:
+    if image is not None and not _IMAGE.fullmatch(image):
+        raise SpecError(
+            f"--image {image!r} is not an image reference: [REGISTRY[:PORT]/]NAME[:TAG][@sha256:DIGEST]"
+        )
+    if docker_gpus not in DOCKER_GPUS:
+        raise SpecError(f"docker_gpus {docker_gpus!r} must be one of {', '.join(DOCKER_GPUS)}")
+    bad = [word for word in docker_options.split() if not _DOCKER_WORD.fullmatch(word)]
+    if bad:
+        raise SpecError(
+            f"docker_options {bad[0]!r}: the node agent puts these words unquoted into `docker run`, so "
+            "each is letters, digits and . _ - = : / , + @ only"
         )
 
 

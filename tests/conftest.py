@@ -3,6 +3,7 @@ process with a cluster profile."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +25,9 @@ REFERENCE = Path(__file__).resolve().parent / "reference"
 # The team's reference beside the checkout, when there: the copies are compared with it.
 SHARED_REFERENCE = REPO.parent / "shared" / "reference"
 RUN_ID = "run_ddp-20261122-000000-abcd"
+# The one image tests/fake_docker.py has (`fake_docker`).
+IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
+FAKE_DOCKER = Path(__file__).resolve().parent / "fake_docker.py"
 
 
 @pytest.fixture(autouse=True)
@@ -137,3 +141,27 @@ def cli_with_profile(
         return run
 
     return make
+
+
+@pytest.fixture
+def fake_docker(tmp_path: Path) -> dict[str, str]:
+    """docker on PATH, with one image: this machine's Python as the image's, under another PATH."""
+    bin_dir = tmp_path / "docker-bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "docker"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_DOCKER} "$@"\n')
+    shim.chmod(0o755)
+    image_bin = tmp_path / "image-bin"  # the image's own PATH: its python3, and the usual tools
+    image_bin.mkdir()
+    (image_bin / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # its own name
+    (image_bin / "python3").chmod(0o755)
+    images = tmp_path / "images.json"
+    images.write_text(
+        json.dumps({IMAGE: {"env": {"PATH": f"{image_bin}:/usr/bin:/bin", "IMAGE_SAYS": "inside"}}})
+    )
+    return {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_DOCKER_IMAGES": str(images),
+        "FAKE_DOCKER_STATE": str(tmp_path / "containers"),
+        "FAKE_DOCKER_LOG": str(tmp_path / "docker.log"),
+    }

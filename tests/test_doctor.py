@@ -15,7 +15,7 @@ import pytest
 
 from hpcjob.emulator import HeadNode
 
-from .conftest import Result
+from .conftest import IMAGE, Result
 
 PASSWORD = "Doctor-pw-1"
 NODE = 'node=$(basename "$HPCJOB_NODE_ROOT")\n'
@@ -39,6 +39,11 @@ STAND_INS = {
 
 @pytest.fixture
 def head(tmp_path: Path) -> Iterator[HeadNode]:
+    yield from stand_in_head(tmp_path, {})
+
+
+def stand_in_head(tmp_path: Path, more_env: dict[str, str]) -> Iterator[HeadNode]:
+    """The head node, its nodes' tools the stand-ins above (before `more_env`'s PATH, if it has one)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in STAND_INS.items():
@@ -46,7 +51,8 @@ def head(tmp_path: Path) -> Iterator[HeadNode]:
         (bin_dir / name).chmod(0o755)
     env = {
         **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        **more_env,
+        "PATH": f"{bin_dir}:{more_env.get('PATH', os.environ['PATH'])}",
         "NO_GPU": "-",
         "NO_TORCH": "-",
         "UNMOUNTED": "-",
@@ -184,3 +190,28 @@ def test_doctor_builds_the_job_s_environment_and_runs_the_all_reduce_in_it(
     assert failed.code == 1
     result, detail = checks(failed)["environment"]
     assert result == "fail" and "ERROR: No matching distribution found for tinyz==9" in detail
+
+
+@pytest.fixture
+def docker_head(tmp_path: Path, fake_docker: dict[str, str]) -> Iterator[HeadNode]:
+    yield from stand_in_head(tmp_path, fake_docker)
+
+
+def test_doctor_runs_its_all_reduce_in_the_image_and_names_docker_s_reason_when_it_cannot(
+    docker_head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> None:
+    hpcjob = cli_with_profile(PASSWORD, **profile(docker_head, "rest", tmp_path))
+
+    def container_check(image: str) -> tuple[str, str, str]:
+        done = hpcjob("doctor", "--json", "--image", image)
+        found = {row["check"]: row for row in json.loads(done.out)["checks"]}["container"]
+        return found["result"], found["detail"], found["fix"]
+
+    result, detail, _ = container_check(IMAGE)
+    assert result == "pass" and detail.startswith(f"{IMAGE} on LOCALHOST and NODE002: the all-reduce ran"), (
+        detail
+    )
+    assert "torch 2.14.1" in detail
+    result, detail, fix = container_check("contoso/missing:1")
+    assert result == "fail" and "pull access denied for contoso/missing" in detail, detail
+    assert "NVIDIA container toolkit" in fix

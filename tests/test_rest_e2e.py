@@ -64,6 +64,12 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    yield from emulated_cluster(tmp_path)
+
+
+def emulated_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """The head node (both front doors, nodes from this process's environment), a real smbd, alice's
+    profile, and hpcjob's filter on every node."""
     require_testbed(tools=("smbd", "smbpasswd", "mount", "umount", "mountpoint"))
     share_dir = tmp_path / "CcpSpoolDir" / "app"
     share_dir.mkdir(parents=True)

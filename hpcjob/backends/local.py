@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,7 +29,16 @@ from typing import TYPE_CHECKING
 from hpcjob.backends.scheduler import PollPolicy, follow_job
 from hpcjob.gpus import share_gpus, visible_gpus
 from hpcjob.logs import SUMMARY_FILE, RunLogs, Tail, node_tails, read_root_cause
-from hpcjob.plan import JobPlan, MountStep, TaskPlan, make_plan
+from hpcjob.plan import (
+    DOCKER_VOLUMES_VAR,
+    ENVS_VAR,
+    JobPlan,
+    MountStep,
+    TaskPlan,
+    container_command,
+    container_engine,
+    make_plan,
+)
 from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code, process_table
 from hpcjob.results import (
     ALREADY_MOUNTED,
@@ -137,7 +147,14 @@ class LocalBackend:
         root = self.share_root or default_share_root(Path(spec.script).resolve().parent)
         share = share_gpus(visible_gpus(os.environ), spec.node_count, spec.procs_per_node)
         self.gpu_devices, self.gpu_note = share.devices, share.note
-        return make_plan(spec, local_node_names(spec), run_id, rdzv_host=LOOPBACK, mount_point=str(root))
+        plan = make_plan(spec, local_node_names(spec), run_id, rdzv_host=LOOPBACK, mount_point=str(root))
+        engine = container_engine(dict(plan.env))
+        if plan.image is not None and shutil.which(engine) is None:
+            raise HpcjobError(
+                f"--image {plan.image} runs each node's task in a container, and this machine has no "
+                f"{engine} command: install Docker, or run without --image"
+            )
+        return plan
 
     def submit(
         self, plan: JobPlan, *, mount: bool, progress: Printer, record: Callable[[Submission], None]
@@ -352,12 +369,12 @@ class LocalBackend:
     def _start(self, plan: JobPlan, index: int, node: _Node) -> None:
         task = node.task
         env = {k: v for k, v in os.environ.items() if k != MARKER_VAR and k not in self.hidden_env}
-        env.update(plan.env)
-        if index < len(self.gpu_devices) and self.gpu_devices[index] is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_devices[index])  # this node's own GPUs
         # This Python's folder first, so the command's `python3` is the one hpcjob runs with.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        env.update(
+        variables = dict(plan.env)  # the task's own, as a node gets them
+        if index < len(self.gpu_devices) and self.gpu_devices[index] is not None:
+            variables["CUDA_VISIBLE_DEVICES"] = str(self.gpu_devices[index])  # this node's own GPUs
+        variables.update(
             {
                 "CCP_JOBID": str(os.getpid()),
                 "CCP_TASKID": str(index + 1),
@@ -371,9 +388,13 @@ class LocalBackend:
                 MARKER_VAR: f"{plan.run_id}/{index + 1}",  # '/': no run id starts another's
             }
         )
+        env.update(variables)
+        command = ["/bin/bash", "-c", task.command_line]
+        if plan.image:
+            command = self._in_container(plan, task, variables)
         with open(task.stdout_path, "wb") as stdout, open(task.stderr_path, "wb") as stderr:
             node.process = TaskProcess(
-                ["/bin/bash", "-c", task.command_line],
+                command,
                 cwd=task.work_directory,
                 env=env,
                 marker=env[MARKER_VAR],
@@ -381,6 +402,30 @@ class LocalBackend:
                 stderr=stderr.fileno(),
             )
         node.result.state = State.RUNNING
+
+    @staticmethod
+    def _in_container(plan: JobPlan, task: TaskPlan, variables: dict[str, str]) -> list[str]:
+        """The task in a container of the plan's image, as the node agent would run it: the task's
+        variables alone (in a file beside its logs), this user, its work folder, the share's folder;
+        and this machine's folder of environments kept between runs."""
+        env_file = Path(plan.log_dir) / f"{task.node}.container-env"
+        env_file.write_text("".join(f"{name}={value}\n" for name, value in variables.items()))
+        volumes = []
+        envs = os.path.expanduser(variables.get(ENVS_VAR, ""))
+        mounted = [v.split(":")[0] for v in variables.get(DOCKER_VOLUMES_VAR, "").split(",")]
+        if envs and not any(f"{envs}/".startswith(f"{source.rstrip('/')}/") for source in mounted):
+            os.makedirs(envs, exist_ok=True)  # node-local: this machine's own, as root would not make it
+            volumes.append(f"{envs}:{envs}")
+        command = container_command(
+            variables,
+            task.command_line,
+            name=f"hpcjob-{plan.run_id}-{task.node}",
+            env_file=str(env_file),
+            user=f"{os.getuid()}:{os.getgid()}",
+            workdir=task.work_directory,
+            volumes=volumes,
+        )
+        return [shutil.which(command[0]) or command[0], *command[1:]]  # the task starts it by its path
 
     def _stop(self, nodes: Sequence[_Node], progress: Printer) -> None:
         """As HPC Pack cancels tasks: SIGINT to every process of the running tasks, SIGKILL to what is

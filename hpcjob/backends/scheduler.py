@@ -177,15 +177,22 @@ class PollPolicy:
 
 
 def job_summary(
-    info: JobInfo, plan: JobPlan, wall_time_s: float, folder: ShareFolder | None, log_folder: str
+    info: JobInfo,
+    plan: JobPlan,
+    wall_time_s: float,
+    folder: ShareFolder | None,
+    log_folder: str,
+    task_outputs: Callable[[], Iterable[tuple[str, str]]] | None = None,
 ) -> JobSummary:
     """The end of a submitted job as every backend reports it (the summary `run --local` prints).
 
     The scheduler knows the tasks' states; the share (`folder`, with the run's `log_folder` in it)
-    knows what failed first and the training program's metrics. Without the share, the task the
-    scheduler failed (the others it canceled, FailOnTaskFailure) is the first failure.
+    knows what failed first and the training program's metrics. Where the share says nothing (the task
+    never started its command: a failed container start, an execution filter), the task the scheduler
+    failed (the others it canceled, FailOnTaskFailure) is the first failure, and why is the agent's word
+    in its Output (`task_outputs`, asked only then), else its error message.
     """
-    from hpcjob.logs import read_root_cause
+    from hpcjob.logs import output_reason, read_root_cause
 
     by_node = {task.node.upper(): task for task in info.tasks}
     nodes = []
@@ -207,7 +214,8 @@ def job_summary(
         failed = [t for t in info.tasks if t.state == State.FAILED]
         if cause is None and failed:
             first = failed[0]
-            reason = " ".join(first.error.split())
+            said = dict((n.upper(), text) for n, text in task_outputs()) if task_outputs else {}
+            reason = output_reason(said.get(first.node.upper(), "")) or " ".join(first.error.split())
             cause = RootCause(node=first.node, exit_code=first.exit_code or 1, time=0.0, reason=reason)
     lines: list[str] = []
     if folder is not None:

@@ -194,6 +194,8 @@ def _spec_with_profile(params: dict[str, Any], profile: ClusterProfile) -> JobSp
         ("smb_server", profile.smb_server),
         ("env_on", profile.env_on),
         ("node_env_dir", profile.node_env_dir),
+        ("docker_gpus", profile.docker_gpus),
+        ("docker_options", profile.docker_options),
     ):
         if not params.get(key) and value:
             params[key] = value
@@ -432,7 +434,12 @@ def submit_and_follow(
             progress(f"hpcjob: warning: {exc}: the summary has only what the scheduler knows")
     try:
         summary = job_summary(
-            info, plan, time.monotonic() - started, folder, f"{spec.job_folder}/logs/{plan.run_id}"
+            info,
+            plan,
+            time.monotonic() - started,
+            folder,
+            f"{spec.job_folder}/logs/{plan.run_id}",
+            lambda: backend.task_outputs(latest),
         )
         with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
             record_end(summary)

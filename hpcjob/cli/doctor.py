@@ -28,13 +28,23 @@ SHARE_PROBE_FILE = ".hpcjob-doctor"  # written (and overwritten) at the share's 
     metavar="FILE",
     help="Also build the job's environment from FILE on two nodes and run the all-reduce in it.",
 )
+@click.option(
+    "--image",
+    metavar="IMAGE",
+    help="Run the all-reduce in containers of IMAGE, as `--image` jobs run (Docker, GPUs, the image).",
+)
 def doctor(
-    cluster_name: str | None, backend_kind: str | None, as_json: bool, requirements: Path | None
+    cluster_name: str | None,
+    backend_kind: str | None,
+    as_json: bool,
+    requirements: Path | None,
+    image: str | None,
 ) -> None:
     """Check a cluster before the first job: the head node and its version, the credentials, the node
     group's nodes, each node's GPUs, Python, torch and CUDA and its mount of the share (one short job, a
-    task per node), an all-reduce between two nodes (in the environment of --requirements FILE, when
-    given), and the share from this machine. Exits 1 when a check fails."""
+    task per node), an all-reduce between two nodes (in the environment of --requirements FILE, in
+    containers of --image IMAGE, when given), and the share from this machine. Exits 1 when a check
+    fails."""
     from hpcjob.cli.options import read_requirements
     from hpcjob.doctor import (
         FAIL,
@@ -48,9 +58,10 @@ def doctor(
         share_check,
     )
     from hpcjob.render import JobShape
-    from hpcjob.spec import HpcjobError
+    from hpcjob.spec import HpcjobError, check_docker
 
-    # Read first: a file that cannot be read is said before anything runs.
+    # Read first: a file that cannot be read, or an image name, is said before anything runs.
+    check_docker(image, "gpus-all", "")
     wanted = (
         (requirements.name, read_requirements(requirements, f"--requirements {requirements}"))
         if requirements
@@ -82,7 +93,7 @@ def doctor(
                     f"hpcjob-doctor-{int(time.time())}", probe_command(mount_point), shape, lambda line: None
                 )
                 checks += probe_checks(answers, profile.gpus_per_node, mount_point, profile.share)
-                checks += _allreduce(access, fit_nodes(answers), mount_point, as_json, wanted)
+                checks += _allreduce(access, fit_nodes(answers), mount_point, as_json, wanted, image)
             except HpcjobError as exc:
                 checks.append(
                     Check("probe", FAIL, " ".join(str(exc).split()), "see `hpcjob status` of the job")
@@ -99,20 +110,27 @@ def doctor(
 
 
 def _allreduce(
-    access: ClusterAccess, fit: list[str], mount_point: str, quiet: bool, requirements: tuple[str, str] | None
+    access: ClusterAccess,
+    fit: list[str],
+    mount_point: str,
+    quiet: bool,
+    requirements: tuple[str, str] | None,
+    image: str | None,
 ) -> list[Check]:
     """A 2-node all-reduce job (hpcjob/probes/allreduce.py) through the same path as `hpcjob submit`;
-    with `requirements` (a file's name and text), in the job's environment built from them."""
+    with `requirements` (a file's name and text), in the job's environment built from them; with
+    `image`, in containers of it, with the profile's GPUs and Docker options."""
     from hpcjob.cli.cluster import submit_and_follow
     from hpcjob.cli.options import new_run_id
-    from hpcjob.doctor import SKIP, Check, allreduce_check, environment_check
-    from hpcjob.spec import JobSpec, parse_share
+    from hpcjob.doctor import SKIP, Check, allreduce_check, container_check, environment_check
+    from hpcjob.spec import DEFAULT_NODE_ENV_DIR, JobSpec, parse_share
 
     profile = access.profile
     if len(fit) < 2:
         why = "cannot run: it needs two nodes that passed the checks above"
         skipped = [Check("all-reduce", SKIP, why)]
-        return skipped + ([Check("environment", SKIP, why)] if requirements else [])
+        skipped += [Check("environment", SKIP, why)] if requirements else []
+        return skipped + ([Check("container", SKIP, why)] if image else [])
     nodes = tuple(fit[:2])
     spec = JobSpec(
         script=str(Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"),
@@ -123,6 +141,13 @@ def _allreduce(
         mount_point=mount_point,
         runtime_s=600 if requirements else 300,  # building the environment takes its time
         requirements=requirements[1] if requirements else None,
+        image=image,
+        nproc_per_node=1,
+        gpus_per_node=profile.gpus_per_node if image else None,  # the containers get the GPUs
+        docker_gpus=profile.docker_gpus or "gpus-all",
+        docker_options=profile.docker_options or "",
+        env_on=profile.env_on or "node-local",
+        node_env_dir=profile.node_env_dir or DEFAULT_NODE_ENV_DIR,
     )
     if not quiet:
         click.echo(f"hpcjob: an all-reduce job on {' and '.join(nodes)} ...", err=True)
@@ -135,6 +160,8 @@ def _allreduce(
     checks = [allreduce_check(nodes, summary.state, summary.metrics, cause)]
     if requirements:
         checks.append(environment_check(requirements[0], nodes, summary.state, summary.metrics, cause))
+    if image:
+        checks.append(container_check(image, nodes, summary.state, summary.metrics, cause))
     return checks
 
 

@@ -221,6 +221,12 @@ def job_options(command: F) -> F:
             help="Run with the nodes' Python as it is, even with a requirements.txt beside SCRIPT.",
         ),
         click.option(
+            "--image",
+            metavar="IMAGE",
+            help="Run each task in a container of IMAGE (its own Python), through the HPC Pack node "
+            "agent's Docker support, with the host's network and IPC, the GPUs and the share.",
+        ),
+        click.option(
             "--env-on",
             type=click.Choice(ENV_PLACES),
             help="Where the environment lives: each node's own disk (built by each node, kept between "
@@ -370,7 +376,7 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
         "requirements": requirements_text(script, params["requirements"], params["no_env"]),
         "wheelhouse": wheelhouse_target(params["wheelhouse"]),
     }
-    for key in ("env_on", "node_env_dir"):  # the profile's, if it says
+    for key in ("env_on", "node_env_dir", "image", "docker_gpus", "docker_options"):  # given, or profile
         if params.get(key):
             fields[key] = params[key]
     if params["mount_point"]:

@@ -1088,12 +1088,9 @@ class Cluster:
         with open(run, "w", encoding="utf-8") as f:
             f.write(script)
         described = f"{len(nodes)} " + " ".join(f"{name} {cores}" for name, cores in nodes)
-        env = self.node_env(nodes[0][0])
-        env.update(job.env)
-        env.update(task.env)
-        if isinstance(filtered, dict):
-            env.update(filtered)
-        env.update(
+        # The task's own variables, as the head node sends them (with what the filter changed).
+        variables = {**job.env, **task.env, **(filtered if isinstance(filtered, dict) else {})}
+        variables.update(
             CCP_JOBID=str(job.id),
             CCP_TASKID=str(task.number),
             CCP_TASKINSTANCEID="0",
@@ -1114,10 +1111,13 @@ class Cluster:
             CCP_CLUSTER_NAME=self.head_name,
         )
         if task.props["StdOutFilePath"]:
-            env["CCP_STDOUT"] = task.props["StdOutFilePath"]
+            variables["CCP_STDOUT"] = task.props["StdOutFilePath"]
         if task.props["StdErrFilePath"]:
-            env["CCP_STDERR"] = task.props["StdErrFilePath"]
-        env[MARKER_VAR] = f"{self.token}-{task.system_id}-{task.props['RequeueCount']}"
+            variables["CCP_STDERR"] = task.props["StdErrFilePath"]
+        variables[MARKER_VAR] = f"{self.token}-{task.system_id}-{task.props['RequeueCount']}"
+        env = {**self.node_env(nodes[0][0]), **variables}
+        if variables.get("CCP_DOCKER_IMAGE"):
+            run = self._container_start(job, task, folder, variables, nodes[0][1])
         # The wrapper's own errors (a failed cd or redirection) land in the task folder.
         with open(os.path.join(folder, "agent.txt"), "wb") as agent:
             process = TaskProcess(
@@ -1129,6 +1129,43 @@ class Cluster:
                 stderr=agent.fileno(),
             )
         return process, folder
+
+    @staticmethod
+    def _container_start(job: Job, task: Task, folder: str, variables: Mapping[str, str], cores: int) -> str:
+        """A task whose environment names CCP_DOCKER_IMAGE, as the C++ agent runs it: its variables in
+        the task folder's `environments` file, `docker run -id` with the options and volumes read back
+        from that file and put in unquoted, the owner made in the container, then `docker exec -u OWNER`
+        of run_dir_in_out.sh; the container is removed when the task ends (_run). Nothing of the
+        node's own environment (PATH) goes in. Azure/hpcpack-linux-agent v2 @f50e911:
+        nodemanager/core/Process.cpp L151-193, scripts/common.sh L141-173, PrepareTask.sh L39-59,
+        StartTask.sh L26-32, CleanupTask.sh L13-34 (docs/facts/hpcpack-linux-agent-docker.md)."""
+        env_file = os.path.join(folder, "environments")
+        with open(env_file, "w", encoding="utf-8") as f:
+            f.write("\n".join(f"{name}={value}" for name, value in variables.items()))
+        owner = job.props["Owner"].rsplit("\\", 1)[-1]  # the domain left out (no CCP_PRESERVE_DOMAIN)
+        name = f"hpcTask_Task_{task.system_id}_{task.props['RequeueCount'] or 0}"
+        value = 'grep "^{0}=" {1} | sed "s/^{0}=//"'
+        script = f"""#!/bin/bash
+
+image=$({value.format("CCP_DOCKER_IMAGE", env_file)})
+additionalOption=$({value.format("CCP_DOCKER_START_OPTION", env_file)})
+volumeOption=$({value.format("CCP_DOCKER_VOLUMES", env_file)} | sed -e 's/^/-v /' -e 's/,/ -v /g')
+nvidia=$({value.format("CCP_DOCKER_NVIDIA", env_file)})
+engine=docker
+if [ -n "$nvidia" ] && [ "$nvidia" != 0 ]; then engine=nvidia-docker; fi
+$engine run -id $additionalOption $volumeOption --name {name} --cpuset-cpus 0-{cores - 1} \\
+    --env-file {env_file} --cidfile {folder}/containerId -v {folder}:{folder}:z $image 2>&1
+code=$?
+if [ $code -ne 0 ]; then echo "Failed to start docker container"; exit $code; fi
+id=$(cat {folder}/containerId)
+docker exec $id useradd -m {owner} >/dev/null 2>&1
+docker exec $id chown {owner} {folder} >/dev/null 2>&1
+docker exec -u {owner} -e CCP_MPI_HOSTFILE={folder}/mpi_hostfile $id /bin/bash {folder}/run_dir_in_out.sh
+"""
+        start = os.path.join(folder, "StartTask.sh")
+        with open(start, "w", encoding="utf-8") as f:
+            f.write(script)
+        return start
 
     def node_root(self, node: str) -> str:
         """The emulated node's own `/` for the files hpcjob puts on a node (its execution filter, the
@@ -1261,6 +1298,10 @@ class Cluster:
             process.kill()  # what a finished task left running (the agent's cgroup cleanup)
         code = exit_code(returncode)
         output = _read_output(task, folder)
+        container = os.path.join(folder, "containerId")
+        if os.path.exists(container):  # the agent's CleanupTask.sh: the task's container goes
+            with open(container, encoding="utf-8") as f:
+                subprocess.run(["docker", "rm", "-f", f.read().strip()], capture_output=True, check=False)
         if code == 0:
             shutil.rmtree(folder, ignore_errors=True)
         with self.lock:

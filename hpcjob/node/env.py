@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 if TYPE_CHECKING:
     from typing import NoReturn  # not in Python 3.6.0 and 3.6.1
 
-FORMAT = "hpcjob-env-2"  # change it when what an environment holds changes: every key changes with it
+FORMAT = "hpcjob-env-3"  # change it when what an environment holds changes: every key changes with it
 BEAT_S = 5.0
 
 
@@ -72,7 +72,7 @@ def fail(line: str) -> "NoReturn":
 
 
 def environment_key(requirements: bytes) -> str:
-    """What the environment depends on: the requirements and this node's Python and platform."""
+    """What the environment depends on: the requirements, this node's Python and platform, the image."""
     parts = [
         FORMAT.encode(),
         requirements,
@@ -81,6 +81,8 @@ def environment_key(requirements: bytes) -> str:
         platform.machine().encode(),
         " ".join(platform.libc_ver()).encode(),
         sys.platform.encode(),
+        # In a container (--image), its base packages are the image's: another image, another key.
+        os.environ.get("CCP_DOCKER_IMAGE", "").encode(),
     ]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 

@@ -37,6 +37,7 @@ $script:JobOptions = @{
     Wheelhouse   = '--wheelhouse'
     NoEnv        = '--no-env'
     EnvOn        = '--env-on'
+    Image        = '--image'
 }
 $script:SmbOptions = @{ SmbUser = '--smb-user'; SmbServer = '--smb-server'; SmbPort = '--smb-port' }
 $script:ClusterOptions = @{ Cluster = '--cluster'; Backend = '--backend' }
@@ -113,7 +114,7 @@ $script:Cli = @{
     }
     'Test-HpcTorchCluster'     = @{
         Words     = @('doctor', '--json')
-        Options   = $script:ClusterOptions + @{ Requirements = '--requirements' }
+        Options   = $script:ClusterOptions + @{ Requirements = '--requirements'; Image = '--image' }
         Arguments = @()
         Unexposed = @()
     }
@@ -367,6 +368,7 @@ function Submit-HpcTorchJob {
         [ValidatePattern('^3\.\d+(:[a-z0-9_]+)?$')][string]$Wheelhouse,
         [switch]$NoEnv,
         [ValidateSet('node-local', 'share')][string]$EnvOn,
+        [string]$Image,
         [string]$SmbUser,
         [string]$SmbServer,
         [ValidateRange(1, 65535)][int]$SmbPort,
@@ -438,6 +440,7 @@ function Invoke-HpcTorchJob {
         [ValidatePattern('^3\.\d+(:[a-z0-9_]+)?$')][string]$Wheelhouse,
         [switch]$NoEnv,
         [ValidateSet('node-local', 'share')][string]$EnvOn,
+        [string]$Image,
         [hashtable]$Tag,
         [switch]$Quiet,
         [ValidateRange(0, 86400)][double]$GracePeriod
@@ -695,7 +698,8 @@ function Test-HpcTorchCluster {
 
     .DESCRIPTION
     The head node and its version, the credentials, the group's nodes, each node's GPUs, torch and
-    CUDA, the share on every node and from here, and a 2-node all-reduce. A failed check is also an error.
+    CUDA, the share on every node and from here, and a 2-node all-reduce (in the environment of
+    -Requirements, in containers of -Image). A failed check is also an error.
 
     .EXAMPLE
     Test-HpcTorchCluster -Cluster prod | Where-Object result -ne 'pass'
@@ -706,6 +710,7 @@ function Test-HpcTorchCluster {
         [string]$Cluster,
         [ValidateSet('rest', 'winrm')][string]$Backend,
         [string]$Requirements,
+        [string]$Image,
         [pscredential]$Credential
     )
     # doctor --json is one report: {cluster, backend, checks}; the checks are what a user filters.

@@ -41,6 +41,12 @@ _CONF = """\
 """
 
 
+def _free_port(address: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return int(probe.getsockname()[1])
+
+
 class SmbServer(Service):
     """Context manager: smbd on `address`:`port` (in network namespace `netns` when given).
 
@@ -62,7 +68,9 @@ class SmbServer(Service):
     ) -> None:
         self.share_folder = Path(share_folder).resolve()
         self.address, self.netns, self.share_name, self.username = address, netns, share_name, username
-        self.port = port or (445 if netns else 4450)  # 445 is only free in a namespace of our own
+        # 445 is only free in a namespace of our own; on this machine's loopback, a port nobody uses (two
+        # test runs at once must not reach each other's smbd).
+        self.port = port or (445 if netns else _free_port(address))
         self.password = secrets.token_urlsafe(18)
         self.unc = f"//{address}/{share_name}"
         self.folder_unc = f"{self.unc}/{self.share_folder.name}"
