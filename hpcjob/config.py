@@ -41,12 +41,13 @@ from urllib.parse import urlsplit
 
 import tomli_w
 
-from hpcjob.backends import CLUSTER_BACKENDS, WINRM_TRANSPORTS
 from hpcjob.credentials import SMB_PASSWORD_ENV
 from hpcjob.spec import (
+    CLUSTER_BACKENDS,
     DEFAULT_NODE_ENV_DIR,
     GROUP_NAME,
     PLAIN_PATH,
+    WINRM_TRANSPORTS,
     HpcjobError,
     SpecError,
     check_docker,

@@ -352,6 +352,6 @@ def container_check(
         FAIL,
         f"{image} on {between}: {cause or 'the job ' + state}",
         "every node needs Docker, the image (or a registry it can pull from), and for GPUs the NVIDIA "
-        "container toolkit (or docker_gpus = \"nvidia-docker\" in the profile where nodes have that "
+        'container toolkit (or docker_gpus = "nvidia-docker" in the profile where nodes have that '
         "command); the node agent must be the C++ one (the .NET agent runs no containers)",
     )

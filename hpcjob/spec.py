@@ -50,6 +50,10 @@ DEFAULT_MOUNT_OPTIONS = "vers=3.0,credentials=/etc/hpcjob/smb-credentials,dir_mo
 # What hpcjob's execution filter mounts with unless the administrator says otherwise at install time
 # (it adds nosuid, nodev and the owner's uid, gid and 0700 itself).
 FILTER_MOUNT_OPTIONS = "vers=3.0"
+# The backends that reach a cluster, as a cluster profile names them (hpcjob.backends.BACKENDS has them).
+CLUSTER_BACKENDS = ("rest", "winrm")
+# How WinRM may authenticate (pywinrm's transports that a head node accepts).
+WINRM_TRANSPORTS = ("ntlm", "kerberos", "credssp", "basic")
 # The scheduler's priority names (facts/hpcpack-jobs.md section 1), lowest first.
 PRIORITIES = ("Lowest", "BelowNormal", "Normal", "AboveNormal", "Highest")
 

@@ -30,10 +30,6 @@ BACKENDS = {
     "rest": "hpcjob.backends.rest",
     "winrm": "hpcjob.backends.winrm",
 }
-# The backends that reach a cluster, as a cluster profile may name them.
-CLUSTER_BACKENDS = ("rest", "winrm")
-# How WinRM may authenticate (pywinrm's transports that a head node accepts).
-WINRM_TRANSPORTS = ("ntlm", "kerberos", "credssp", "basic")
 
 
 class Backend(Protocol):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hpcjob.backends import BACKENDS, CLUSTER_BACKENDS, WINRM_TRANSPORTS
+from hpcjob.backends import BACKENDS
 from hpcjob.cli.app import cli
 from hpcjob.cli.options import (
     PASS_THROUGH,
@@ -26,6 +26,7 @@ from hpcjob.cli.options import (
     started_command,
     tag_option,
 )
+from hpcjob.spec import CLUSTER_BACKENDS, WINRM_TRANSPORTS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
