@@ -44,6 +44,8 @@ import tomli_w
 from hpcjob.credentials import SMB_PASSWORD_ENV
 from hpcjob.spec import (
     CLUSTER_BACKENDS,
+    DEFAULT_DOCKER_GPUS,
+    DEFAULT_ENV_ON,
     DEFAULT_NODE_ENV_DIR,
     GROUP_NAME,
     PLAIN_PATH,
@@ -215,8 +217,15 @@ class ClusterProfile:
                 "space and . _ -, at most 64)"
             )
         try:
-            check_env_place(self.env_on or "node-local", self.node_env_dir or DEFAULT_NODE_ENV_DIR)
-            check_docker(None, self.docker_gpus or "gpus-all", self.docker_options or "")
+            check_env_place(
+                DEFAULT_ENV_ON if self.env_on is None else self.env_on,
+                DEFAULT_NODE_ENV_DIR if self.node_env_dir is None else self.node_env_dir,
+            )
+            check_docker(
+                None,
+                DEFAULT_DOCKER_GPUS if self.docker_gpus is None else self.docker_gpus,
+                self.docker_options or "",
+            )
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
 

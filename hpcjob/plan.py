@@ -44,6 +44,7 @@ MOUNT_RESULT_VAR = "HPCJOB_MOUNT_RESULT"
 # environments: each node's own (spec.node_env_dir), or the share's, beside the job folders (`--env-on`).
 REQUIREMENTS_VAR = "HPCJOB_REQUIREMENTS"
 ENVS_VAR = "HPCJOB_ENVS"
+ENV_ON_VAR = "HPCJOB_ENV_ON"  # node-local or share: env.py checks a node's own folder more strictly
 ENVS_FOLDER = "hpcjob/envs"
 # `--image`: the node agent runs each task in a container of the image when its environment names one.
 # What the agent does with these variables, and what it leaves out: docs/facts/hpcpack-linux-agent-docker.md.
@@ -78,28 +79,28 @@ def node_requirements(text: str, wheels: str) -> str:
 
 
 def docker_env(spec: JobSpec, root: str) -> tuple[tuple[str, str], ...]:
-    """The variables that make the agent run each task in a container of spec.image: the share's mount
-    point at the same path (the agent runs the work folder and output paths in the container and reads
-    them on the host), and the node-local environments' folder, kept on the host between containers."""
+    """The variables that make the agent run each task in a container of spec.image. Volumes: the
+    share's mount point at the same path (the agent runs the work folder and output paths in the container
+    and reads them on the host), the host's users (CONTAINER_USERS), /home (the owner's home, which the
+    agent made on the host: HOME in the container, and ~/.cache/hpcjob/envs kept between containers),
+    and an absolute node_env_dir of the profile's."""
     if spec.image is None:
         return ()
     options = CONTAINER_OPTIONS
-    gpus = spec.gpus_per_node is not None
-    if gpus and spec.docker_gpus == "gpus-all":
+    if spec.docker_gpus == "gpus-all":
         options += " --gpus=all"
     if spec.docker_options:
         options += " " + " ".join(spec.docker_options.split())
-    volumes = [f"{root}:{root}", *CONTAINER_USERS]
-    if spec.requirements is not None and spec.env_on == "node-local":
-        envs = spec.node_env_dir
-        volumes.append("/home:/home" if envs.startswith("~") else f"{envs}:{envs}")  # ~: the owner's home
+    volumes = [f"{root}:{root}", *CONTAINER_USERS, "/home:/home"]
+    if spec.requirements is not None and spec.env_on == "node-local" and spec.node_env_dir.startswith("/"):
+        volumes.append(f"{spec.node_env_dir}:{spec.node_env_dir}")
     env = [
         (DOCKER_IMAGE_VAR, spec.image),
         (DOCKER_OPTIONS_VAR, options),
         (DOCKER_VOLUMES_VAR, ",".join(volumes)),
         (DOCKER_SKIP_SSH_VAR, "1"),
     ]
-    if gpus and spec.docker_gpus == "nvidia-docker":
+    if spec.docker_gpus == "nvidia-docker":
         env.append((DOCKER_NVIDIA_VAR, "1"))
     return tuple(env)
 
@@ -130,9 +131,9 @@ def container_command(
         "--rm",
         *env.get(DOCKER_OPTIONS_VAR, "").split(),
         *(word for mount in mounts for word in ("-v", mount)),
-        *("--name", name, "--env-file", env_file, "-u", user, "-w", workdir),
+        *("--name", name, "--env-file", env_file, "-u", user, "-w", workdir, "--entrypoint", "/bin/bash"),
         env[DOCKER_IMAGE_VAR],
-        *("/bin/bash", "-c", command_line),
+        *("-c", command_line),
     ]
 
 
@@ -276,7 +277,7 @@ def make_plan(
             text = node_requirements(text, f"{root.rstrip('/')}/{WHEELS_FOLDER}")
         files = ((requirements_file(text), text),)
         envs = f"{root.rstrip('/')}/{ENVS_FOLDER}" if spec.env_on == "share" else spec.node_env_dir
-        env = (*env, (REQUIREMENTS_VAR, files[0][0]), (ENVS_VAR, envs))
+        env = (*env, (REQUIREMENTS_VAR, files[0][0]), (ENVS_VAR, envs), (ENV_ON_VAR, spec.env_on))
     env = (*env, *docker_env(spec, root))
     if spec.elastic and all(name != SEPARATE_ROUND_STORES[0] for name, _ in env):
         env = (*env, SEPARATE_ROUND_STORES)

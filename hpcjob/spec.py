@@ -23,16 +23,22 @@ DEFAULT_RDZV_PORT = 29400
 # the share took 10.5 s against 2.4 s from local disk (medians, benchmarks/bench_env.py, a real smbd), on
 # every rank of every job; a node builds its own environment once, at the same time as the other nodes.
 ENV_PLACES = ("node-local", "share")
+DEFAULT_ENV_ON = ENV_PLACES[0]
 # Each node's own folder of environments: the job owner's home, which the node agent makes (`useradd -m`,
 # and `sudo -H` sets HOME for the task: Azure/hpcpack-linux-agent @f50e911 nodemanager/utils/System.cpp
 # L485, nodemanager/scripts/StartTask.sh L42-49). env.py expands `~` on the node.
 DEFAULT_NODE_ENV_DIR = "~/.cache/hpcjob/envs"
 _NODE_ENV_DIR = re.compile(r"(~|/[A-Za-z0-9._-]+)(/[A-Za-z0-9._-]+)*")
+# Never an environments' folder: with --image it becomes a volume over the image's own.
+_SYSTEM_FOLDERS = re.compile(
+    r"/(usr|etc|bin|sbin|lib\w*|proc|sys|dev|boot)(/.*)?|/(opt|var|run|root|home|tmp|mnt|srv)?"
+)
 # How a task's container gets the node's GPUs: `--gpus all` (the NVIDIA container toolkit, which the
 # Azure HPC images install: Azure/azhpc-images @8e9d055 components/install_nvidia_container_toolkit.sh),
 # or CCP_DOCKER_NVIDIA, with which the agent runs the container with the older `nvidia-docker` command
 # (docs/facts/hpcpack-linux-agent-docker.md section 2).
-DOCKER_GPUS = ("gpus-all", "nvidia-docker")
+DOCKER_GPUS = ("gpus-all", "nvidia-docker", "none")  # none: nodes without GPUs
+DEFAULT_DOCKER_GPUS = DOCKER_GPUS[0]
 # A Docker image reference: [registry[:port]/]name[:tag][@sha256:digest]. No `=`: the agent reads the
 # image back from its env file with `cut -d '=' -f 2`.
 _IMAGE = re.compile(
@@ -252,12 +258,12 @@ class JobSpec:
     wheelhouse: tuple[str, str] | None = None
     # Where the nodes keep the environment (ENV_PLACES): each on its local disk (node_env_dir, kept
     # between jobs), or one on the share for all of them.
-    env_on: str = "node-local"
+    env_on: str = DEFAULT_ENV_ON
     node_env_dir: str = DEFAULT_NODE_ENV_DIR
     # A container image every task runs in, through the node agent's Docker support (hpcjob.plan's
     # docker_env); how its GPUs reach it (DOCKER_GPUS), and more `docker run` options from the profile.
     image: str | None = None
-    docker_gpus: str = "gpus-all"
+    docker_gpus: str = DEFAULT_DOCKER_GPUS
     docker_options: str = ""
 
     def __post_init__(self) -> None:
@@ -379,6 +385,16 @@ class JobSpec:
                     f"--env {name}: hpcjob sets the node agent's Docker variables: give --image (and the "
                     "cluster profile's docker_options)"
                 )
+            if self.image is not None:
+                # The agent writes the variables into a file, a line each, and reads its own back with an
+                # unanchored grep: a line break or its variables' names in a value would reach `docker run`.
+                if "\n" in value or "\r" in value or "CCP_DOCKER_" in value.upper():
+                    raise SpecError(
+                        f"--env {name}: with --image the value may hold no line break and no CCP_DOCKER_ "
+                        "(the node agent reads its Docker settings from a file of the variables, by line)"
+                    )
+                if name in ("PATH", "LD_LIBRARY_PATH"):
+                    raise SpecError(f"--env {name}: with --image the image's own {name} is the one to use")
             if NOT_XML.search(value):
                 raise SpecError(f"--env {name}: the value holds a control character a job file cannot carry")
             total += len(name) + len(value) + 2
@@ -395,6 +411,10 @@ def check_env_place(env_on: str, node_env_dir: str) -> None:
         raise SpecError(
             f"node_env_dir {node_env_dir!r} must be an absolute path or one under ~ (letters, digits, "
             ". _ -), without .."
+        )
+    if _SYSTEM_FOLDERS.fullmatch(node_env_dir):
+        raise SpecError(
+            f"node_env_dir {node_env_dir!r} is a system folder: give one of its own, such as /scratch/envs"
         )
 
 

@@ -162,6 +162,8 @@ def run(args: list[str]) -> int:
     if "-d" in given or "--detach" in given:
         print(container["id"])
         return 0
+    entrypoint = given.get("--entrypoint")
+    command = [entrypoint, *command] if entrypoint else command  # the image's own has none here
     try:
         user = given.get("-u") or given.get("--user") or "root"
         return run_in(container, command, user, {}, container["workdir"])
@@ -201,8 +203,8 @@ def execute(args: list[str]) -> int:
     user, workdir = "root", container["workdir"]
     for name, value in options:
         if name in ("-e", "--env"):
-            key, _, given = value.partition("=")
-            extra[key] = given
+            key, equals, given = value.partition("=")
+            extra[key] = given if equals else os.environ.get(key, "")
         elif name in ("-u", "--user"):
             user = value
         elif name in ("-w", "--workdir"):

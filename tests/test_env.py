@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -173,6 +174,26 @@ def test_an_environment_folder_another_user_planted_is_never_used(tmp_path: Path
     planted.chmod(0o777)
     code, python, err = finish(run_builder(tmp_path, envs, text))
     assert code == 1 and "is not a folder of yours" in err
+
+
+def test_a_node_s_folder_of_environments_that_other_users_may_change_is_refused(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    """On a node's own disk (an administrator's node_env_dir), another user could put a folder of theirs
+    in place of this user's if the folder above is writable by all and not sticky, as /tmp is."""
+    text = requirements(wheelhouse, "tinya==1.0")
+    envs = tmp_path / "shared-envs"
+    envs.mkdir()
+    envs.chmod(0o777)
+    code, python, err = finish(run_builder(tmp_path, envs, text, HPCJOB_ENV_ON="node-local"))
+    assert code == 1 and python == ""
+    assert err.strip().splitlines()[-1] == (
+        f"hpcjob: error: {envs} may be changed by other users (it must be yours, or root's and, if everyone "
+        "may write to it, sticky: mode 1777): its environments are not used"
+    )
+    envs.chmod(0o1777)  # as /tmp: each user's folder is theirs alone
+    code, python, err = finish(run_builder(tmp_path, envs, text, HPCJOB_ENV_ON="node-local"))
+    assert code == 0 and python.startswith(str(envs / pwd.getpwuid(os.getuid()).pw_name)), err
 
 
 def test_a_changed_requirements_file_builds_another_environment(tmp_path: Path, wheelhouse: Path) -> None:

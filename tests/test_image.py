@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from hpcjob.backends.local import free_port
+from hpcjob.config import ClusterProfile
 from hpcjob.plan import (
     DOCKER_IMAGE_VAR,
     DOCKER_NVIDIA_VAR,
@@ -27,7 +29,7 @@ from hpcjob.plan import (
 from hpcjob.render import job_xml
 from hpcjob.spec import SpecError
 
-from .conftest import IMAGE, RUN_ID, cluster_spec, empty_script, run_local, stand_in_python
+from .conftest import IMAGE, RUN_ID, Result, cluster_spec, empty_script, run_local, stand_in_python
 from .fake_docker import RUN_FLAGS, RUN_VALUED
 from .test_rest_e2e import Cluster, emulated_cluster
 
@@ -65,6 +67,31 @@ def test_the_job_file_carries_the_image_and_what_multi_node_ddp_needs_of_the_con
     assert all(task.command_line == plan.command_line for task in plan.tasks)
 
 
+def test_a_cluster_profile_s_docker_and_environment_settings_reach_the_job(
+    cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> None:
+    profile = {
+        "url": "https://head.contoso.com",
+        "user": "alice",
+        "share": "//HEADNODE/CcpSpoolDir/app",
+        "docker_gpus": "none",
+        "docker_options": "--device=/dev/infiniband",
+        "env_on": "node-local",
+        "node_env_dir": "/scratch/envs",
+    }
+    hpcjob = cli_with_profile("pw", **profile)
+    script = empty_script(tmp_path)
+    (script.parent / "requirements.txt").write_text("tinya==1.0\n")
+    done = hpcjob("submit", "--dry-run", "--node", "N1", "--image", IMAGE, str(script))
+    assert done.code == 0, done.err
+    env = dict(re.findall(r"<Name>(\w+)</Name>\s*<Value>([^<]*)</Value>", done.out))
+    assert env[DOCKER_OPTIONS_VAR].endswith("stack=67108864 --device=/dev/infiniband")  # no --gpus
+    assert "/scratch/envs:/scratch/envs" in env[DOCKER_VOLUMES_VAR].split(",")
+    assert env["HPCJOB_ENVS"] == "/scratch/envs" and env["HPCJOB_ENV_ON"] == "node-local"
+    with pytest.raises(SpecError, match="cluster emu: docker_gpus '' must be one of gpus-all, nvidia-docker"):
+        ClusterProfile(name="emu", url="https://head", user="alice", docker_gpus="")  # not the default
+
+
 def test_older_nodes_get_the_gpus_through_nvidia_docker_and_more_options_from_the_profile() -> None:
     spec = cluster_spec(
         1,
@@ -75,12 +102,8 @@ def test_older_nodes_get_the_gpus_through_nvidia_docker_and_more_options_from_th
     env = dict(make_plan(spec, spec.node_names, RUN_ID).env)
     assert env[DOCKER_NVIDIA_VAR] == "1" and "--gpus" not in env[DOCKER_OPTIONS_VAR]
     assert env[DOCKER_OPTIONS_VAR].endswith(" --device=/dev/infiniband --cap-add=IPC_LOCK")
-    on_share = dict(
-        make_plan(dataclasses.replace(spec, requirements="x\n", env_on="share"), ("N1",), RUN_ID).env
-    )
-    assert "/home:/home" not in on_share[DOCKER_VOLUMES_VAR].split(",")  # nothing to keep on the node
-    cpu = dict(make_plan(dataclasses.replace(spec, gpus_per_node=None), ("N1",), RUN_ID).env)
-    assert DOCKER_NVIDIA_VAR not in cpu
+    cpu = dict(make_plan(dataclasses.replace(spec, docker_gpus="none"), ("N1",), RUN_ID).env)
+    assert DOCKER_NVIDIA_VAR not in cpu and "--gpus" not in cpu[DOCKER_OPTIONS_VAR]
 
 
 @pytest.mark.parametrize(
@@ -91,6 +114,11 @@ def test_older_nodes_get_the_gpus_through_nvidia_docker_and_more_options_from_th
         ({"image": IMAGE, "docker_options": "--label 'a b'"}, "unquoted into `docker run`"),
         ({"image": IMAGE, "docker_gpus": "amd"}, "docker_gpus 'amd' must be one of gpus-all, nvidia-docker"),
         ({"env": (("CCP_DOCKER_START_OPTION", "--privileged"),)}, "hpcjob sets the node agent's Docker"),
+        # The agent reads its settings back from a file of the variables, by line, with an unanchored grep.
+        ({"image": IMAGE, "env": (("X", "a\nCCP_DOCKER_START_OPTION=--privileged"),)}, "no line break"),
+        ({"image": IMAGE, "env": (("X", "CCP_DOCKER_IMAGE=evil"),)}, "and no CCP_DOCKER_"),
+        ({"image": IMAGE, "env": (("PATH", "/usr/bin"),)}, "with --image the image's own PATH"),
+        ({"image": IMAGE, "requirements": "x\n", "node_env_dir": "/usr/lib/envs"}, "is a system folder"),
     ],
 )
 def test_what_the_agent_would_misread_is_refused_in_one_line(fields: dict[str, object], message: str) -> None:

@@ -87,3 +87,12 @@ def test_a_backend_reaches_no_other_backend_but_the_shared_scheduler_code() -> N
     shared = {"hpcjob.backends", "hpcjob.backends.scheduler"}
     crossing = {name: sorted((GRAPH[name] & backends) - shared) for name in backends}
     assert {name: found for name, found in crossing.items() if found} == {}
+
+
+def test_a_command_module_reaches_no_other_command_module() -> None:
+    """The CLI's command modules share only the command tree, the options and the tables; the work is
+    below them (hpcjob.runner)."""
+    shared = {"hpcjob.cli", "hpcjob.cli.app", "hpcjob.cli.options", "hpcjob.cli.tables"}
+    commands = {name for name in GRAPH if name.startswith("hpcjob.cli.")} - shared
+    crossing = {name: sorted((GRAPH[name] & commands) - {name}) for name in commands}
+    assert {name: found for name, found in crossing.items() if found} == {}

@@ -30,7 +30,7 @@ from hpcjob.backends.scheduler import PollPolicy, follow_job
 from hpcjob.gpus import share_gpus, visible_gpus
 from hpcjob.logs import SUMMARY_FILE, RunLogs, Tail, node_tails, read_root_cause
 from hpcjob.plan import (
-    DOCKER_VOLUMES_VAR,
+    ENV_ON_VAR,
     ENVS_VAR,
     JobPlan,
     MountStep,
@@ -369,8 +369,6 @@ class LocalBackend:
     def _start(self, plan: JobPlan, index: int, node: _Node) -> None:
         task = node.task
         env = {k: v for k, v in os.environ.items() if k != MARKER_VAR and k not in self.hidden_env}
-        # This Python's folder first, so the command's `python3` is the one hpcjob runs with.
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         variables = dict(plan.env)  # the task's own, as a node gets them
         if index < len(self.gpu_devices) and self.gpu_devices[index] is not None:
             variables["CUDA_VISIBLE_DEVICES"] = str(self.gpu_devices[index])  # this node's own GPUs
@@ -389,6 +387,8 @@ class LocalBackend:
             }
         )
         env.update(variables)
+        # This Python's folder first, so the command's `python3` is the one hpcjob runs with.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         command = ["/bin/bash", "-c", task.command_line]
         if plan.image:
             command = self._in_container(plan, task, variables)
@@ -405,17 +405,22 @@ class LocalBackend:
 
     @staticmethod
     def _in_container(plan: JobPlan, task: TaskPlan, variables: dict[str, str]) -> list[str]:
-        """The task in a container of the plan's image, as the node agent would run it: the task's
-        variables alone (in a file beside its logs), this user, its work folder, the share's folder;
-        and this machine's folder of environments kept between runs."""
-        env_file = Path(plan.log_dir) / f"{task.node}.container-env"
-        env_file.write_text("".join(f"{name}={value}\n" for name, value in variables.items()))
+        """The task in a container of the plan's image, as the node agent runs it: the task's variables
+        alone (in a file beside its logs, only this user's to read), this user, its work folder, bash
+        as the command (`docker exec` of the agent runs no ENTRYPOINT either); the folder of
+        environments made first (Docker would make a missing one root's), and named whole, as this
+        machine's home is not the one the container's passwd gives."""
+        envs = variables.get(ENVS_VAR, "")
         volumes = []
-        envs = os.path.expanduser(variables.get(ENVS_VAR, ""))
-        mounted = [v.split(":")[0] for v in variables.get(DOCKER_VOLUMES_VAR, "").split(",")]
-        if envs and not any(f"{envs}/".startswith(f"{source.rstrip('/')}/") for source in mounted):
-            os.makedirs(envs, exist_ok=True)  # node-local: this machine's own, as root would not make it
-            volumes.append(f"{envs}:{envs}")
+        if envs and variables.get(ENV_ON_VAR) == "node-local":
+            folder = os.path.expanduser(envs)
+            os.makedirs(folder, exist_ok=True)
+            variables = {**variables, ENVS_VAR: folder}
+            if envs.startswith("~"):
+                volumes.append(f"{folder}:{folder}")
+        env_file = Path(plan.log_dir) / f"{task.node}.container-env"
+        with os.fdopen(os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+            out.write("".join(f"{name}={value}\n" for name, value in variables.items()))
         command = container_command(
             variables,
             task.command_line,

@@ -5,6 +5,7 @@ Pure logic over the shared types of hpcjob.results; the share is read through a 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import ssl
 import time
@@ -30,7 +31,7 @@ from hpcjob.results import (
     find_metrics,
     job_exit_code,
 )
-from hpcjob.spec import SpecError
+from hpcjob.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
     from hpcjob.plan import JobPlan
@@ -214,7 +215,9 @@ def job_summary(
         failed = [t for t in info.tasks if t.state == State.FAILED]
         if cause is None and failed:
             first = failed[0]
-            said = dict((n.upper(), text) for n, text in task_outputs()) if task_outputs else {}
+            said: dict[str, str] = {}
+            with contextlib.suppress(HpcjobError):  # the agent's word is a bonus: the summary comes first
+                said = {n.upper(): text for n, text in (task_outputs() if task_outputs else ())}
             reason = output_reason(said.get(first.node.upper(), "")) or " ".join(first.error.split())
             cause = RootCause(node=first.node, exit_code=first.exit_code or 1, time=0.0, reason=reason)
     lines: list[str] = []

@@ -18,10 +18,24 @@ def cli() -> None:
     """
 
 
+@cli.group()
+def cluster() -> None:
+    """Cluster profiles: the head node's URL, user, TLS, share and node group (never a password)."""
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+    click.echo(f"hpcjob: warning: {message}", err=True)
+
+
 def main() -> None:
-    """Entry point: errors are one line on stderr; bad input exits 2, other errors 1."""
+    """Entry point: errors are one line on stderr; bad input exits 2, other errors 1. hpcjob's warnings
+    (hpcjob.runner.HpcjobWarning) are one line each; every head node opened is let go of at the end."""
+    import warnings
+
+    from hpcjob.runner import close_backends
     from hpcjob.spec import HpcjobError, SpecError
 
+    warnings.showwarning = _show_warning
     try:
         cli.main(prog_name="hpcjob", standalone_mode=False)
     except SpecError as exc:
@@ -46,3 +60,5 @@ def main() -> None:
         where = f": {exc.filename}" if exc.filename else ""
         click.echo(f"hpcjob: error: {exc.strerror or exc}{where}", err=True)
         sys.exit(1)
+    finally:
+        close_backends()

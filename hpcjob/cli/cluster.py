@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -13,43 +11,33 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hpcjob.backends import BACKENDS
-from hpcjob.cli.app import cli
+from hpcjob.cli.app import cli, cluster
 from hpcjob.cli.options import (
     PASS_THROUGH,
     TEXT,
+    backend_option,
     build_spec,
+    cluster_option,
     job_options,
-    new_run_id,
-    node_wheels,
     smb_options,
     started_command,
     tag_option,
 )
+from hpcjob.runner import (
+    ClusterAccess,
+    StoppedWaiting,
+    backend_for_run,
+    new_run_id,
+    profile_mount_point,
+    run_of,
+    submit_and_follow,
+)
 from hpcjob.spec import CLUSTER_BACKENDS, WINRM_TRANSPORTS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
-    from hpcjob.backends import Backend
     from hpcjob.config import ClusterProfile
-    from hpcjob.results import JobInfo, JobSummary, Submission
-    from hpcjob.runs import RunRecord
-    from hpcjob.share import ShareFolder
-    from hpcjob.spec import JobSpec, Share
-
-cluster_option = click.option(
-    "--cluster",
-    "cluster_name",
-    type=TEXT,
-    metavar="NAME",
-    help="Cluster profile [default: $HPCJOB_CLUSTER, else the configured default].",
-)
-
-
-@cli.group()
-def cluster() -> None:
-    """Cluster profiles: the head node's URL, user, TLS, share and node group (never a password)."""
+    from hpcjob.results import JobInfo
+    from hpcjob.spec import JobSpec
 
 
 @cluster.command("add")
@@ -177,95 +165,13 @@ def cluster_remove(name: str) -> None:
     click.echo(f"cluster {name} removed")
 
 
-def profile_mount_point(profile: ClusterProfile) -> str:
-    """Where the profile's user's jobs see the share: the profile's, else their folder of /app."""
-    from hpcjob.plan import user_mount_point
-    from hpcjob.spec import DEFAULT_MOUNT_POINT
-
-    return profile.mount_point or user_mount_point(DEFAULT_MOUNT_POINT, profile.user)
-
-
 def _spec_with_profile(params: dict[str, Any], profile: ClusterProfile) -> JobSpec:
-    """Job options win; the profile fills in the share, node group and mount point (by default the
-    job owner's folder of /app, where hpcjob's execution filter mounts the share for them)."""
-    params["mount_point"] = params.get("mount_point") or profile_mount_point(profile)
-    for key, value in (
-        ("share", profile.share),
-        ("node_group", profile.node_group),
-        ("smb_server", profile.smb_server),
-        ("env_on", profile.env_on),
-        ("node_env_dir", profile.node_env_dir),
-        ("docker_gpus", profile.docker_gpus),
-        ("docker_options", profile.docker_options),
-    ):
-        if not params.get(key) and value:
-            params[key] = value
-    if params.get("smb_port") == 445 and profile.smb_port != 445:
-        params["smb_port"] = profile.smb_port
-    if params.get("gpus_per_node") is None and params.get("nproc_per_node") is None and profile.gpus_per_node:
-        params["gpus_per_node"] = profile.gpus_per_node  # one process per GPU of the cluster's size
+    """Job options win; the profile fills in the rest (hpcjob.runner.with_profile), in `params` too: the
+    SMB server and port the upload then uses."""
+    from hpcjob.runner import with_profile
+
+    params.update(with_profile(params, profile))
     return build_spec(params)
-
-
-def _open_share(
-    share: Share, profile: ClusterProfile, password: str, user: str | None, server: str | None, port: int
-) -> ShareFolder:
-    from hpcjob.credentials import smb_password
-    from hpcjob.share import LocalFolder, SmbFolder
-
-    if profile.local_share:  # mounted here: no SMB session, no password
-        return LocalFolder(Path(profile.local_share))
-    user = user or profile.smb_user or profile.user
-    # Usually the same domain account as the head node's; ask only for another user's password.
-    password = password if user == profile.user else smb_password(user)
-    return SmbFolder(share, user, password, server=server, port=port)
-
-
-class ClusterAccess:
-    """A cluster profile, its password (read once) and its backend, opened as the profile says unless
-    --backend names another."""
-
-    def __init__(self, cluster_name: str | None, backend_kind: str | None = None) -> None:
-        from hpcjob.backends import open_backend
-        from hpcjob.config import get_profile, password_for, with_caller_user
-
-        self.profile = with_caller_user(get_profile(cluster_name))
-        self.password = password_for(self.profile)
-        if self.profile.insecure:
-            click.echo(
-                f"hpcjob: warning: TLS verification is off for cluster {self.profile.name}: anyone on the "
-                "way can read the password",
-                err=True,
-            )
-        self.backend = open_backend(backend_kind or self.profile.backend, self.profile, self.password)
-        # Let go of the head node when the command ends (a WinRM shell counts against the user's quota).
-        click.get_current_context().call_on_close(self.backend.close)
-
-    def share(self, share: Share, user: str | None, server: str | None, port: int) -> ShareFolder:
-        return _open_share(share, self.profile, self.password, user, server, port)
-
-
-def backend_for_run(record: RunRecord, cluster_name: str | None = None) -> Backend:
-    """The backend that runs the recorded run (a run rendered for submitting by hand has none)."""
-    from hpcjob.backends import open_backend
-    from hpcjob.spec import SpecError
-
-    if record.cluster is None:
-        if record.backend not in BACKENDS:
-            raise SpecError(
-                f"run {record.run_id} was rendered for submitting by hand: ask its cluster, or give the "
-                "job id"
-            )
-        return open_backend(record.backend, None, None)
-    return ClusterAccess(cluster_name or record.cluster, record.backend).backend
-
-
-backend_option = click.option(
-    "--backend",
-    "backend_kind",
-    type=click.Choice(CLUSTER_BACKENDS),
-    help="How to reach the head node [default: as the cluster profile says].",
-)
 
 
 @cli.command(context_settings=PASS_THROUGH)
@@ -338,9 +244,21 @@ def submit(
         click.echo(line, err=as_json)
 
     smb = (params.get("smb_user"), params.get("smb_server"), params["smb_port"])
-    record, summary = submit_and_follow(
-        cluster, spec, run_id, smb, mount_step=mount_step, wait=wait, progress=progress, tags=tags
-    )
+    try:
+        record, summary = submit_and_follow(
+            cluster,
+            spec,
+            run_id,
+            smb,
+            mount_step=mount_step,
+            wait=wait,
+            progress=progress,
+            command=started_command(),
+            tags=tags,
+        )
+    except StoppedWaiting as stopped:
+        progress(str(stopped))
+        sys.exit(130)
     if summary is None:
         if as_json:
             click.echo(json.dumps({"run_id": run_id, "job_id": record.job_id, "cluster": record.cluster}))
@@ -349,229 +267,6 @@ def submit(
 
     click.echo(summary.to_json() if as_json else format_summary(summary))
     sys.exit(summary.exit_code)
-
-
-def submit_and_follow(
-    cluster: ClusterAccess,
-    spec: JobSpec,
-    run_id: str,
-    smb: tuple[str | None, str | None, int],
-    *,
-    mount_step: bool,
-    wait: bool,
-    progress: Callable[[str], None],
-    tags: Mapping[str, str] | None = None,
-) -> tuple[RunRecord, JobSummary | None]:
-    """Upload the code, submit the job (recording the run at each step) and, with `wait`, follow it
-    to its summary (the scheduler's states, the share's root cause and metrics): the run's latest
-    record, and the summary (None without `wait`)."""
-    from dataclasses import replace
-
-    from hpcjob.render import plan_json
-    from hpcjob.runs import RunRecord, check_new_run_id, record_end, save_run
-    from hpcjob.spec import HpcjobError
-    from hpcjob.staging import stage_run
-
-    profile, backend = cluster.profile, cluster.backend
-    plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
-    smb_user, smb_server, smb_port = smb
-
-    def open_share() -> ShareFolder:
-        assert spec.share is not None
-        return cluster.share(spec.share, smb_user, smb_server, smb_port)
-
-    if spec.share:
-        wheels = node_wheels(spec, progress)
-        code_dir = Path(spec.script).resolve().parent
-        progress(stage_run(code_dir, open_share(), spec.job_folder, plan.run_id, plan.files, wheels))
-    else:
-        progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
-    first = RunRecord.of(
-        plan,
-        spec.job_folder,
-        backend.kind,
-        share=spec.share.unc if spec.share else None,
-        local_root=profile.local_share,
-        smb_server=smb_server,
-        smb_port=smb_port,
-        smb_user=smb_user or profile.smb_user or profile.user,
-        cluster=profile.name,
-    )
-    latest = first
-    command, job = started_command(), plan_json(plan)
-
-    def record(step: Submission) -> None:
-        nonlocal latest
-        latest = replace(first, state=step.state, job_id=step.job_id, mount_job_id=step.mount_job_id)
-        save_run(
-            latest,
-            command=command,
-            plan=job,
-            tags=tags,
-            gpus_per_node=spec.gpus_per_node,
-        )
-
-    check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload
-    started = time.monotonic()
-    job_id = backend.submit(plan, mount=mount_step, progress=progress, record=record)
-    progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
-    if not wait:
-        progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
-        return latest, None
-    try:
-        info = backend.wait(latest, progress)
-    except KeyboardInterrupt:
-        progress(f"stopped waiting; job {job_id} goes on (hpcjob cancel {job_id} ends it)")
-        sys.exit(130)
-    # The scheduler knows the tasks' states; the share which rank failed first, and the metrics.
-    from hpcjob.backends.scheduler import job_summary
-    from hpcjob.share import ShareError
-
-    folder = None
-    if spec.share:
-        try:
-            folder = open_share()
-        except ShareError as exc:
-            progress(f"hpcjob: warning: {exc}: the summary has only what the scheduler knows")
-    try:
-        summary = job_summary(
-            info,
-            plan,
-            time.monotonic() - started,
-            folder,
-            f"{spec.job_folder}/logs/{plan.run_id}",
-            lambda: backend.task_outputs(latest),
-        )
-        with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
-            record_end(summary)
-        return latest, summary
-    finally:
-        if folder is not None:
-            folder.close()
-
-
-def log_access(
-    record: RunRecord, params: dict[str, Any]
-) -> tuple[ShareFolder | None, Callable[[], int | None]]:
-    """For `hpcjob logs` of a submitted job: the share, and the scheduler's word on the job's end.
-
-    When the share cannot be reached, prints each task's output as the scheduler keeps it instead (HPC
-    Pack keeps only its first bytes: 1500 on Linux nodes) and returns no folder.
-    """
-    from hpcjob.share import LocalFolder, ShareError
-    from hpcjob.spec import parse_share
-
-    cluster = ClusterAccess(record.cluster, record.backend)  # one password, for the head node and the share
-    backend = cluster.backend
-
-    def scheduler_end() -> int | None:
-        info = backend.status(record)
-        return info.exit_code() if info.ended else None
-
-    backend.status(record)  # a run whose job was never made has no logs: this says so, in one line
-    if record.local_root:
-        return LocalFolder(Path(record.local_root)), scheduler_end
-    if not record.share:
-        why = (
-            f"run {record.run_id} was submitted without a share"
-            if record.job_folder
-            else f"job {record.job_id} was not submitted from this machine: its share and folder are unknown"
-        )
-        click.echo(
-            f"hpcjob: warning: {why}, so hpcjob cannot read its log files; showing the scheduler's copy of "
-            "each task's output, which holds only its first 1500 bytes (give the share with `hpcjob logs "
-            f"--share UNC --job-folder PATH`, or add it to cluster {record.cluster})",
-            err=True,
-        )
-    else:
-        try:
-            folder = cluster.share(
-                parse_share(record.share),
-                params.get("smb_user") or record.smb_user,
-                params.get("smb_server") or record.smb_server,
-                record.smb_port or params["smb_port"],
-            )
-            return folder, scheduler_end
-        except ShareError as exc:
-            click.echo(
-                f"hpcjob: warning: {exc}; showing the scheduler's copy of each task's output, "
-                "which holds only its first 1500 bytes",
-                err=True,
-            )
-    outputs = backend.task_outputs(record)
-    for node, text in outputs:
-        for line in text.splitlines():
-            click.echo(f"[{node}] {line}")
-    if not any(text for _, text in outputs):
-        job = record.job_id or record.run_id
-        click.echo(f"hpcjob: job {job}: the scheduler holds no output of its tasks", err=True)
-    return None, scheduler_end
-
-
-def run_folder(record: RunRecord, smb: Mapping[str, Any] | None = None) -> ShareFolder:
-    """Where the run's files are, read from here: the local folder recorded, else the share over SMB,
-    reached as recorded unless `smb` (the --smb-* options) says otherwise."""
-    from hpcjob.cli.options import open_smb
-    from hpcjob.share import LocalFolder
-    from hpcjob.spec import SpecError, parse_share
-
-    if record.local_root:
-        return LocalFolder(Path(record.local_root))
-    if not record.share:
-        raise SpecError(f"run {record.run_id} has no share recorded: its files cannot be read from here")
-    smb = smb or {}
-    user = smb.get("smb_user") or record.smb_user
-    server = smb.get("smb_server") or record.smb_server
-    # The option's default gives way to the port the run was uploaded through.
-    port = (
-        record.smb_port if record.smb_port and smb.get("smb_port", 445) == 445 else smb.get("smb_port", 445)
-    )
-    if record.cluster:  # with the cluster profile's user and password
-        return ClusterAccess(record.cluster, record.backend).share(
-            parse_share(record.share), user, server, port
-        )
-    return open_smb(parse_share(record.share), {"smb_user": user, "smb_server": server, "smb_port": port})
-
-
-def _job_id(job: str) -> int | None:
-    """JOB as an HPC Pack job id (ASCII digits, at least 1), or None when it is a run id."""
-    from hpcjob.spec import SpecError
-
-    if not re.fullmatch(r"[0-9]+", job):
-        if job.isdigit():  # '²' is a digit to Python, and no job id
-            raise SpecError(f"job {job!r} is neither a job id (0-9) nor a run id")
-        return None
-    if int(job) < 1:
-        raise SpecError(f"job id {job} must be at least 1")
-    return int(job)
-
-
-def run_of(job: str, cluster_name: str | None, backend_kind: str | None) -> RunRecord:
-    """JOB's record: a run id or job id recorded on this machine, else a job id on the cluster."""
-    from hpcjob.config import get_profile
-    from hpcjob.runs import RunRecord, find_run
-    from hpcjob.spec import SpecError
-
-    if _job_id(job) is None:
-        return find_run(job)
-    with contextlib.suppress(SpecError):  # submitted from here: its cluster and backend are known
-        return find_run(job, cluster_name)
-    profile = get_profile(cluster_name)  # not submitted from here: the default cluster
-    return RunRecord(
-        run_id=job,
-        name="",
-        backend=backend_kind or profile.backend,
-        job_folder="",
-        nodes=(),
-        job_id=job,
-        cluster=profile.name,
-    )
-
-
-def _backend_of(record: RunRecord, cluster_name: str | None, backend_kind: str | None) -> Backend:
-    if backend_kind is not None and record.cluster is not None:
-        return ClusterAccess(cluster_name or record.cluster, backend_kind).backend
-    return backend_for_run(record, cluster_name)
 
 
 @cli.command()
@@ -583,7 +278,7 @@ def status(job: str, cluster_name: str | None, backend_kind: str | None, as_json
     """The state of JOB and of each of its tasks: an HPC Pack job id, or a run id (of a job submitted
     from this machine, or of a `run --local` in another shell)."""
     record = run_of(job, cluster_name, backend_kind)
-    info = _backend_of(record, cluster_name, backend_kind).status(record)
+    info = backend_for_run(record, cluster_name, backend_kind).status(record)
     if record.job_folder:  # a run of this machine's: its history learns the state
         from hpcjob.runs import record_state
 
@@ -664,7 +359,7 @@ def cancel(job: str, cluster_name: str | None, backend_kind: str | None, force: 
     """Cancel JOB (a job id, or a run id, also of a `run --local` in another shell). Canceling a job
     that has already ended, or is being canceled, is not an error."""
     record = run_of(job, cluster_name, backend_kind)
-    backend = _backend_of(record, cluster_name, backend_kind)
+    backend = backend_for_run(record, cluster_name, backend_kind)
     shown = f"job {record.job_id}" if record.job_id else f"run {record.run_id}"
     already = backend.cancel(record, force=force)
     if already is None:

@@ -22,13 +22,11 @@ from hpcjob.cli.options import (
     build_spec,
     job_options,
     local_folder,
-    new_run_id,
-    node_wheels,
-    open_smb,
     smb_options,
     started_command,
     tag_option,
 )
+from hpcjob.runner import new_run_id, node_wheels, open_smb
 
 if TYPE_CHECKING:
     from hpcjob.logs import RunLogs
@@ -112,7 +110,7 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
             folder = LocalFolder(Path(copy_to))
         else:
             assert spec.share is not None  # checked above
-            folder = open_smb(spec.share, params)
+            folder = open_smb(spec.share, params["smb_user"], params["smb_server"], params["smb_port"])
         code_dir = Path(spec.script).resolve().parent
         staged = stage_run(code_dir, folder, spec.job_folder, plan.run_id, plan.files, wheels)
         click.echo(f"hpcjob: run {run_id}: {staged}", err=True)
@@ -305,21 +303,30 @@ def logs(
             share=share,
         )
     else:
-        from hpcjob.cli.cluster import run_of
+        from hpcjob.runner import run_of
 
         record = run_of(run_id, cluster_name, None)  # a bare job id: the scheduler's copy of the output
     scheduler_end: Callable[[], int | None] | None = None
     folder: ShareFolder | None
+    smb = (params["smb_user"], params["smb_server"], params["smb_port"])
     if record.cluster is not None:  # the cluster knows whether the job has ended
-        from hpcjob.cli.cluster import log_access
+        from hpcjob.runner import log_access, scheduler_outputs
 
-        folder, scheduler_end = log_access(record, params)
+        access = log_access(record, *smb)
+        folder, scheduler_end = access.folder, access.scheduler_end
+        if folder is None:  # the scheduler's copy of the output instead
+            if access.warning:
+                click.echo(f"hpcjob: warning: {access.warning}", err=True)
+            for node, line in scheduler_outputs(access.outputs):
+                click.echo(f"[{node}] {line}")
+            if not any(text for _, text in access.outputs):
+                job = record.job_id or record.run_id
+                click.echo(f"hpcjob: job {job}: the scheduler holds no output of its tasks", err=True)
+            return
     else:
-        from hpcjob.cli.cluster import run_folder
+        from hpcjob.runner import run_folder
 
-        folder = run_folder(record, params)
-    if folder is None:
-        return  # the scheduler's copy of the output was printed instead
+        folder = run_folder(record, *smb)
     run_logs = RunLogs(folder, f"{job_folder or record.job_folder}/logs/{record.run_id}", record.nodes)
     if only_node:
         match = [n for n in run_logs.nodes if n.upper() == only_node.upper()]

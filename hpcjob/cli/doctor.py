@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import click
 
 from hpcjob.cli.app import cli
-from hpcjob.cli.cluster import ClusterAccess, backend_option, cluster_option, profile_mount_point
+from hpcjob.cli.options import backend_option, cluster_option, started_command
+from hpcjob.runner import ClusterAccess, new_run_id, profile_mount_point, submit_and_follow
 
 if TYPE_CHECKING:
     from hpcjob.doctor import Check
@@ -58,10 +59,10 @@ def doctor(
         share_check,
     )
     from hpcjob.render import JobShape
-    from hpcjob.spec import HpcjobError, check_docker
+    from hpcjob.spec import DEFAULT_DOCKER_GPUS, HpcjobError, check_docker
 
     # Read first: a file that cannot be read, or an image name, is said before anything runs.
-    check_docker(image, "gpus-all", "")
+    check_docker(image, DEFAULT_DOCKER_GPUS, "")
     wanted = (
         (requirements.name, read_requirements(requirements, f"--requirements {requirements}"))
         if requirements
@@ -120,10 +121,9 @@ def _allreduce(
     """A 2-node all-reduce job (hpcjob/probes/allreduce.py) through the same path as `hpcjob submit`;
     with `requirements` (a file's name and text), in the job's environment built from them; with
     `image`, in containers of it, with the profile's GPUs and Docker options."""
-    from hpcjob.cli.cluster import submit_and_follow
-    from hpcjob.cli.options import new_run_id
     from hpcjob.doctor import SKIP, Check, allreduce_check, container_check, environment_check
-    from hpcjob.spec import DEFAULT_NODE_ENV_DIR, JobSpec, parse_share
+    from hpcjob.runner import with_profile
+    from hpcjob.spec import JobSpec, parse_share
 
     profile = access.profile
     if len(fit) < 2:
@@ -132,28 +132,37 @@ def _allreduce(
         skipped += [Check("environment", SKIP, why)] if requirements else []
         return skipped + ([Check("container", SKIP, why)] if image else [])
     nodes = tuple(fit[:2])
+    # As a job of the profile's is: its share and folder, environment and containers' settings.
+    fields = with_profile({"mount_point": mount_point, "nproc_per_node": 1}, profile)
     spec = JobSpec(
         script=str(Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"),
         name="hpcjob-doctor",
         node_names=nodes,
-        node_group=profile.node_group,
-        share=parse_share(profile.share) if profile.share else None,
-        mount_point=mount_point,
-        runtime_s=600 if requirements else 300,  # building the environment takes its time
+        node_group=fields.get("node_group"),
+        share=parse_share(fields["share"]) if fields.get("share") else None,
+        mount_point=fields["mount_point"],
+        nproc_per_node=1,
+        runtime_s=600 if requirements or image else 300,  # building the environment takes its time
         requirements=requirements[1] if requirements else None,
         image=image,
-        nproc_per_node=1,
-        gpus_per_node=profile.gpus_per_node if image else None,  # the containers get the GPUs
-        docker_gpus=profile.docker_gpus or "gpus-all",
-        docker_options=profile.docker_options or "",
-        env_on=profile.env_on or "node-local",
-        node_env_dir=profile.node_env_dir or DEFAULT_NODE_ENV_DIR,
+        **{
+            key: fields[key]
+            for key in ("env_on", "node_env_dir", "docker_gpus", "docker_options")
+            if key in fields
+        },
     )
     if not quiet:
         click.echo(f"hpcjob: an all-reduce job on {' and '.join(nodes)} ...", err=True)
     smb = (profile.smb_user, profile.smb_server, profile.smb_port)
     _, summary = submit_and_follow(
-        access, spec, new_run_id(spec.name), smb, mount_step=False, wait=True, progress=lambda line: None
+        access,
+        spec,
+        new_run_id(spec.name),
+        smb,
+        mount_step=False,
+        wait=True,
+        progress=lambda line: None,
+        command=started_command(),
     )
     assert summary is not None  # waited
     cause = summary.root_cause.describe() if summary.root_cause else ""

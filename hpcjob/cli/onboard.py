@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hpcjob.cli.cluster import cluster
+from hpcjob.cli.app import cluster
 
 if TYPE_CHECKING:
     from hpcjob.config import ClusterProfile

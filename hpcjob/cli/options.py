@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import math
-import secrets
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from hpcjob.spec import ENV_PLACES, PRIORITIES
+from hpcjob.spec import CLUSTER_BACKENDS, ENV_PLACES, PRIORITIES
 
 if TYPE_CHECKING:
-    from hpcjob.share import SmbFolder
-    from hpcjob.spec import JobSpec, Share
+    from hpcjob.spec import JobSpec
 
 PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
 F = TypeVar("F", bound=Callable[..., Any])
@@ -286,16 +283,6 @@ def wheelhouse_target(value: str | None) -> tuple[str, str] | None:
     return python, platform or DEFAULT_NODE_PLATFORM
 
 
-def node_wheels(spec: JobSpec, progress: Callable[[str], None]) -> list[Path]:
-    """The wheels the nodes install from when the job has a wheelhouse (downloaded here, before anything
-    is uploaded: a package without a wheel for the nodes stops the job first)."""
-    if spec.wheelhouse is None or spec.requirements is None:
-        return []
-    from hpcjob.wheelhouse import download
-
-    return download(spec.requirements, *spec.wheelhouse, progress)
-
-
 def smb_options(command: F) -> F:
     """How to reach the share over SMB; the password comes from HPCJOB_SMB_PASSWORD or a prompt."""
     options = [
@@ -321,14 +308,6 @@ def local_folder(path: str, option: str) -> Path:
                 raise SpecError(f"{option} {path}: {step} is a file, not a folder")
             return folder
     return folder
-
-
-def open_smb(share: Share, params: dict[str, Any]) -> SmbFolder:
-    from hpcjob.credentials import smb_password, smb_user
-    from hpcjob.share import SmbFolder
-
-    user = smb_user(params["smb_user"])
-    return SmbFolder(share, user, smb_password(user), server=params["smb_server"], port=params["smb_port"])
 
 
 def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
@@ -403,5 +382,17 @@ def started_command() -> str:
     return shlex.join(["hpcjob", *sys.argv[1:]])
 
 
-def new_run_id(name: str) -> str:
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+cluster_option = click.option(
+    "--cluster",
+    "cluster_name",
+    type=TEXT,
+    metavar="NAME",
+    help="Cluster profile [default: $HPCJOB_CLUSTER, else the configured default].",
+)
+
+backend_option = click.option(
+    "--backend",
+    "backend_kind",
+    type=click.Choice(CLUSTER_BACKENDS),
+    help="How to reach the head node [default: as the cluster profile says].",
+)

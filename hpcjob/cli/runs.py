@@ -186,9 +186,9 @@ def runs_plot(run_ids: tuple[str, ...], out: str) -> None:
     watched, its utilisation and memory, a line per node and rank; several runs side by side."""
     from pathlib import Path
 
-    from hpcjob.cli.cluster import run_folder
     from hpcjob.logs import RunLogs
     from hpcjob.plot import plot_runs
+    from hpcjob.runner import run_folder
     from hpcjob.runs import find_entry
 
     timelines = {}

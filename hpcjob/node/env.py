@@ -33,8 +33,8 @@ Nobody else's environment is used: the user's folder must be the user's own and 
 On a share mounted with forceuid and one mode (hpcjob's filter mounts so), every file looks like the
 user's: there, what keeps another user out is the share's own permissions, as for the job's code itself.
 
-Reads HPCJOB_REQUIREMENTS, HPCJOB_ENVS, and HPCJOB_LOG_DIR, HPCJOB_NODE (set by node.sh). Runs with any
-Python 3.6+ on the node; imports nothing from hpcjob.
+Reads HPCJOB_REQUIREMENTS, HPCJOB_ENVS, HPCJOB_ENV_ON, and HPCJOB_LOG_DIR, HPCJOB_NODE (set by node.sh).
+Runs with any Python 3.6+ on the node; imports nothing from hpcjob.
 """
 
 import binascii
@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 if TYPE_CHECKING:
     from typing import NoReturn  # not in Python 3.6.0 and 3.6.1
 
-FORMAT = "hpcjob-env-3"  # change it when what an environment holds changes: every key changes with it
+FORMAT = "hpcjob-env-2"  # change it when what an environment holds changes: every key changes with it
 BEAT_S = 5.0
 
 
@@ -87,14 +87,30 @@ def environment_key(requirements: bytes) -> str:
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
-def owner_folder(root: str) -> str:
+def owner_folder(root: str, on_node: bool) -> str:
     """This user's own folder of environments, refused when another user owns it or may write to it:
-    nobody else's packages run in this user's jobs."""
+    nobody else's packages run in this user's jobs. On the node's own disk (`on_node`), the folder above
+    it too may be changed by nobody else: the user's own, or root's and, if everyone may write to it,
+    sticky (as /tmp), so that no other user can put another folder in place of this user's."""
     name = pwd.getpwuid(os.getuid()).pw_name
     if not re.match(r"^[A-Za-z0-9._-]+$", name):
         name = "u" + hashlib.sha256(name.encode()).hexdigest()[:12]
     folder = os.path.join(root, name)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        above = os.stat(root)
+    except OSError as exc:
+        fail(
+            "cannot make the folder of environments %s: %s (an administrator makes a shared one with "
+            "mode 1777, as /tmp)" % (folder, exc.strerror)
+        )
+    if on_node and (
+        above.st_uid not in (0, os.getuid()) or (above.st_mode & 0o002 and not above.st_mode & 0o1000)
+    ):
+        fail(
+            "%s may be changed by other users (it must be yours, or root's and, if everyone may write to "
+            "it, sticky: mode 1777): its environments are not used" % root
+        )
     info = os.lstat(folder)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
         fail(
@@ -288,7 +304,7 @@ def main() -> str:
     with open(requirements_path, "rb") as requirements:
         key = environment_key(requirements.read())
     run = os.path.basename(os.environ.get("HPCJOB_LOG_DIR", ".").rstrip("/"))
-    folder = owner_folder(root)
+    folder = owner_folder(root, os.environ.get("HPCJOB_ENV_ON") == "node-local")
     lock = Lock(os.path.join(folder, key + ".lock"))
     stale_s = float(os.environ.get("HPCJOB_ENV_STALE_S", "60"))
     started = time.time()
