@@ -14,7 +14,7 @@ import re
 import secrets
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from hpcjob.spec import HpcjobError, SpecError
 if TYPE_CHECKING:
     from hpcjob.backends import Backend
     from hpcjob.config import ClusterProfile
+    from hpcjob.plan import JobPlan
     from hpcjob.results import JobSummary, Submission
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
@@ -201,83 +202,43 @@ def submit_and_follow(
     command: str,
     tags: Mapping[str, str] | None = None,
 ) -> tuple[RunRecord, JobSummary | None]:
-    """Upload the code, submit the job (recording the run at each step, with `command`: how it was
-    asked for) and, with `wait`, follow it to its summary (the scheduler's states, the share's root
-    cause and metrics): the run's latest record, and the summary (None without `wait`). An interrupted
-    wait raises StoppedWaiting; the job goes on."""
-    from hpcjob.backends.scheduler import job_summary
-    from hpcjob.render import plan_json
-    from hpcjob.runs import RunRecord, check_new_run_id, record_end, save_run
-    from hpcjob.share import ShareError
-    from hpcjob.staging import stage_run
-
-    profile, backend = cluster.profile, cluster.backend
-    plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
+    """Upload the code to the cluster's share, submit the job (recording the run at each step, with
+    `command`: how it was asked for) and, with `wait`, follow it to its summary: the run's latest
+    record, and the summary (None without `wait`)."""
+    profile, share = cluster.profile, spec.share
     smb_user, smb_server, smb_port = smb
 
-    def open_share() -> ShareFolder:
-        assert spec.share is not None
-        return cluster.share(spec.share, smb_user, smb_server, smb_port)
+    def open_share(plan: JobPlan | None = None) -> ShareFolder:  # for the upload, and the summary
+        assert share is not None
+        return cluster.share(share, smb_user, smb_server, smb_port)
 
-    if spec.share:
-        wheels = node_wheels(spec, progress)
-        code_dir = Path(spec.script).resolve().parent
-        progress(stage_run(code_dir, open_share(), spec.job_folder, plan.run_id, plan.files, wheels))
-    else:
-        progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
-    first = RunRecord.of(
-        plan,
-        spec.job_folder,
-        backend.kind,
-        share=spec.share.unc if spec.share else None,
-        local_root=profile.local_share,
-        smb_server=smb_server,
-        smb_port=smb_port,
-        smb_user=smb_user or profile.smb_user or profile.user,
-        cluster=profile.name,
-    )
-    latest = first
-    job = plan_json(plan)
-
-    def record(step: Submission) -> None:
-        nonlocal latest
-        latest = replace(first, state=step.state, job_id=step.job_id, mount_job_id=step.mount_job_id)
-        save_run(latest, command=command, plan=job, tags=tags, gpus_per_node=spec.gpus_per_node)
-
-    check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload
+    where = {
+        "share": share.unc if share else None,
+        "local_root": profile.local_share,
+        "smb_server": smb_server,
+        "smb_port": smb_port,
+        "smb_user": smb_user or profile.smb_user or profile.user,
+        "cluster": profile.name,
+    }
     started = time.monotonic()
-    job_id = backend.submit(plan, mount=mount_step, progress=progress, record=record)
+    latest, plan = submit_run(
+        cluster.backend,
+        spec,
+        run_id,
+        open_folder=open_share if share else None,
+        where=lambda plan: where,
+        mount_step=mount_step,
+        progress=progress,
+        command=command,
+        tags=tags,
+    )
+    job_id = latest.job_id
     progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
     if not wait:
         progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
         return latest, None
-    try:
-        info = backend.wait(latest, progress)
-    except KeyboardInterrupt:
-        said = f"stopped waiting; job {job_id} goes on (hpcjob cancel {job_id} ends it)"
-        raise StoppedWaiting(said) from None
-    # The scheduler knows the tasks' states; the share which rank failed first, and the metrics.
-    folder = None
-    if spec.share:
-        try:
-            folder = open_share()
-        except ShareError as exc:
-            progress(f"hpcjob: warning: {exc}: the summary has only what the scheduler knows")
-    try:
-        summary = job_summary(
-            info,
-            plan,
-            time.monotonic() - started,
-            folder,
-            f"{spec.job_folder}/logs/{plan.run_id}",
-            lambda: backend.task_outputs(latest),
-        )
-        with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
-            record_end(summary)
-        return latest, summary
-    finally:
-        if folder is not None:
-            folder.close()
+    folder = open_share if share else lambda: None
+    return latest, follow_run(cluster.backend, latest, plan, folder, started, progress)
 
 
 @dataclass
@@ -363,3 +324,270 @@ def scheduler_outputs(outputs: Iterable[tuple[str, str]]) -> Iterable[tuple[str,
     for node, text in outputs:
         for line in text.splitlines():
             yield node, line
+
+
+def read_requirements(path: Path, named: str) -> str:
+    """A requirements file's text, or one line that says why not (`named`: how the user gave it)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{named}: no such file") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{named}: not UTF-8 text") from None
+    except OSError as exc:
+        raise SpecError(f"{named}: {exc.strerror}") from None
+
+
+def requirements_text(script: Path, given: str | Path | None, no_env: bool, progress: Progress) -> str | None:
+    """The job's requirements: the file given, else requirements.txt beside the script (said on one
+    line), else none; none at all with `no_env`."""
+    if given is not None and no_env:
+        raise SpecError("--requirements and --no-env contradict each other: give one")
+    if no_env:
+        return None
+    path = Path(given) if given is not None else script.resolve().parent / "requirements.txt"
+    if given is None:
+        if not path.is_file():
+            return None
+        progress(
+            f"hpcjob: the job's packages from {path.name} beside {script.name} (--no-env: the nodes' "
+            "Python as it is)"
+        )
+    return read_requirements(path, f"--requirements {given}" if given is not None else str(path))
+
+
+def submit_run(
+    backend: Backend,
+    spec: JobSpec,
+    run_id: str,
+    *,
+    open_folder: Callable[[JobPlan], ShareFolder] | None,
+    where: Callable[[JobPlan], Mapping[str, Any]],
+    mount_step: bool,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+) -> tuple[RunRecord, JobPlan]:
+    """Plan the job on `backend`, stage its code into `open_folder(plan)` (the share, or the local
+    folder that stands in for it; None: the code is there already), submit it, recording the run at
+    each step (`where`: the record's share, local folder and cluster; `command`: how it was asked
+    for). The run's latest record, and its plan."""
+    from hpcjob.render import plan_json
+    from hpcjob.runs import RunRecord, check_new_run_id, save_run
+    from hpcjob.staging import stage_run
+
+    plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
+    if open_folder is not None:
+        wheels = node_wheels(spec, progress)
+        code_dir = Path(spec.script).resolve().parent
+        progress(stage_run(code_dir, open_folder(plan), spec.job_folder, plan.run_id, plan.files, wheels))
+    else:
+        progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
+    first = RunRecord.of(plan, spec.job_folder, backend.kind, **where(plan))
+    latest = first
+    job = plan_json(plan)
+
+    def record(step: Submission) -> None:
+        nonlocal latest
+        pid, pid_start = step.process or (first.pid, first.pid_start)
+        latest = replace(
+            first,
+            state=step.state,
+            job_id=step.job_id,
+            mount_job_id=step.mount_job_id,
+            pid=pid,
+            pid_start=pid_start,
+        )
+        save_run(latest, command=command, plan=job, tags=tags, gpus_per_node=spec.gpus_per_node)
+
+    check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload
+    backend.submit(plan, mount=mount_step, progress=progress, record=record)
+    return latest, plan
+
+
+def follow_run(
+    backend: Backend,
+    record: RunRecord,
+    plan: JobPlan,
+    open_folder: Callable[[], ShareFolder | None],
+    started: float,
+    progress: Progress,
+) -> JobSummary:
+    """Follow the run to its end and sum it up: the scheduler knows the tasks' states; the run's folder
+    (`open_folder`: the share, the local folder, or None) which rank failed first, and the metrics. An
+    interrupted wait raises StoppedWaiting; the job goes on."""
+    from hpcjob.backends.scheduler import job_summary
+    from hpcjob.runs import record_end
+    from hpcjob.share import ShareError
+
+    try:
+        info = backend.wait(record, progress)
+    except KeyboardInterrupt:
+        job = record.job_id or record.run_id
+        raise StoppedWaiting(f"stopped waiting; job {job} goes on (hpcjob cancel {job} ends it)") from None
+    folder = None
+    try:
+        folder = open_folder()
+    except ShareError as exc:
+        progress(f"hpcjob: warning: {exc}: the summary has only what the scheduler knows")
+    try:
+        summary = job_summary(
+            info,
+            plan,
+            time.monotonic() - started,
+            folder,
+            record.log_folder,
+            lambda: backend.task_outputs(record),
+        )
+        with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
+            record_end(summary)
+        return summary
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _spec(fields: Mapping[str, Any]) -> JobSpec:
+    """A JobSpec from options by its own names, the share as a UNC or a Share; checks that the script
+    exists."""
+    from hpcjob.spec import JobSpec, parse_share
+
+    values = dict(fields)
+    if isinstance(values.get("share"), str):
+        values["share"] = parse_share(values["share"])
+    if not Path(values["script"]).is_file():
+        raise SpecError(f"script {values['script']} does not exist")
+    return JobSpec(**values)
+
+
+def submit_to_cluster(
+    fields: Mapping[str, Any],
+    run_id: str | None,
+    cluster_name: str,
+    backend_kind: str | None,
+    *,
+    mount_step: bool,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+) -> tuple[RunRecord, JobPlan]:
+    """Submit a job (options by their JobSpec names, and smb_user, smb_server and smb_port) to the
+    cluster of profile `cluster_name`, the profile filling in what the options do not say."""
+    cluster = ClusterAccess(cluster_name, backend_kind)
+    filled = with_profile(dict(fields), cluster.profile)
+    smb = (filled.pop("smb_user", None), filled.pop("smb_server", None), filled.pop("smb_port", 445))
+    spec = _spec(filled)
+    record, _ = submit_and_follow(
+        cluster,
+        spec,
+        run_id or new_run_id(spec.name),
+        smb,
+        mount_step=mount_step,
+        wait=False,
+        progress=progress,
+        command=command,
+        tags=tags,
+    )
+    return record, recorded_plan(record.run_id) or _never_recorded(record)
+
+
+def _never_recorded(record: RunRecord) -> JobPlan:
+    raise HpcjobError(f"run {record.run_id} was submitted, but this machine's history did not keep it")
+
+
+def submit_local(
+    fields: Mapping[str, Any],
+    run_id: str | None,
+    *,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+) -> tuple[RunRecord, JobPlan]:
+    """Start a job on this machine (options by their JobSpec names), in a process of its own, through
+    the local backend as the registry opens it: its nodes are local processes, its share a local
+    folder (one per project), its rendezvous on a free port of loopback."""
+    import os
+    import socket
+
+    from hpcjob.backends import open_backend
+    from hpcjob.gpus import default_procs_per_node, visible_gpus
+    from hpcjob.share import LocalFolder
+
+    values = dict(fields)
+    if not values.get("rdzv_port"):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            values["rdzv_port"] = probe.getsockname()[1]
+    spec = _spec(values)
+    if spec.nproc_per_node is None or (
+        fields.get("nproc_per_node") is None and fields.get("gpus_per_node") is None
+    ):
+        # As on a cluster node: one process per GPU the node gets.
+        spec = replace(spec, nproc_per_node=default_procs_per_node(visible_gpus(os.environ), spec.node_count))
+    backend = open_backend("local", None, None)
+
+    def root(plan: JobPlan) -> str:  # the local folder the plan put the job folder in
+        return plan.job_dir[: -len(spec.job_folder) - 1]
+
+    record, plan = submit_run(
+        backend,
+        spec,
+        run_id or new_run_id(spec.name),
+        open_folder=lambda plan: LocalFolder(Path(root(plan))),
+        where=lambda plan: {"local_root": root(plan)},
+        mount_step=False,
+        progress=progress,
+        command=command,
+        tags=tags,
+    )
+    return record, plan
+
+
+def recorded_plan(run_id: str) -> JobPlan | None:
+    """The plan this machine's history keeps for the run (None: not a run of this machine's)."""
+    from hpcjob.plan import JobPlan
+    from hpcjob.runs import find_entry
+
+    try:
+        entry = find_entry(run_id)
+    except SpecError:
+        return None
+    return JobPlan.from_dict(entry.plan) if entry.plan else None
+
+
+def run_folder_opener(record: RunRecord) -> Callable[[], ShareFolder | None]:
+    """How to reach the run's files for its summary: None where no share or folder was recorded."""
+    if not (record.local_root or record.share):
+        return lambda: None
+    return lambda: run_folder(record)
+
+
+def log_lines(record: RunRecord, *, follow: bool, poll_s: float) -> Iterator[tuple[str, str, str]]:
+    """Each line the run's nodes wrote, as (node, "stdout" or "stderr", line), in node order: what is
+    there now, or with `follow`, new lines as they come until the run has ended."""
+    from hpcjob.logs import RunLogs, Tail
+
+    folder = run_folder(record)
+    try:
+        logs = RunLogs(folder, record.log_folder, record.nodes)
+        tails = [
+            (node, stream, Tail(folder, f"{record.log_folder}/{node}.{ending}", ""))
+            for node in logs.nodes
+            for stream, ending in (("stdout", "out"), ("stderr", "err"))
+        ]
+        backend = backend_for_run(record) if follow else None
+        while True:
+            ended: int | None = 0
+            if backend is not None:
+                ended = logs.ended()
+                if ended is None and record.cluster is not None:
+                    info = backend.status(record)
+                    ended = info.exit_code() if info.ended else None
+            for node, stream, tail in tails:
+                for line in tail.read(final=ended is not None):
+                    yield node, stream, line
+            if ended is not None:
+                return
+            time.sleep(poll_s)
+    finally:
+        folder.close()

@@ -96,3 +96,9 @@ def test_a_command_module_reaches_no_other_command_module() -> None:
     commands = {name for name in GRAPH if name.startswith("hpcjob.cli.")} - shared
     crossing = {name: sorted((GRAPH[name] & commands) - {name}) for name in commands}
     assert {name: found for name, found in crossing.items() if found} == {}
+
+
+def test_the_python_api_reaches_the_work_through_the_runner_alone() -> None:
+    below = {t for t in GRAPH["hpcjob.api"] if t.startswith("hpcjob.")}
+    assert sorted(t for t in below if t.startswith(("hpcjob.backends", "hpcjob.cli"))) == []
+    assert "hpcjob.runner" in below

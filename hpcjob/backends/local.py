@@ -39,7 +39,7 @@ from hpcjob.plan import (
     container_engine,
     make_plan,
 )
-from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code, process_table
+from hpcjob.procs import MARKER_VAR, STOP_SIGNALS, TaskProcess, Watchdog, exit_code, process_table
 from hpcjob.results import (
     ALREADY_MOUNTED,
     JobInfo,
@@ -170,15 +170,21 @@ class LocalBackend:
             "grace_period_s": self.grace_period_s,
             "gpu_devices": list(self.gpu_devices),
         }
+        # The job's process holds the stopping signals until its run has begun (a cancel that comes
+        # while it starts up then still stops the nodes and writes the summary).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         with (log_dir / SUPERVISOR_LOG).open("wb") as log:
-            runner = subprocess.Popen(
-                [sys.executable, "-m", "hpcjob.backends.local"],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={k: v for k, v in os.environ.items() if k not in self.hidden_env},
-                start_new_session=True,  # not stopped by this terminal's Ctrl-C or hang-up
-            )
+            try:
+                runner = subprocess.Popen(
+                    [sys.executable, "-m", "hpcjob.backends.local"],
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={k: v for k, v in os.environ.items() if k not in self.hidden_env},
+                    start_new_session=True,  # not stopped by this terminal's Ctrl-C or hang-up
+                )
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
         assert runner.stdin is not None
         runner.stdin.write(json.dumps(request).encode())
         runner.stdin.close()
@@ -288,6 +294,7 @@ class LocalBackend:
         stopped_at: float | None = None
         watchdog = Watchdog(f"{plan.run_id}/")
         try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held by a submitted job's starter
             for index, node in enumerate(nodes):
                 self._start(plan, index, node)
                 progress(f"{node.task.node}: Running")

@@ -46,7 +46,6 @@ def doctor(
     task per node), an all-reduce between two nodes (in the environment of --requirements FILE, in
     containers of --image IMAGE, when given), and the share from this machine. Exits 1 when a check
     fails."""
-    from hpcjob.cli.options import read_requirements
     from hpcjob.doctor import (
         FAIL,
         SKIP,
@@ -59,6 +58,7 @@ def doctor(
         share_check,
     )
     from hpcjob.render import JobShape
+    from hpcjob.runner import read_requirements
     from hpcjob.spec import DEFAULT_DOCKER_GPUS, HpcjobError, check_docker
 
     # Read first: a file that cannot be read, or an image name, is said before anything runs.

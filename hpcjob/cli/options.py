@@ -239,38 +239,10 @@ def job_options(command: F) -> F:
 
 
 def requirements_text(script: Path, given: str | None, no_env: bool) -> str | None:
-    """The job's requirements: the file given, else requirements.txt beside the script (said on one
-    line), else none; none at all with --no-env."""
-    from hpcjob.spec import SpecError
+    """The job's requirements (hpcjob.runner.requirements_text), the file beside the script said here."""
+    from hpcjob.runner import requirements_text as text_of
 
-    if given is not None and no_env:
-        raise SpecError("--requirements and --no-env contradict each other: give one")
-    if no_env:
-        return None
-    path = Path(given) if given is not None else script.resolve().parent / "requirements.txt"
-    if given is None:
-        if not path.is_file():
-            return None
-        click.echo(
-            f"hpcjob: the job's packages from {path.name} beside {script.name} (--no-env: the nodes' "
-            "Python as it is)",
-            err=True,
-        )
-    return read_requirements(path, f"--requirements {given}" if given is not None else str(path))
-
-
-def read_requirements(path: Path, named: str) -> str:
-    """A requirements file's text, or one line that says why not (`named`: how the user gave it)."""
-    from hpcjob.spec import SpecError
-
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{named}: no such file") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{named}: not UTF-8 text") from None
-    except OSError as exc:
-        raise SpecError(f"{named}: {exc.strerror}") from None
+    return text_of(script, given, no_env, lambda line: click.echo(line, err=True))
 
 
 def wheelhouse_target(value: str | None) -> tuple[str, str] | None:

@@ -1,0 +1,204 @@
+"""hpcjob from Python: submit a run, follow it, read its logs, cancel it, look runs up, render a job, with
+the same runner, the same checks and the same one-line errors as the command line.
+
+    import hpcjob
+
+    run = hpcjob.submit("train.py", args=["--epochs", "2"], nodes=2, gpus_per_node=4, cluster="prod")
+    summary = run.wait(progress=print)      # the fields of `hpcjob run --local --json`
+    for node, stream, line in run.logs():   # stream: "stdout" or "stderr"
+        ...
+    hpcjob.Run.find("train-20261125-101500-ab12").status()
+    hpcjob.list_runs(last=5)
+    hpcjob.render_job("train.py", node_names=["NODE1", "NODE2"])["xml"]
+
+`cluster=None` runs the job on this machine (its nodes are local processes), in a process of its own:
+`status`, `wait`, `logs` and `cancel` work from anywhere, as for a cluster's job.
+Every error is an `hpcjob.HpcjobError` (bad input: its subclass `hpcjob.SpecError`) whose message is the
+line the command line prints; warnings are `hpcjob.HpcjobWarning`. Nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcjob import runner
+from hpcjob.runner import HpcjobWarning, StoppedWaiting
+from hpcjob.spec import HpcjobError, SpecError
+
+if TYPE_CHECKING:
+    from hpcjob.plan import JobPlan
+    from hpcjob.results import JobInfo, JobSummary
+    from hpcjob.runs import HistoryEntry, RunRecord
+
+atexit.register(runner.close_backends)  # a WinRM shell counts against the user's quota on the head node
+
+
+def _quiet(line: str) -> None:
+    """Progress nobody asked to see."""
+
+
+@dataclass
+class Run:
+    """One run: submitted from here (`submit`), or found again by its run id or job id (`Run.find`)."""
+
+    record: RunRecord
+    plan: JobPlan | None = None
+    summary: JobSummary | None = None  # once `wait` has seen it end
+    _started: float = field(default_factory=time.monotonic, repr=False)
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+    @property
+    def job_id(self) -> str | None:
+        """The scheduler's job id (a local run's: its run id)."""
+        return self.record.job_id
+
+    @classmethod
+    def find(cls, run_or_job_id: str, cluster: str | None = None) -> Run:
+        """A run this machine started (by run id or job id), or a job of the cluster by its job id."""
+        record = runner.run_of(run_or_job_id, cluster)
+        return cls(record, runner.recorded_plan(record.run_id))
+
+    def status(self) -> JobInfo:
+        """The job's state and its tasks' as the scheduler (or this machine) sees them now."""
+        return runner.backend_for_run(self.record).status(self.record)
+
+    def wait(self, progress: Callable[[str], None] | None = None) -> JobSummary:
+        """Follow the job to its end (each change of state to `progress`) and sum it up: the nodes' exit
+        codes, the rank that failed first and why, the training's metrics."""
+        if self.plan is None:
+            raise SpecError(
+                f"job {self.job_id} was not submitted from this machine: hpcjob can follow it "
+                "(status), not sum it up"
+            )
+        backend = runner.backend_for_run(self.record)
+        self.summary = runner.follow_run(
+            backend, self.record, self.plan, runner.run_folder_opener(self.record), self._started,
+            progress or _quiet,
+        )  # fmt: skip
+        return self.summary
+
+    def logs(self, follow: bool = False, poll_s: float = 1.0) -> Iterator[tuple[str, str, str]]:
+        """Each line the nodes wrote, as (node, "stdout" or "stderr", line): what is there now, or with
+        `follow`, new lines as they come until the job has ended."""
+        yield from runner.log_lines(self.record, follow=follow, poll_s=poll_s)
+
+    def cancel(self, force: bool = False) -> str | None:
+        """Cancel the job: None, or the state it had already ended in (or "Canceling")."""
+        return runner.backend_for_run(self.record).cancel(self.record, force=force)
+
+
+def submit(
+    script: str | Path,
+    args: Sequence[str] = (),
+    *,
+    cluster: str | None = None,
+    nodes: int | None = None,
+    node_names: Sequence[str] = (),
+    gpus_per_node: int | None = None,
+    nproc_per_node: int | None = None,
+    env: Mapping[str, str] | None = None,
+    requirements: str | Path | bool | None = None,
+    image: str | None = None,
+    name: str | None = None,
+    run_id: str | None = None,
+    backend: str | None = None,
+    mount_step: bool = True,
+    wait: bool = False,
+    progress: Callable[[str], None] | None = None,
+    tags: Mapping[str, str] | None = None,
+    **options: Any,
+) -> Run:
+    """Submit SCRIPT (its folder is the code) with ARGS: to `cluster` (a profile's name; its backend
+    unless `backend` names another), or with cluster=None to this machine. `requirements`: a pip
+    requirements file (None: requirements.txt beside the script, if there is one; False: none).
+    More job options by their JobSpec names (node_group, env_on, runtime_s, ...). With `wait`, the
+    returned run's `summary` is set."""
+    said = progress or _quiet
+    fields: dict[str, Any] = {
+        "script": str(script),
+        "script_args": tuple(args),
+        "nodes": nodes,
+        "node_names": tuple(node_names),
+        "gpus_per_node": gpus_per_node,
+        "nproc_per_node": nproc_per_node,
+        "env": tuple((env or {}).items()),
+        "requirements": runner.requirements_text(
+            Path(script),
+            None if isinstance(requirements, bool) else requirements,
+            requirements is False,
+            said,
+        ),
+        "image": image,
+        **({"name": name} if name else {}),
+        **options,
+    }
+    command = f"hpcjob.submit({str(script)!r}, args={list(args)!r}, cluster={cluster!r})"
+    if cluster is None:
+        record, plan = runner.submit_local(fields, run_id, progress=said, command=command, tags=tags)
+    else:
+        record, plan = runner.submit_to_cluster(
+            fields, run_id, cluster, backend, mount_step=mount_step, progress=said, command=command, tags=tags
+        )
+    run = Run(record, plan)
+    if wait:
+        run.wait(said)
+    return run
+
+
+def list_runs(
+    *,
+    cluster: str | None = None,
+    state: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    last: int | None = None,
+) -> list[HistoryEntry]:
+    """The runs this machine started, newest first (`hpcjob runs`): of `cluster` (local runs: "local"
+    is their backend, see `backend`), in `state`, with every one of `tags`, the `last` ones."""
+    from hpcjob.runs import history
+
+    return history(cluster=cluster, state=state, tags=tags, last=last)
+
+
+def render_job(
+    script: str | Path,
+    args: Sequence[str] = (),
+    *,
+    node_names: Sequence[str],
+    run_id: str | None = None,
+    **options: Any,
+) -> dict[str, str]:
+    """The job for SCRIPT on `node_names`, contacting nothing: {"xml": the job file, "powershell": the
+    head node's submit script, "json": the plan, and with a `share` (a UNC), "clusrun": the mount step
+    and submit commands}. Job options by their JobSpec names."""
+    from hpcjob.plan import make_plan
+    from hpcjob.render import clusrun_text, job_xml, plan_json, powershell_text
+    from hpcjob.spec import JobSpec, parse_share
+
+    if isinstance(options.get("share"), str):
+        options["share"] = parse_share(options["share"])
+    spec = JobSpec(script=str(script), script_args=tuple(args), node_names=tuple(node_names), **options)
+    plan = make_plan(spec, spec.node_names, run_id or runner.new_run_id(spec.name))
+    rendered = {"xml": job_xml(plan), "powershell": powershell_text(plan), "json": plan_json(plan)}
+    if plan.mount is not None:
+        rendered["clusrun"] = clusrun_text(plan)
+    return rendered
+
+
+__all__ = [
+    "HpcjobError",
+    "HpcjobWarning",
+    "Run",
+    "SpecError",
+    "StoppedWaiting",
+    "list_runs",
+    "render_job",
+    "submit",
+]
