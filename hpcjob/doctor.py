@@ -308,19 +308,29 @@ def allreduce_check(nodes: Sequence[str], state: str, metrics: dict[str, object]
     )
 
 
+def _ran_in(
+    check: str, what: str, between: str, state: str, metrics: dict[str, object] | None
+) -> Check | None:
+    """The all-reduce job ran in `what` (an environment, an image) and said with which torch: a pass."""
+    if state != State.FINISHED or not metrics or not metrics.get("torch"):
+        return None
+    cuda = "with CUDA" if metrics.get("cuda") else "without CUDA"
+    python = metrics.get("python")
+    return Check(
+        check,
+        PASS,
+        f"{what} on {between}: the all-reduce ran in it, torch {metrics['torch']} {cuda} ({python})",
+    )
+
+
 def environment_check(
     file: str, nodes: Sequence[str], state: str, metrics: dict[str, object] | None, cause: str
 ) -> Check:
     """`doctor --requirements FILE`: the all-reduce job ran in the job's environment built from FILE."""
     between = " and ".join(nodes)
-    if state == State.FINISHED and metrics and metrics.get("torch"):
-        cuda = "with CUDA" if metrics.get("cuda") else "without CUDA"
-        return Check(
-            "environment",
-            PASS,
-            f"{file} on {between}: the all-reduce ran in it, torch {metrics['torch']} {cuda} "
-            f"({metrics.get('python')})",
-        )
+    ran = _ran_in("environment", file, between, state, metrics)
+    if ran is not None:
+        return ran
     if "environment did not build" in cause:
         return Check(
             "environment",
@@ -337,14 +347,9 @@ def container_check(
 ) -> Check:
     """`doctor --image IMAGE`: the all-reduce job ran in containers of IMAGE, started by the node agent."""
     between = " and ".join(nodes)
-    if state == State.FINISHED and metrics and metrics.get("torch"):
-        cuda = "with CUDA" if metrics.get("cuda") else "without CUDA"
-        return Check(
-            "container",
-            PASS,
-            f"{image} on {between}: the all-reduce ran in it, torch {metrics['torch']} {cuda} "
-            f"({metrics.get('python')})",
-        )
+    ran = _ran_in("container", image, between, state, metrics)
+    if ran is not None:
+        return ran
     if state == State.FINISHED:
         return Check("container", SKIP, f"cannot say: the all-reduce job in {image} said nothing of torch")
     return Check(

@@ -201,10 +201,10 @@ def submit_and_follow(
     progress: Progress,
     command: str,
     tags: Mapping[str, str] | None = None,
-) -> tuple[RunRecord, JobSummary | None]:
+) -> tuple[RunRecord, JobPlan, JobSummary | None]:
     """Upload the code to the cluster's share, submit the job (recording the run at each step, with
     `command`: how it was asked for) and, with `wait`, follow it to its summary: the run's latest
-    record, and the summary (None without `wait`)."""
+    record, its plan, and the summary (None without `wait`)."""
     profile, share = cluster.profile, spec.share
     smb_user, smb_server, smb_port = smb
 
@@ -236,9 +236,9 @@ def submit_and_follow(
     progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
     if not wait:
         progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
-        return latest, None
+        return latest, plan, None
     folder = open_share if share else lambda: None
-    return latest, follow_run(cluster.backend, latest, plan, folder, started, progress)
+    return latest, plan, follow_run(cluster.backend, latest, plan, folder, started, progress)
 
 
 @dataclass
@@ -477,7 +477,7 @@ def submit_to_cluster(
     filled = with_profile(dict(fields), cluster.profile)
     smb = (filled.pop("smb_user", None), filled.pop("smb_server", None), filled.pop("smb_port", 445))
     spec = _spec(filled)
-    record, _ = submit_and_follow(
+    record, plan, _ = submit_and_follow(
         cluster,
         spec,
         run_id or new_run_id(spec.name),
@@ -488,11 +488,7 @@ def submit_to_cluster(
         command=command,
         tags=tags,
     )
-    return record, recorded_plan(record.run_id) or _never_recorded(record)
-
-
-def _never_recorded(record: RunRecord) -> JobPlan:
-    raise HpcjobError(f"run {record.run_id} was submitted, but this machine's history did not keep it")
+    return record, plan
 
 
 def submit_local(
@@ -507,21 +503,16 @@ def submit_local(
     the local backend as the registry opens it: its nodes are local processes, its share a local
     folder (one per project), its rendezvous on a free port of loopback."""
     import os
-    import socket
 
     from hpcjob.backends import open_backend
+    from hpcjob.backends.local import free_port
     from hpcjob.gpus import default_procs_per_node, visible_gpus
     from hpcjob.share import LocalFolder
 
     values = dict(fields)
-    if not values.get("rdzv_port"):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            values["rdzv_port"] = probe.getsockname()[1]
+    values["rdzv_port"] = values.get("rdzv_port") or free_port()
     spec = _spec(values)
-    if spec.nproc_per_node is None or (
-        fields.get("nproc_per_node") is None and fields.get("gpus_per_node") is None
-    ):
+    if fields.get("nproc_per_node") is None and fields.get("gpus_per_node") is None:
         # As on a cluster node: one process per GPU the node gets.
         spec = replace(spec, nproc_per_node=default_procs_per_node(visible_gpus(os.environ), spec.node_count))
     backend = open_backend("local", None, None)

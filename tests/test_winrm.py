@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import ssl
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpcjob.backends import open_backend
+from hpcjob.backends.scheduler import RetryPolicy
 from hpcjob.config import ClusterProfile
 from hpcjob.emulator import HeadNode
 from hpcjob.emulator.cluster import Actor, NodeSpec
@@ -154,8 +156,11 @@ def test_certificates_unknown_pinned_and_mismatched_and_an_unreachable_head_node
     with pytest.raises(Exception, match="its fingerprint is not the cluster profile's cert_fingerprint"):
         wrong.nodes(None)
     gone = open_backend("winrm", profile_for(head, winrm_url="https://127.0.0.1:9/wsman"), PASSWORD)
+    gone.session.retry = RetryPolicy(first_wait_s=0.1, deadline_s=1.0)  # the same retries, in a second
+    started = time.monotonic()
     with pytest.raises(Exception, match=r"^cannot reach the head node's WinRM at https://127.0.0.1:9/wsman"):
         gone.nodes(None)
+    assert 0.5 < time.monotonic() - started < 10  # it retried up to its deadline, not once
 
 
 def test_a_500_node_job_submits(tmp_path: Path) -> None:

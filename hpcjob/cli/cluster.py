@@ -245,7 +245,7 @@ def submit(
 
     smb = (params.get("smb_user"), params.get("smb_server"), params["smb_port"])
     try:
-        record, summary = submit_and_follow(
+        record, _, summary = submit_and_follow(
             cluster,
             spec,
             run_id,

@@ -154,7 +154,7 @@ def _allreduce(
     if not quiet:
         click.echo(f"hpcjob: an all-reduce job on {' and '.join(nodes)} ...", err=True)
     smb = (profile.smb_user, profile.smb_server, profile.smb_port)
-    _, summary = submit_and_follow(
+    _, _, summary = submit_and_follow(
         access,
         spec,
         new_run_id(spec.name),
