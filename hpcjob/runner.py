@@ -24,8 +24,8 @@ from hpcjob.spec import HpcjobError, SpecError
 if TYPE_CHECKING:
     from hpcjob.backends import Backend
     from hpcjob.config import ClusterProfile
-    from hpcjob.plan import JobPlan
-    from hpcjob.results import JobSummary, Submission
+    from hpcjob.plan import AllowedShare, JobPlan
+    from hpcjob.results import JobSummary, MountResult, Submission
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
     from hpcjob.spec import JobSpec, Share
@@ -582,3 +582,91 @@ def log_lines(record: RunRecord, *, follow: bool, poll_s: float) -> Iterator[tup
             time.sleep(poll_s)
     finally:
         folder.close()
+
+
+@dataclass(frozen=True)
+class MountRequest:
+    """What `hpcjob mount` mounts: the share and the filter's options as an administrator allows them
+    (`allowed`, for every user's folder of its mount root), this user's mount point, and the nodes (none:
+    every usable node of `group`)."""
+
+    allowed: AllowedShare
+    point: str
+    group: str | None
+    nodes: tuple[str, ...]
+
+
+def mount_request(
+    profile: ClusterProfile,
+    share: str | None,
+    mount_point: str | None,
+    mount_options: str | None,
+    node_group: str | None,
+    node_names: Iterable[str],
+) -> MountRequest:
+    """The mount as asked (the profile filling in), checked: the share, a mount point that is the user's
+    own folder of its mount root, the filter's options from its short list, the group's name."""
+    from hpcjob.plan import AllowedShare, user_mount_point
+    from hpcjob.spec import FILTER_MOUNT_OPTIONS, GROUP_NAME, parse_node_names, parse_share
+
+    unc = share or profile.share
+    if unc is None:
+        raise SpecError(
+            "no share to mount: give --share //HEADNODE/CcpSpoolDir[/folder], or add it to cluster "
+            f"{profile.name}"
+        )
+    point = mount_point or profile_mount_point(profile)
+    root = point.rstrip("/").rpartition("/")[0] or "/"
+    if user_mount_point(root, profile.user) != point.rstrip("/"):
+        mine = user_mount_point("/app", profile.user)
+        raise SpecError(
+            f"the mount point {point} is not a folder of your own: hpcjob's execution filter mounts the "
+            f"share for {profile.user} at MOUNT ROOT/<user name>, such as {mine}"
+        )
+    options = FILTER_MOUNT_OPTIONS if mount_options is None else mount_options
+    allowed = AllowedShare.checked(parse_share(unc).unc, root, options)
+    group = node_group or profile.node_group
+    if group is not None and not GROUP_NAME.fullmatch(group):
+        raise SpecError(f"--node-group {group!r} is not a valid node group name")
+    names = tuple(node_names)
+    return MountRequest(allowed, point, group, parse_node_names(names) if names else ())
+
+
+def mount_share(
+    cluster: ClusterAccess, request: MountRequest, *, install: bool, progress: Progress
+) -> list[MountResult]:
+    """Mount the share on the nodes for the profile's user, as a job of theirs whose start has hpcjob's
+    execution filter mount it (with `install`, the filter is installed first, as root: an HPC
+    administrator's job); a node where the user's account was made only by that job is mounted again.
+    Each node's result."""
+    from hpcjob.node.mount_filter import NO_ACCOUNT_YET
+    from hpcjob.plan import mount_step
+    from hpcjob.render import JobShape
+    from hpcjob.render.text import filter_install_command
+
+    backend, allowed, group = cluster.backend, request.allowed, request.group
+    nodes = request.nodes or tuple(n.name for n in backend.nodes(group) if n.usable)
+    if not nodes:
+        raise SpecError(f"no online, healthy node {f'in group {group}' if group else 'in the cluster'}")
+    shape = JobShape(nodes, group, None, None)
+    if install:
+        ok, said = backend.install_filter(filter_install_command([allowed]), shape, progress)
+        for line in said.splitlines():
+            progress(line)
+        if not ok:
+            raise HpcjobError(
+                "installing hpcjob's execution filter failed on some node (see above): it needs an HPC "
+                "administrator"
+            )
+    # The job's name is unique: a lost answer is recovered by looking the job up by name.
+    step = mount_step(allowed.unc, request.point, allowed.options, nodes)
+    results = backend.mount(new_run_id("mount"), step, shape, progress)
+    # A user's first job on a node makes their account there, after the filter ran: mount again there.
+    new = tuple(r.node for r in results if NO_ACCOUNT_YET in r.message)
+    if new:
+        progress(f"your account was made just now on {', '.join(new)}: mounting there again")
+        step = mount_step(allowed.unc, request.point, allowed.options, new)
+        again = backend.mount(new_run_id("mount"), step, JobShape(new, group), progress)
+        retried = {r.node.upper(): r for r in again}
+        results = [retried.get(r.node.upper(), r) for r in results]
+    return results

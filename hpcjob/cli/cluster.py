@@ -28,7 +28,6 @@ from hpcjob.runner import (
     StoppedWaiting,
     backend_for_run,
     new_run_id,
-    profile_mount_point,
     run_of,
     submit_and_follow,
 )
@@ -481,82 +480,32 @@ def mount(
     on, after a reboot too.
     """
     from hpcjob.config import get_profile
-    from hpcjob.node.mount_filter import NO_ACCOUNT_YET
-    from hpcjob.plan import AllowedShare, mount_step, user_mount_point
+    from hpcjob.plan import mount_step
     from hpcjob.render import JobShape, mount_check_job_xml
     from hpcjob.render.text import filter_install_command
-    from hpcjob.spec import (
-        FILTER_MOUNT_OPTIONS,
-        GROUP_NAME,
-        HpcjobError,
-        SpecError,
-        parse_node_names,
-        parse_share,
-    )
+    from hpcjob.runner import mount_request, mount_share
+    from hpcjob.spec import SpecError
 
-    profile = get_profile(cluster_name)
-    unc = share or profile.share
-    if unc is None:
-        raise SpecError(
-            "no share to mount: give --share //HEADNODE/CcpSpoolDir[/folder], or add it to cluster "
-            f"{profile.name}"
-        )
-    unc = parse_share(unc).unc
-    point = mount_point or profile_mount_point(profile)
-    options = FILTER_MOUNT_OPTIONS if mount_options is None else mount_options
-    root = point.rstrip("/").rpartition("/")[0] or "/"
-    if user_mount_point(root, profile.user) != point.rstrip("/"):
-        mine = user_mount_point("/app", profile.user)
-        raise SpecError(
-            f"the mount point {point} is not a folder of your own: hpcjob's execution filter mounts the "
-            f"share for {profile.user} at MOUNT ROOT/<user name>, such as {mine}"
-        )
-    allowed = AllowedShare.checked(unc, root, options)
-    group = node_group or profile.node_group
-    if group is not None and not GROUP_NAME.fullmatch(group):
-        raise SpecError(f"--node-group {group!r} is not a valid node group name")
-    nodes = parse_node_names(node_names) if node_names else ()
-    name = new_run_id("mount")  # unique: a lost answer is recovered by looking the job up by name
+    request = mount_request(
+        get_profile(cluster_name), share, mount_point, mount_options, node_group, node_names
+    )
     if dry_run:
+        nodes = request.nodes
         if not nodes:
             raise SpecError("--dry-run asks the cluster nothing: name the nodes with --node")
-        step = mount_step(unc, point, allowed.options, nodes)
+        step = mount_step(request.allowed.unc, request.point, request.allowed.options, nodes)
         if install:
             click.echo(f"# would run as root on {', '.join(nodes)} (clusrun /user:system or an admin job):")
-            click.echo(filter_install_command([allowed]))
-        job = mount_check_job_xml(name, step, JobShape(nodes, group))
+            click.echo(filter_install_command([request.allowed]))
+        job = mount_check_job_xml(new_run_id("mount"), step, JobShape(nodes, request.group))
         click.echo(f"# would submit, as you, the mount job:\n{job}")
         return
-    backend = ClusterAccess(cluster_name, backend_kind).backend
-    if not nodes:
-        nodes = tuple(n.name for n in backend.nodes(group) if n.usable)
-        if not nodes:
-            raise SpecError(f"no online, healthy node {f'in group {group}' if group else 'in the cluster'}")
-    shape = JobShape(nodes, group, None, None)
-    step = mount_step(unc, point, allowed.options, nodes)
-
-    def progress(line: str) -> None:
-        click.echo(line, err=True)
-
-    if install:
-        ok, said = backend.install_filter(filter_install_command([allowed]), shape, progress)
-        for line in said.splitlines():
-            progress(line)
-        if not ok:
-            raise HpcjobError(
-                "installing hpcjob's execution filter failed on some node (see above): it needs an HPC "
-                "administrator"
-            )
-    results = backend.mount(name, step, shape, progress)
-    # A user's first job on a node makes their account there, after the filter ran: mount again there.
-    new = tuple(r.node for r in results if NO_ACCOUNT_YET in r.message)
-    if new:
-        progress(f"your account was made just now on {', '.join(new)}: mounting there again")
-        again = backend.mount(
-            new_run_id("mount"), mount_step(unc, point, allowed.options, new), JobShape(new, group), progress
-        )
-        retried = {r.node.upper(): r for r in again}
-        results = [retried.get(r.node.upper(), r) for r in results]
+    results = mount_share(
+        ClusterAccess(cluster_name, backend_kind),
+        request,
+        install=install,
+        progress=lambda line: click.echo(line, err=True),
+    )
     if as_json:
         click.echo(json.dumps([{"node": r.node, "result": r.outcome, "message": r.message} for r in results]))
     else:
