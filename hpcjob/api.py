@@ -67,8 +67,9 @@ class Run:
         return cls(record, runner.recorded_plan(record.run_id))
 
     def status(self) -> JobInfo:
-        """The job's state and its tasks' as the scheduler (or this machine) sees them now."""
-        return runner.backend_for_run(self.record).status(self.record)
+        """The job's state and its tasks' as the scheduler (or this machine) sees them now (with the
+        GPUs' use where the logs are on this machine), as `hpcjob status` says it."""
+        return runner.run_status(self.record)[0]
 
     def wait(self, progress: Callable[[str], None] | None = None) -> JobSummary:
         """Follow the job to its end (each change of state to `progress`) and sum it up: the nodes' exit

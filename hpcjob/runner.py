@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hpcjob.backends import Backend
     from hpcjob.config import ClusterProfile
     from hpcjob.plan import AllowedShare, JobPlan
-    from hpcjob.results import JobSummary, MountResult, Submission
+    from hpcjob.results import JobInfo, JobSummary, MountResult, Submission
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
     from hpcjob.spec import JobSpec, Share
@@ -146,6 +146,27 @@ def backend_for_run(
             )
         return open_backend(record.backend, None, None)
     return ClusterAccess(cluster_name or record.cluster, backend_kind or record.backend).backend
+
+
+def run_status(
+    record: RunRecord, cluster_name: str | None = None, backend_kind: str | None = None
+) -> tuple[JobInfo, dict[str, Any] | None]:
+    """The run's job as its backend sees it now, learnt by this machine's history; where its logs are on
+    this machine (a local run, a mounted share), with the GPUs' use and, while it runs, its newest line
+    of metrics over time."""
+    from hpcjob.logs import RunLogs
+    from hpcjob.runs import record_state
+    from hpcjob.share import LocalFolder
+
+    info = backend_for_run(record, cluster_name, backend_kind).status(record)
+    if record.job_folder:  # a run of this machine's
+        record_state(record.run_id, info.state, info.exit_code() if info.ended else None)
+    if not record.local_root:
+        return info, None
+    run_logs = RunLogs(LocalFolder(Path(record.local_root)), record.log_folder, record.nodes)
+    info = replace(info, gpu_use=tuple(run_logs.gpu_use()))
+    steps = [line for line in run_logs.timeline() if line.get("event") == "step"]
+    return info, steps[-1] if steps and not info.ended else None
 
 
 def job_id_of(job: str) -> int | None:

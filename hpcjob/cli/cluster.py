@@ -276,22 +276,10 @@ def submit(
 def status(job: str, cluster_name: str | None, backend_kind: str | None, as_json: bool) -> None:
     """The state of JOB and of each of its tasks: an HPC Pack job id, or a run id (of a job submitted
     from this machine, or of a `run --local` in another shell)."""
+    from hpcjob.runner import run_status
+
     record = run_of(job, cluster_name, backend_kind)
-    info = backend_for_run(record, cluster_name, backend_kind).status(record)
-    if record.job_folder:  # a run of this machine's: its history learns the state
-        from hpcjob.runs import record_state
-
-        record_state(record.run_id, info.state, info.exit_code() if info.ended else None)
-    if record.local_root:  # the logs are on this machine (a local run, a mounted share): GPU use too
-        from hpcjob.logs import RunLogs
-        from hpcjob.share import LocalFolder
-
-        run_logs = RunLogs(LocalFolder(Path(record.local_root)), record.log_folder, record.nodes)
-        info = dataclasses.replace(info, gpu_use=tuple(run_logs.gpu_use()))
-        steps = [line for line in run_logs.timeline() if line.get("event") == "step"]
-        latest = steps[-1] if steps and not info.ended else None
-    else:
-        latest = None
+    info, latest = run_status(record, cluster_name, backend_kind)
     # A bare job id (not submitted from here) has no record: its name is hpcjob's run id.
     _print_status(info, record.run_id if record.job_folder else info.name, as_json, latest)
 
