@@ -69,6 +69,7 @@ class GpuSize:
     gen2_only: bool
     quota_family: str
     usd_per_hour: float
+    infiniband: str | None = None  # as Microsoft's size pages name it; None: they name none
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class SizeTable:
                 row["generation"] == "gen2",
                 str(row["quota_family"]),
                 float(row["usd_per_hour"]),
+                row.get("infiniband"),
             )
             for name, row in data["sizes"].items()
         }
@@ -341,6 +343,23 @@ def quota_problems(
                 "ask for more (Azure portal, Quotas) or choose fewer nodes"
             )
     return problems
+
+
+def fabric_warning(request: OnboardRequest, table: SizeTable) -> str | None:
+    """A multi-node cluster of a size without InfiniBand: its DDP all-reduce goes over TCP on Ethernet,
+    many times slower than over an ND size's InfiniBand (docs/facts/azure-gpu-fabric-and-nccl.md)."""
+    size = table.sizes[request.vm_size]
+    if request.nodes < 2 or size.infiniband is not None:
+        return None
+    fast = sorted(
+        name
+        for name, other in table.sizes.items()
+        if other.infiniband and "UNVERIFIED" not in other.infiniband
+    )
+    return (
+        f"{request.vm_size} has no InfiniBand: DDP across its {request.nodes} nodes goes over TCP on "
+        f"Ethernet, many times slower than on a size with it ({', '.join(fast)})"
+    )
 
 
 def hourly_cost(request: OnboardRequest, table: SizeTable) -> str:

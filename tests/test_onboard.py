@@ -20,7 +20,14 @@ import pytest
 
 from hpcjob.backends import open_backend
 from hpcjob.config import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, get_profile
-from hpcjob.onboard import TEMPLATE_COMMIT, TEMPLATE_URL, check_parameters
+from hpcjob.onboard import (
+    TEMPLATE_COMMIT,
+    TEMPLATE_URL,
+    OnboardRequest,
+    SizeTable,
+    check_parameters,
+    fabric_warning,
+)
 from hpcjob.spec import HpcjobError
 
 from .conftest import REFERENCE
@@ -124,6 +131,8 @@ def test_onboarding_deploys_the_pinned_template_and_writes_the_profile(
     assert deploy["stdin_parameters"] == ["adminPassword", "authenticationKey"]  # the secrets: stdin only
     # Each resource as it finished, then the profile.
     assert "Microsoft.Compute/virtualMachines IaaSLnxCN001: Succeeded" in done.stderr
+    # 2 nodes of a size without InfiniBand: said once, before anything is made.
+    assert done.stderr.count("hpcjob: warning: Standard_NC24ads_A100_v4 has no InfiniBand") == 1
     profile = tomllib.loads(Path(az_env["HPCJOB_CONFIG"]).read_text())["clusters"]["gpu1"]
     assert profile == {
         "url": "https://gpu1abc.eastus.cloudapp.azure.com",
@@ -487,3 +496,20 @@ def test_the_ports_the_readme_names_are_those_the_template_s_security_group_open
         (Path(__file__).resolve().parents[1] / "hpcjob" / "arm" / "README.md").read_text().split()
     )
     assert f"opens only {', '.join(map(str, opened[:-1]))} and {opened[-1]}" in readme
+
+
+def test_a_multi_node_cluster_of_a_size_without_infiniband_is_warned_of() -> None:
+    sizes = Path(__file__).resolve().parent.parent / "hpcjob" / "arm" / "sizes.json"
+    table = SizeTable.from_data(json.loads(sizes.read_text()))
+
+    def warned(size: str, nodes: int) -> str | None:
+        return fabric_warning(OnboardRequest("c", "rg", "eastus", size, nodes), table)
+
+    assert warned("Standard_NC24ads_A100_v4", 4) == (
+        "Standard_NC24ads_A100_v4 has no InfiniBand: DDP across its 4 nodes goes over TCP on Ethernet, many "
+        "times slower than on a size with it (Standard_ND40rs_v2, Standard_ND96amsr_A100_v4, "
+        "Standard_ND96asr_v4, Standard_ND96isr_H100_v5)"
+    )
+    assert warned("Standard_NC24ads_A100_v4", 1) is None  # one node: NVLink or PCIe, no network
+    assert warned("Standard_ND96isr_H100_v5", 16) is None
+    assert warned("Standard_NC24rs_v3", 2) is None  # an RDMA size, UNVERIFIED: not warned of

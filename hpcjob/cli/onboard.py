@@ -118,6 +118,7 @@ def cluster_onboard(
         check_parameters,
         check_request,
         check_secrets,
+        fabric_warning,
         hourly_cost,
         offered_family,
         quota_problems,
@@ -185,6 +186,9 @@ def cluster_onboard(
     parameters_file.write_text(_parameters_text(parameters), encoding="utf-8")
     click.echo(f"hpcjob: parameters (no secrets) in {parameters_file}", err=True)
     click.echo(f"hpcjob: {request.nodes} x {request.vm_size}: {hourly_cost(request, table)}", err=True)
+    slow = fabric_warning(request, table)
+    if slow is not None:
+        click.echo(f"hpcjob: warning: {slow}", err=True)
     if print_only:
         for argv in (commands.group, commands.deploy):
             click.echo(" ".join(argv))
