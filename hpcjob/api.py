@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,10 +87,20 @@ class Run:
         )  # fmt: skip
         return self.summary
 
-    def logs(self, follow: bool = False, poll_s: float = 1.0) -> Iterator[tuple[str, str, str]]:
-        """Each line the nodes wrote, as (node, "stdout" or "stderr", line): what is there now, or with
-        `follow`, new lines as they come until the job has ended."""
-        yield from runner.log_lines(self.record, follow=follow, poll_s=poll_s)
+    def logs(
+        self, follow: bool = False, poll_s: float = 1.0, node: str | None = None
+    ) -> Iterator[tuple[str, str, str]]:
+        """Each line the nodes wrote (`node`: that node's alone), as (node, "stdout" or "stderr", line):
+        what is there now, or with `follow`, new lines as they come until the job has ended. Where the
+        share cannot be reached, the scheduler's copy of each task's output (its first 1500 bytes; an
+        `HpcjobWarning` says why)."""
+        output = runner.RunOutput(self.record, only_node=node)
+        try:
+            if output.warning:
+                warnings.warn(output.warning, HpcjobWarning, stacklevel=2)
+            yield from output.lines(follow=follow, poll_s=poll_s)
+        finally:
+            output.close()
 
     def cancel(self, force: bool = False) -> str | None:
         """Cancel the job: None, or the state it had already ended in (or "Canceling")."""
@@ -180,17 +191,14 @@ def render_job(
     head node's submit script, "json": the plan, and with a `share` (a UNC), "clusrun": the mount step
     and submit commands}. Job options by their JobSpec names."""
     from hpcjob.plan import make_plan
-    from hpcjob.render import clusrun_text, job_xml, plan_json, powershell_text
     from hpcjob.spec import JobSpec, parse_share
 
     if isinstance(options.get("share"), str):
         options["share"] = parse_share(options["share"])
     spec = JobSpec(script=str(script), script_args=tuple(args), node_names=tuple(node_names), **options)
     plan = make_plan(spec, spec.node_names, run_id or runner.new_run_id(spec.name))
-    rendered = {"xml": job_xml(plan), "powershell": powershell_text(plan), "json": plan_json(plan)}
-    if plan.mount is not None:
-        rendered["clusrun"] = clusrun_text(plan)
-    return rendered
+    formats = [name for name in runner.RENDERERS if name != "clusrun" or plan.mount is not None]
+    return runner.rendered(plan, formats)
 
 
 __all__ = [

@@ -54,6 +54,7 @@ from hpcjob.spec import (
     SpecError,
     check_docker,
     check_env_place,
+    check_vm_size,
     parse_share,
 )
 
@@ -120,6 +121,11 @@ class ClusterProfile:
     # `docker run` options for this cluster's nodes (the InfiniBand devices, for one).
     docker_gpus: str | None = None
     docker_options: str | None = None
+    # The port the jobs' rendezvous listens on, on their first node (default 29400), for nodes whose
+    # firewall opens another.
+    rdzv_port: int | None = None
+    # The nodes' Azure VM size (onboarding writes it): jobs get the NCCL settings of its HPC image.
+    vm_size: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -197,8 +203,10 @@ class ClusterProfile:
             )
         if self.smb_server is not None and not _HOST.fullmatch(self.smb_server):
             raise SpecError(f"{where}: smb_server {self.smb_server!r} must be a host name or an address")
-        if not 1 <= self.smb_port <= 65535:
-            raise SpecError(f"{where}: smb_port {self.smb_port} must be between 1 and 65535")
+        for key in ("smb_port", "rdzv_port"):
+            port = getattr(self, key)
+            if port is not None and not 1 <= port <= 65535:
+                raise SpecError(f"{where}: {key} {port} must be between 1 and 65535")
         # The same rules as the job options', so that a profile never makes a job that fails later.
         if self.mount_point is not None and not PLAIN_PATH.fullmatch(self.mount_point):
             raise SpecError(
@@ -226,6 +234,7 @@ class ClusterProfile:
                 DEFAULT_DOCKER_GPUS if self.docker_gpus is None else self.docker_gpus,
                 self.docker_options or "",
             )
+            check_vm_size(self.vm_size)
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpcjob.results import NodeInfo, State
+from hpcjob.results import NodeInfo, State, find_metrics
+from hpcjob.spec import DEFAULT_COMMAND_LIMIT
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
+INFO = "info"  # a figure with no mark to judge it by
 PROBE_PREFIX = "HPCJOB_PROBE"
 # One Python run answers for the node, on its first line: its Python and platform, torch's version,
 # whether CUDA works and the GPUs it sees, and whether it can make a job's environment (venv with pip:
@@ -27,24 +29,35 @@ NODE_PROBE = (
 @dataclass(frozen=True)
 class Check:
     name: str
-    result: str  # PASS, FAIL or SKIP (could not run: `detail` says why)
+    result: str  # PASS, FAIL, SKIP (could not run: `detail` says why) or INFO (no mark to judge by)
     detail: str
     fix: str = ""
+    figures: tuple[dict[str, object], ...] = ()  # what was measured, each with its mark (--json)
 
     @property
     def failed(self) -> bool:
         return self.result == FAIL
 
 
-def probe_command(mount_point: str, python: str = "python3") -> str:
-    """One shell line for every node, short (a CommandLine may be limited to 480 characters): `HPCJOB_PROBE
-    key=value` lines (the scheduler keeps the first 1500 bytes of a task's output: these fit).
+# Where both HPC Pack Linux agents live. Only the C++ agent's package ships StartMpiContainer.sh there; the
+# .NET agent's is an ASP.NET publish (appsettings.json, UNVERIFIED) whose update removes the *.sh files
+# (docs/facts/hpcpack-agent-filters-and-cmdlets.md §11).
+AGENT_DIR = "/opt/hpcnodemanager"
+AGENT_MARKS = {"StartMpiContainer.sh": "c++", "appsettings.json": ".net"}
+
+
+def probe_command(mount_point: str, python: str = "python3", limit: int = DEFAULT_COMMAND_LIMIT) -> str:
+    """One shell line for every node, within the scheduler's CommandLine `limit`: `HPCJOB_PROBE key=value`
+    lines (the scheduler keeps the first 1500 bytes of a task's output: these fit). The agent's question
+    comes last, and only where the line has room for it (a long mount point leaves none).
     `mount_point` is a plain path (the spec's rules)."""
-    return (
-        f"P={PROBE_PREFIX}; echo $P gpus=$(nvidia-smi -L 2>&-|grep -c ^GPU); "
-        f'echo $P node=$({python} -c "{NODE_PROBE}" 2>&1|tr "\\n " ";,"); '
-        f"echo $P mounted=$(mountpoint -q {mount_point} && echo yes || echo no)"
+    command = (
+        f"P={PROBE_PREFIX};echo $P gpus=$(nvidia-smi -L 2>&-|grep -c ^GPU);"
+        f'echo $P node=$({python} -c "{NODE_PROBE}" 2>&1|tr "\\n " ";,");'
+        f"echo $P mounted=$(mountpoint -q {mount_point}&&echo yes||echo no)"
     )
+    agent = f";cd {AGENT_DIR}&&echo $P agent=$(ls {' '.join(AGENT_MARKS)} 2>&-)"
+    return command + agent if len(command + agent) <= limit else command
 
 
 def parse_probe(output: str) -> dict[str, str]:
@@ -148,6 +161,13 @@ class NodeProbe:
         return " ".join(lines[-1].split(",")) if len(lines) > 1 else "no answer"
 
     @property
+    def agent(self) -> str | None:
+        """The node's HPC Pack agent: "c++", ".net", or None (neither's mark found, not asked, or no
+        answer)."""
+        kinds = {AGENT_MARKS.get(name) for name in self.said.get("agent", "").split()}
+        return ".net" if ".net" in kinds else "c++" if "c++" in kinds else None
+
+    @property
     def fit(self) -> bool:
         """Where a job can run: torch there and the share mounted."""
         return self.torch is not None and self.said.get("mounted") == "yes"
@@ -168,6 +188,7 @@ def probe_checks(
         _mount_check(answered, mount_point, share),
         _torch_check(answered),
         _python_check(answered),
+        _agent_check(answered),
     ]
     silent = [probe.node for probe in probes if not probe.said]
     if silent:
@@ -261,6 +282,37 @@ def _python_check(probes: Sequence[NodeProbe]) -> Check:
             "install python3-venv on those nodes (Debian, Ubuntu), or run jobs with --no-env",
         )
     return Check("Python", PASS, f"{next(iter(kinds))} on {len(said)} node(s), venv for a job's environment")
+
+
+def _agent_check(probes: Sequence[NodeProbe]) -> Check:
+    """Which HPC Pack agent each node runs. hpcjob's mount step (and its remount at each task's start)
+    is the C++ agent's execution filter; the .NET agent runs no filter (its source: a TODO)."""
+    if not any("agent" in probe.said for probe in probes):
+        return Check("agent", SKIP, "not asked: the probe's command line had no room left for it")
+    dotnet = [probe for probe in probes if probe.agent == ".net"]
+    cpp = [probe.node for probe in probes if probe.agent == "c++"]
+    unknown = [probe.node for probe in probes if probe.agent is None]
+    known = "; ".join(
+        ([f"the C++ agent on {len(cpp)} node(s)"] if cpp else [])
+        + ([f"the .NET agent on {', '.join(p.node for p in dotnet)}"] if dotnet else [])
+        + ([f"neither agent's files in {AGENT_DIR} on {', '.join(unknown)}"] if unknown else [])
+    )
+    if not dotnet:
+        return Check("agent", PASS if cpp else SKIP, known)
+    if any(probe.said.get("mounted") != "yes" for probe in dotnet):
+        return Check(
+            "agent",
+            FAIL,
+            f"{known}: it runs no execution filter, so hpcjob's mount step cannot mount the share there",
+            "mount the share there another way (`hpcjob render --format clusrun` prints a mount step for an "
+            "administrator) and submit with --no-mount-step, or run the job in a container (--image)",
+        )
+    return Check(
+        "agent",
+        PASS,
+        f"{known}: the share is mounted, but the .NET agent runs no execution filter: submit with "
+        "--no-mount-step",
+    )
 
 
 def share_check(share: str | None, error: str | None) -> Check:
@@ -359,4 +411,48 @@ def container_check(
         "every node needs Docker, the image (or a registry it can pull from), and for GPUs the NVIDIA "
         'container toolkit (or docker_gpus = "nvidia-docker" in the profile where nodes have that '
         "command); the node agent must be the C++ one (the .NET agent runs no containers)",
+    )
+
+
+def node_allreduce_check(
+    answers: Sequence[tuple[str, str]], vm_size: str | None, mark_gbs: float | None
+) -> Check:
+    """Each node's all-reduce across its own GPUs (hpcjob/probes/allreduce.py under a single-node
+    torchrun, a task per node), against the mark Microsoft's health checks set for its size (`mark_gbs`;
+    None: the size has none, or the profile names no size: figures without a verdict)."""
+    name = "all-reduce per node"
+    measured: dict[str, float] = {}
+    failed: list[str] = []
+    for node, output in answers:
+        metrics = find_metrics(output.splitlines()) or {}
+        gbs = metrics.get("allreduce_bus_gbps")
+        if isinstance(gbs, int | float) and metrics.get("allreduce_correct") is True:
+            measured[node] = float(gbs)
+        else:
+            said = [line.strip() for line in output.splitlines() if line.strip()]
+            failed.append(f"{node}: {said[-1] if said else 'no output'}")
+    figures: tuple[dict[str, object], ...] = tuple(
+        {"node": node, "bus_gbs": gbs, "mark_gbs": mark_gbs} for node, gbs in measured.items()
+    )
+    shown = ", ".join(f"{node} {gbs:.4g}" for node, gbs in measured.items())
+    if failed:
+        fix = "see the node's GPUs and torch above; rerun with NCCL_DEBUG=INFO in the environment"
+        return Check(name, FAIL, "; ".join(failed), fix, figures)
+    if mark_gbs is None:
+        why = f"no published mark for {vm_size}" if vm_size else "the profile names no vm_size"
+        return Check(name, INFO, f"bus GB/s: {shown} ({why}: no verdict)", "", figures)
+    slow = {node: gbs for node, gbs in measured.items() if gbs < mark_gbs}
+    if slow:
+        return Check(
+            name,
+            FAIL,
+            f"below the mark of {mark_gbs:g} GB/s for {vm_size}: "
+            + ", ".join(f"{node} {gbs:.4g} GB/s" for node, gbs in slow.items()),
+            "a slow node: check its NVLink (`nvidia-smi nvlink --status`), its topology (`nvidia-smi "
+            "topo -m`) and Fabric Manager, run Microsoft's health checks on it "
+            "(Azure/azurehpc-health-checks), or leave it out of jobs (--exclude-node)",
+            figures,
+        )
+    return Check(
+        name, PASS, f"bus GB/s: {shown}, each at least the mark of {mark_gbs:g} for {vm_size}", "", figures
     )

@@ -66,9 +66,18 @@ class Tail:
 
 
 def node_tails(folder: ShareFolder, log_folder: str, node: str) -> list[Tail]:
-    """A node's stdout and stderr; `log_folder` is relative to `folder` ("" for the folder itself)."""
+    """A node's stdout and stderr, each line prefixed as `output_line` says; `log_folder` is relative to
+    `folder` ("" for the folder itself)."""
     base = f"{log_folder}/{node}" if log_folder else node
-    return [Tail(folder, f"{base}.out", f"[{node}] "), Tail(folder, f"{base}.err", f"[{node} err] ")]
+    return [
+        Tail(folder, f"{base}.out", output_line(node, "stdout", "")),
+        Tail(folder, f"{base}.err", output_line(node, "stderr", "")),
+    ]
+
+
+def output_line(node: str, stream: str, line: str) -> str:
+    """A node's line as hpcjob shows it: `[NODE] line`, `[NODE err] line` from its stderr."""
+    return f"[{node}{' err' if stream == 'stderr' else ''}] {line}"
 
 
 class RunLogs:
@@ -78,7 +87,11 @@ class RunLogs:
         self.folder = folder
         self.log_folder = log_folder
         self.nodes = list(nodes) or self._nodes_found()
-        self.tails = [tail for node in self.nodes for tail in node_tails(folder, log_folder, node)]
+        self._streams = [
+            (node, stream, Tail(folder, _join(log_folder, f"{node}.{ending}"), ""))
+            for node in self.nodes
+            for stream, ending in (("stdout", "out"), ("stderr", "err"))
+        ]
 
     def _nodes_found(self) -> list[str]:
         try:
@@ -87,8 +100,9 @@ class RunLogs:
             return []
         return sorted({n.rsplit(".", 1)[0] for n in names if n.endswith((".out", ".err"))})
 
-    def read(self, final: bool = False) -> list[str]:
-        return [line for tail in self.tails for line in tail.read(final)]
+    def lines(self, final: bool = False) -> list[tuple[str, str, str]]:
+        """The lines written since the last look, as (node, "stdout" or "stderr", line), node by node."""
+        return [(node, stream, line) for node, stream, tail in self._streams for line in tail.read(final)]
 
     def ended(self) -> int | None:
         """The run's exit code once it has ended, else None.

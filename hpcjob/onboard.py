@@ -70,6 +70,9 @@ class GpuSize:
     quota_family: str
     usd_per_hour: float
     infiniband: str | None = None  # as Microsoft's size pages name it; None: they name none
+    # The health checks' pass mark for an all-reduce on one VM's GPUs: bus GB/s at a message of MiB.
+    allreduce_gbs: float | None = None
+    allreduce_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class SizeTable:
                 str(row["quota_family"]),
                 float(row["usd_per_hour"]),
                 row.get("infiniband"),
+                row.get("allreduce_gbs"),
+                row.get("allreduce_mb"),
             )
             for name, row in data["sizes"].items()
         }

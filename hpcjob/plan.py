@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from hpcjob.fabric import TOPOLOGY_FOLDER, nccl_env
 from hpcjob.node import mount_filter
 from hpcjob.spec import PLAIN_PATH, JobSpec, SpecError, check_run_id, parse_node_names
 from hpcjob.torchrun import NODE_DIR, TorchrunCommand, bash_join, bash_quote, command_line
@@ -94,6 +95,8 @@ def docker_env(spec: JobSpec, root: str) -> tuple[tuple[str, str], ...]:
     volumes = [f"{root}:{root}", *CONTAINER_USERS, "/home:/home"]
     if spec.requirements is not None and spec.env_on == "node-local" and spec.node_env_dir.startswith("/"):
         volumes.append(f"{spec.node_env_dir}:{spec.node_env_dir}")
+    if nccl_env(spec.vm_size):  # the size's topology files, which its NCCL settings name
+        volumes.append(f"{TOPOLOGY_FOLDER}:{TOPOLOGY_FOLDER}:ro")
     env = [
         (DOCKER_IMAGE_VAR, spec.image),
         (DOCKER_OPTIONS_VAR, options),
@@ -269,7 +272,8 @@ def make_plan(
         for node in nodes
     )
     mount = None
-    env = spec.env
+    given = {name for name, _ in spec.env}  # the job's own --env wins over the size's settings
+    env = (*((name, value) for name, value in nccl_env(spec.vm_size) if name not in given), *spec.env)
     files: tuple[tuple[str, str], ...] = ()
     if spec.requirements is not None:
         text = spec.requirements

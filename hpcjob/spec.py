@@ -265,6 +265,9 @@ class JobSpec:
     image: str | None = None
     docker_gpus: str = DEFAULT_DOCKER_GPUS
     docker_options: str = ""
+    # The nodes' Azure VM size: the job gets the NCCL settings Azure's HPC images use for it
+    # (hpcjob.fabric), unless its --env names them.
+    vm_size: str | None = None
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem
@@ -367,6 +370,7 @@ class JobSpec:
                 )
         check_env_place(self.env_on, self.node_env_dir)
         check_docker(self.image, self.docker_gpus, self.docker_options)
+        check_vm_size(self.vm_size)
 
     def _validate_env(self) -> None:
         total = 0
@@ -416,6 +420,14 @@ def check_env_place(env_on: str, node_env_dir: str) -> None:
         raise SpecError(
             f"node_env_dir {node_env_dir!r} is a system folder: give one of its own, such as /scratch/envs"
         )
+
+
+VM_SIZE = re.compile(r"Standard_[A-Za-z0-9_]{1,60}", re.IGNORECASE)
+
+
+def check_vm_size(vm_size: str | None) -> None:
+    if vm_size is not None and not VM_SIZE.fullmatch(vm_size):
+        raise SpecError(f"--vm-size {vm_size!r} must be an Azure VM size such as Standard_ND96isr_H100_v5")
 
 
 def check_docker(image: str | None, docker_gpus: str, docker_options: str) -> None:

@@ -30,6 +30,12 @@ IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 FAKE_DOCKER = Path(__file__).resolve().parent / "fake_docker.py"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow end-to-end tests first: the workers start the longest ones at once and fill the rest in
+    around them, instead of one worker finishing alone on a long test at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def private_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs recorded, local shares and the nodes' environments (~/.cache/hpcjob/envs) made by tests stay

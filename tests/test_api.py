@@ -34,10 +34,13 @@ def test_a_local_run_from_python_submits_waits_reads_its_logs_and_is_found_again
         0,
         ["Finished"] * 2,
     )
-    assert run.summary is summary and f"job {run.run_id}: Finished" in said
+    assert run.summary is summary and "LOCAL2: Finished (exit code 0)" in said  # the job's own progress
     lines = list(run.logs())
     assert ("LOCAL1", "stdout", "rank of 1 LOCAL1 2") in lines and ("LOCAL2", "stderr", "to stderr") in lines
     assert [node for node, _, _ in lines] == sorted(node for node, _, _ in lines)  # node order
+    assert {node for node, _, _ in run.logs(node="local2")} == {"LOCAL2"}
+    with pytest.raises(hpcjob.SpecError, match=r"has no node 'LOCAL3'; its nodes: LOCAL1, LOCAL2$"):
+        list(run.logs(node="LOCAL3"))
     found = hpcjob.Run.find(run.run_id)
     assert found.status().state == "Finished" and found.plan == run.plan
     assert hpcjob.list_runs(last=1)[0].record.run_id == run.run_id

@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ from hpcjob.config import (
 )
 from hpcjob.emulator.tls import make_certificate
 from hpcjob.spec import HpcjobError, SpecError
+
+from .conftest import Result, empty_script
 
 
 @pytest.fixture(autouse=True)
@@ -178,6 +181,7 @@ BASE = {"url": '"https://head"', "user": '"alice"'}
         ("smb_port = true", "smb_port must be an integer, not a boolean"),
         ("smb_port = 70000", "smb_port 70000 must be between 1 and 65535"),
         ("smb_port = 0", "smb_port 0 must be between 1 and 65535"),
+        ("rdzv_port = 65536", "rdzv_port 65536 must be between 1 and 65535"),
         ("share = ['//HEAD/CcpSpoolDir']", "share must be a string, not an array"),
         ("node_group = 1979-05-27", "node_group must be a string, not a date or time"),
         ('ca_bundle = "/nonexistent/ca.pem"', "ca_bundle '/nonexistent/ca.pem': no such file"),
@@ -375,3 +379,14 @@ def test_either_backend_pins_a_sha1_thumbprint_or_a_sha256_fingerprint(
         f'cert_fingerprint = "{fingerprint}"\n'
     )
     assert get_profile("p").cert_fingerprint == fingerprint
+
+
+def test_a_profile_s_rendezvous_port_is_its_jobs_unless_the_job_names_one(
+    cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> None:
+    hpcjob = cli_with_profile("pw", url="https://head", user="alice", rdzv_port=29555)
+    script = empty_script(tmp_path)
+    shown = hpcjob("submit", "--dry-run", "--node", "N1", "--node", "N2", str(script))
+    assert shown.code == 0 and "--rdzv_endpoint=N1:29555 " in shown.out, shown.err
+    given = hpcjob("submit", "--dry-run", "--node", "N1", "--rdzv-port", "29600", str(script))
+    assert given.code == 0 and "--rdzv_endpoint=N1:29600 " in given.out, given.err

@@ -4,8 +4,10 @@ node that runs it; the probe job, the scheduler and the checks are the real ones
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -13,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from hpcjob.backends.local import free_port
 from hpcjob.emulator import HeadNode
 
 from .conftest import IMAGE, Result
 
+pytestmark = pytest.mark.slow  # real torchrun jobs through the emulator
 PASSWORD = "Doctor-pw-1"
 NODE = 'node=$(basename "$HPCJOB_NODE_ROOT")\n'
 STAND_INS = {
@@ -24,6 +28,13 @@ STAND_INS = {
     'echo "GPU 1: NVIDIA H100 (UUID: GPU-2)"\n',
     # The probe's `python3 -c ...` answers for the node; the all-reduce job's torchrun is the real one.
     "python3": NODE
+    # The all-reduce across one node's GPUs (`--standalone`): the real one where $REAL_GPUS says, else its
+    # answer at once, slow on $SLOW_GPUS (each real one imports torch in three processes per node).
+    + 'if [ "$2" = torch.distributed.run ] && [ "$3" = --standalone ]; then case "$node" in $REAL_GPUS) ;;\n'
+    + '  $SLOW_GPUS) echo \'HPCJOB_METRICS {"allreduce_bus_gbps": 0.0005, "allreduce_correct": true}\'\n'
+    + "    exit;;\n"
+    + '  *) echo \'HPCJOB_METRICS {"allreduce_bus_gbps": 2.5, "allreduce_correct": true}\'; exit;; esac\n'
+    + "fi\n"
     + 'if [ "$1" != -c ]; then exec "'
     + sys.executable
     + '" "$@"; fi\n'
@@ -58,6 +69,8 @@ def stand_in_head(tmp_path: Path, more_env: dict[str, str]) -> Iterator[HeadNode
         "UNMOUNTED": "-",
         "OLD_PYTHON": "-",
         "NO_VENV": "-",
+        "SLOW_GPUS": "-",
+        "REAL_GPUS": "-",
     }
     with HeadNode(users={"alice": PASSWORD}, env=env) as started:
         yield started
@@ -76,6 +89,9 @@ def profile(head: HeadNode, backend: str, tmp_path: Path, **changes: object) -> 
         "mount_point": str(tmp_path / "share"),  # the emulated nodes are this machine: the same folder
         "node_group": "GPUNodes",
         "gpus_per_node": 2,
+        # The emulated nodes are this machine: the doctor's all-reduce must not take a port another
+        # test's may hold (the profile's port, as for nodes whose firewall opens another).
+        "rdzv_port": free_port(),
         **changes,
     }
 
@@ -84,23 +100,28 @@ def checks(result: Result) -> dict[str, tuple[str, str]]:
     return {c["check"]: (c["result"], c["detail"]) for c in json.loads(result.out)["checks"]}
 
 
-@pytest.mark.parametrize("backend", ["rest", "winrm"])
 def test_a_healthy_cluster_passes_every_check(
-    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path, backend: str
+    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
 ) -> None:
-    hpcjob = cli_with_profile(PASSWORD, **profile(head, backend, tmp_path))
+    """Over WinRM (the other tests here go over REST), each node's all-reduce the real one."""
+    hpcjob = cli_with_profile(PASSWORD, **profile(head, "winrm", tmp_path))
+    head.cluster.base_env["REAL_GPUS"] = "*"
     done = hpcjob("doctor", "--json")
     assert done.code == 0, done.out + done.err
     found = checks(done)
     assert list(found) == [
-        *("head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "Python", "all-reduce"),
-        "share",
+        *("head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "Python", "agent"),
+        *("all-reduce", "all-reduce per node", "share"),
     ]
+    # The mount point here is long (tmp_path): no room for the agent (tests/test_doctor_checks.py).
+    assert found.pop("agent") == ("skip", "not asked: the probe's command line had no room left for it")
+    result, detail = found.pop("all-reduce per node")  # gloo across each node's 2 processes, no size
+    assert result == "info" and detail.endswith("(the profile names no vm_size: no verdict)"), detail
     assert {result for result, _ in found.values()} == {"pass"}
     assert found["GPUs"][1].startswith("2 per node (3 node(s)")
     assert found["torch"][1] == "2.14.1 on 3 node(s), CUDA works"
     assert found["Python"][1] == "3.10.12 x86_64 on 3 node(s), venv for a job's environment"
-    assert ("HPC Pack 6." in found["head node"][1]) == (backend == "rest")  # WinRM: not asked
+    assert "HPC Pack version not known over this backend" in found["head node"][1]
     assert (tmp_path / "share" / ".hpcjob-doctor").is_file()  # written from here
     text = hpcjob("doctor")
     assert text.code == 0 and text.out.splitlines()[-1] == "all 9 checks passed"
@@ -120,17 +141,17 @@ def test_each_failure_is_named_with_its_fix_and_the_exit_is_1(
     closed.close()
     assert done.code == 1, done.err
     lines = done.out.splitlines()
-    text = "\n".join(lines)
+    text = re.sub(" {2,}", "  ", "\n".join(lines))  # the columns' width aside
     assert "FAIL  nodes" in text and "NODE003 (Offline, OK)" in text
     assert "Set-HpcNodeState -Name NODE003 -State online" in text
-    assert "FAIL  torch          NODE002: ModuleNotFoundError: No module named 'torch'" in text
+    assert "FAIL  torch  NODE002: ModuleNotFoundError: No module named 'torch'" in text
     assert (
         f"FAIL  share mounted  //HEADNODE/CcpSpoolDir/app is not mounted at {tmp_path}/share on LOCALHOST"
         in text
     )
     assert "FAIL  share  " in text and "port 445" in text
     assert "PASS  GPUs" in text  # the two usable nodes
-    assert "SKIP  all-reduce     cannot run: it needs two nodes that passed the checks above" in text
+    assert "SKIP  all-reduce  cannot run: it needs two nodes that passed the checks above" in text
     assert lines[-1] == "4 of 8 checks failed"
 
 
@@ -149,25 +170,34 @@ def test_refused_credentials_fail_and_the_rest_cannot_run(
     assert "wrong" not in done.out + done.err
 
 
-def test_a_node_without_its_gpus_fails_against_the_profile(
-    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+def test_a_node_without_its_gpus_with_slow_ones_or_another_python_is_named(
+    head: HeadNode,
+    cli_with_profile: Callable[..., Callable[..., Result]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path))
-    head.cluster.base_env["NO_GPU"] = "NODE003"
-    found = checks(hpcjob("doctor", "--json"))
+    """Over REST: NODE003 has no GPUs and another Python; NODE002's all-reduce across its GPUs is below its
+    size's mark (the stand-ins' figures scaled down: 0.001 GB/s for the health checks' 228)."""
+    from hpcjob import runner
+
+    table = runner.size_table()
+    size = dataclasses.replace(table.sizes["Standard_ND96asr_v4"], allreduce_gbs=0.001)
+    monkeypatch.setattr(runner, "size_table", lambda: dataclasses.replace(table, sizes={size.name: size}))
+    hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path, vm_size=size.name))
+    head.cluster.base_env.update(NO_GPU="NODE003", SLOW_GPUS="NODE002", OLD_PYTHON="NODE003")
+    done = hpcjob("doctor", "--json")
+    found = checks(done)
+    assert "HPC Pack 6." in found["head node"][1]  # asked over REST (WinRM: not asked)
     assert found["GPUs"] == ("fail", "NODE003: 0 (the profile says 2)")
-
-
-def test_nodes_with_another_python_or_no_venv_fail_the_python_check(
-    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
-) -> None:
-    hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path))
-    head.cluster.base_env["OLD_PYTHON"] = "NODE003"
-    found = checks(hpcjob("doctor", "--json"))
     assert found["Python"] == ("fail", "3.10.12 x86_64 on LOCALHOST, NODE002; 3.8.10 x86_64 on NODE003")
-    head.cluster.base_env.update(OLD_PYTHON="-", NO_VENV="NODE002")
-    found = checks(hpcjob("doctor", "--json"))
-    assert found["Python"] == ("fail", "no venv on NODE002: a job with a requirements file fails there")
+    assert found["all-reduce per node"] == (
+        "fail",
+        "below the mark of 0.001 GB/s for Standard_ND96asr_v4: NODE002 0.0005 GB/s",
+    )
+    [row] = [row for row in json.loads(done.out)["checks"] if row["check"] == "all-reduce per node"]
+    figures = {figure["node"]: figure for figure in row["figures"]}
+    assert set(figures) == {"LOCALHOST", "NODE002", "NODE003"} and figures["NODE002"]["bus_gbs"] == 0.0005
+    assert {figure["mark_gbs"] for figure in figures.values()} == {0.001}
 
 
 def test_doctor_builds_the_job_s_environment_and_runs_the_all_reduce_in_it(

@@ -102,6 +102,7 @@ def run_builder(job_dir: Path, envs: Path, text: str, node: str = "N1", **env: s
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # a task's processes, as one group
     )
 
 
@@ -119,7 +120,9 @@ def test_a_killed_build_is_never_complete_and_the_next_task_builds_it_again(
     assert first.stderr is not None
     line = first.stderr.readline()
     assert "hpcjob: building environment" in line
-    first.kill()  # SIGKILL mid-build: nothing runs on the way out, the lock stays behind
+    # SIGKILL to the task's every process mid-build, as the agent ends a task: nothing runs on the way
+    # out, the lock stays behind (pip alone left running would go on writing into the dead build).
+    os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     owner = envs / next(p.name for p in envs.iterdir())
     assert not list(owner.glob("*.ready")) and list(owner.glob("*.lock"))

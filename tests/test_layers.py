@@ -11,9 +11,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hpcjob"
 # The pure core: what the user asks for, turned into the job. No I/O: nothing that reaches a disk, a
 # process or a network is imported there (jinja2 and importlib: the render's templates, package data).
 CORE = {"hpcjob.spec", "hpcjob.plan", "hpcjob.torchrun", "hpcjob.render", "hpcjob.render.job_xml",
-        "hpcjob.render.text", "hpcjob.results"}  # fmt: skip
+        "hpcjob.render.text", "hpcjob.results", "hpcjob.fabric"}  # fmt: skip
 CORE_MAY_IMPORT = {
-    *("__future__", "collections", "dataclasses", "pathlib", "re", "hashlib", "typing", "shlex"),
+    *("__future__", "collections", "dataclasses", "pathlib", "re", "hashlib", "typing", "shlex", "fnmatch"),
     *("xml", "base64", "functools", "gzip", "json", "enum", "signal", "jinja2", "importlib"),
     "hpcjob.node.mount_filter",  # the node-side filter's request format: its constants, run nowhere
 }
@@ -96,6 +96,13 @@ def test_a_command_module_reaches_no_other_command_module() -> None:
     commands = {name for name in GRAPH if name.startswith("hpcjob.cli.")} - shared
     crossing = {name: sorted((GRAPH[name] & commands) - {name}) for name in commands}
     assert {name: found for name, found in crossing.items() if found} == {}
+
+
+def test_the_command_line_reaches_the_backends_through_the_runner_alone() -> None:
+    """`run --local` and `submit --wait` take the same path: no command opens a backend of its own."""
+    cli = {name for name in GRAPH if name.startswith("hpcjob.cli")}
+    found = {name: sorted(t for t in GRAPH[name] if t.startswith("hpcjob.backends")) for name in cli}
+    assert {name: targets for name, targets in found.items() if targets} == {}
 
 
 def test_the_python_api_reaches_the_work_through_the_runner_alone() -> None:

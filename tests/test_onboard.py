@@ -144,6 +144,7 @@ def test_onboarding_deploys_the_pinned_template_and_writes_the_profile(
         "node_group": "LinuxNodes",
         "gpus_per_node": 1,
         "resource_group": "rg-gpu1",
+        "vm_size": "Standard_NC24ads_A100_v4",
     } | {k: v for k, v in profile.items() if k in ("backend", "insecure", "smb_port")}
     assert not list(Path(az_env["HPCJOB_CONFIG"]).parent.glob("*.pem"))  # no certificate file to leave
     # The parameters file: no secret, and the template accepts it (the fake az checked it too).
@@ -431,9 +432,9 @@ def test_delete_removes_the_resource_group_and_the_profile(
 
 
 def test_the_cli_names_the_secret_variables_that_the_tasks_never_see() -> None:
-    from hpcjob.cli import onboard as cli_onboard
+    from hpcjob.runner import onboard as steps
 
-    assert (cli_onboard.PASSWORD_ENV, cli_onboard.KEY_ENV) == (ADMIN_PASSWORD_ENV, AUTH_KEY_ENV)
+    assert (steps.PASSWORD_ENV, steps.KEY_ENV) == (ADMIN_PASSWORD_ENV, AUTH_KEY_ENV)
 
 
 def _template() -> dict[str, object]:

@@ -37,7 +37,8 @@ import hashlib, json, sys
 from pathlib import Path
 
 import hpcjob
-from hpcjob.cli import doctor, onboard
+from hpcjob import runner
+from hpcjob.runner import doctor, onboard
 from hpcjob.onboard import OnboardRequest, template_parameters
 from hpcjob.plan import AllowedShare
 from hpcjob.render.text import filter_install_command, templates
@@ -46,7 +47,7 @@ from hpcjob.staging import node_files
 
 home = Path(hpcjob.__file__).resolve().parent
 assert home.is_relative_to(Path(sys.argv[1]).resolve()), f"hpcjob imported from {home}"
-table = onboard._size_table()
+table = runner.size_table()
 request = OnboardRequest(
     name="gpu1", resource_group="rg-gpu1", location="eastus", vm_size="Standard_NC24ads_A100_v4", nodes=2,
     admin_user="hpcadmin", image="Ubuntu_22.04_HPC_Gen2", node_prefix="IaaSLnxCN", head_node_size=None,
@@ -54,7 +55,7 @@ request = OnboardRequest(
 probe = Path(doctor.__file__).resolve().parents[1] / "probes" / "allreduce.py"  # as `doctor` names it
 json.dump({
     "sizes": sorted(table.sizes),
-    "parameters": onboard._parameters_text(template_parameters(request, table)),
+    "parameters": onboard.parameters_text(template_parameters(request, table)),
     "filter": filter_install_command([AllowedShare("//HEAD/CcpSpoolDir", "/app", "vers=3.0")]),
     "node_files": {str(p): hashlib.sha256(b).hexdigest() for p, b in node_files()},
     "templates": {t: templates().get_template(t).filename is not None for t in templates().list_templates()},

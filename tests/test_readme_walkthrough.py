@@ -11,7 +11,7 @@ import pytest
 
 from .conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # its jobs, the only ones of the tests on the default rendezvous port
 HEADING = "### Try the whole REST and WinRM paths on this machine"
 
 

@@ -26,7 +26,7 @@ from hpcjob.plan import make_plan
 from hpcjob.render import job_xml
 from hpcjob.spec import JobSpec
 
-from .conftest import REPO
+from .conftest import REPO, empty_script, stand_in_python
 from .testbed import SmbServer, require_testbed
 
 pytestmark = pytest.mark.slow
@@ -176,14 +176,14 @@ def test_the_same_job_over_winrm_trains_mounts_and_logs(cluster: Cluster) -> Non
     assert "Finished, exit code 0" in shown.stdout.splitlines()[0]
 
 
-@pytest.mark.parametrize("backend", ["rest", "winrm"])
-def test_an_elastic_job_goes_on_when_a_node_becomes_unreachable(cluster: Cluster, backend: str) -> None:
-    """`--min-nodes 2` of 3 through either front door: mid-epoch 2 the head node loses NODE003 (health
-    Error: its task is killed and fails); the other two re-form and finish from epoch 1's checkpoint,
-    and the summary says so, although the scheduler saw a task fail (FailOnTaskFailure is off)."""
-    run_id = f"elastic-{backend}"
+def test_an_elastic_job_goes_on_when_a_node_becomes_unreachable(cluster: Cluster) -> None:
+    """`--min-nodes 2` of 3: mid-epoch 2 the head node loses NODE003 (health Error: its task is killed and
+    fails); the other two re-form and finish from epoch 1's checkpoint, and the summary says so, although
+    the scheduler saw a task fail (FailOnTaskFailure is off). Over REST: the WinRM front door takes the
+    same job file (`test_an_elastic_job_file_reaches_the_scheduler_through_winrm_as_written`)."""
+    run_id = "elastic-rest"
     job = subprocess.Popen(
-        [sys.executable, "-m", "hpcjob.cli", "submit", "--backend", backend, "--wait", "--json", "-n", "3",
+        [sys.executable, "-m", "hpcjob.cli", "submit", "--backend", "rest", "--wait", "--json", "-n", "3",
          "--min-nodes", "2", "--max-restarts", "2", "--rdzv-last-call", "2", "--run-id", run_id,
          "--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo",
          str(TRAIN), "--epochs", "4", "--train-samples", "1200", "--batch-size", "40", "--step-sleep", "0.05",
@@ -207,6 +207,24 @@ def test_an_elastic_job_goes_on_when_a_node_becomes_unreachable(cluster: Cluster
     ), event
     assert summary["metrics"]["epochs_completed"] == 4 and summary["metrics"]["resumed_from_epoch"] == 1
     cluster.head.set_node("NODE003", health="OK")
+
+
+def test_an_elastic_job_file_reaches_the_scheduler_through_winrm_as_written(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """WinRM submits the job file (`job submit /jobfile:`): the scheduler gets an elastic job as one, with
+    FailOnTaskFailure off and a task per node (the job's run itself: the REST test above)."""
+    python = stand_in_python(tmp_path, "exit 0")
+    result = cluster.hpcjob(
+        "submit", "--backend", "winrm", "--json", "--no-mount-step", "-n", "3", "--min-nodes", "2",
+        "--max-restarts", "1", "--python", str(python), str(empty_script(tmp_path)),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    job_id = int(json.loads(result.stdout)["job_id"])
+    with cluster.head.cluster.lock:
+        job = cluster.head.cluster.job(job_id)
+        assert not job.flag("FailOnTaskFailure") and len(job.tasks) == 3
+    assert cluster.head.wait_job(job_id) == "Finished"
 
 
 FAILING = """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,11 +35,14 @@ print(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).recv(
 def mounts() -> set[str]:
     """Mount points of the root mount namespace, but /run/netns that `ip netns` keeps for itself."""
     lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    return {line.split()[4] for line in lines} - {"/run/netns"}
+    others = ("/run/netns/hpcjt-", f"/run/netns/hpcjt-{os.getpid()}-")  # another test worker's beds
+    points = {line.split()[4] for line in lines} - {"/run/netns"}
+    return {p for p in points if not (p.startswith(others[0]) and not p.startswith(others[1]))}
 
 
 def temp_dirs() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob("hpcjt-*"))
+    """This process's test beds' folders (another test worker's come and go meanwhile)."""
+    return set(Path(tempfile.gettempdir()).glob(f"hpcjt-{os.getpid()}-*"))
 
 
 def test_each_host_has_its_own_name_address_and_default_route(testbed: TestBed) -> None:

@@ -19,14 +19,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
-from hpcjob.backends.scheduler import PollPolicy, follow_job
 from hpcjob.gpus import share_gpus, visible_gpus
 from hpcjob.logs import SUMMARY_FILE, RunLogs, Tail, node_tails, read_root_cause
 from hpcjob.plan import (
@@ -118,16 +118,24 @@ class LocalBackend:
         hidden_env: Collection[str] = (),
         share_root: Path | None = None,
         gpu_devices: Sequence[str | None] = (),
+        echo_output: bool = False,
+        attached: bool = False,
     ) -> None:
         """`hidden_env`: variables of this environment the tasks must not see (passwords).
         `share_root`: the local folder that stands in for the share [default: one per project].
-        `gpu_devices`: each node's CUDA_VISIBLE_DEVICES (hpcjob.gpus; `plan` sets them)."""
+        `gpu_devices`: each node's CUDA_VISIBLE_DEVICES (hpcjob.gpus; `plan` sets them).
+        `echo_output`: a submitted job's progress has its nodes' output too.
+        `attached`: a submitted job is canceled when this process ends, however it ends (`run --local`)."""
         self.grace_period_s = grace_period_s
         self.poll_interval_s = poll_interval_s
         self.hidden_env = frozenset(hidden_env)
         self.share_root = share_root
         self.gpu_devices = tuple(gpu_devices)
         self.gpu_note: str | None = None
+        self.echo_output = echo_output
+        self.attached = attached
+        self._progress_tails: dict[str, Tail] = {}  # each followed run's progress, read so far
+        self._lifelines: list[IO[bytes]] = []  # attached jobs: their end of the pipe closes with us
 
     # -- the Backend interface -------------------------------------------------------------------
 
@@ -159,16 +167,26 @@ class LocalBackend:
     def submit(
         self, plan: JobPlan, *, mount: bool, progress: Printer, record: Callable[[Submission], None]
     ) -> str:
-        """Start the job in a process of its own (its output in the log folder, hpcjob.log); the run
+        """Start the job in a process of its own (its progress in the log folder, hpcjob.log); the run
         id is its job id. Nothing to mount: the share is a local folder."""
         from hpcjob.render import plan_json
 
+        gpus = [d for d in self.gpu_devices if d]
+        progress(
+            f"job {plan.name}: {len(plan.nodes)} node(s) x {plan.nproc_per_node} process(es), "
+            + (f"GPUs {' | '.join(gpus)}, " if gpus else "")
+            + f"rendezvous {plan.rdzv_endpoint}, folder {plan.job_dir}"
+        )
+        if self.gpu_note:
+            progress(self.gpu_note)
         log_dir = Path(plan.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         request = {
             "plan": json.loads(plan_json(plan)),
             "grace_period_s": self.grace_period_s,
             "gpu_devices": list(self.gpu_devices),
+            "echo_output": self.echo_output,
+            "attached": self.attached,
         }
         # The job's process holds the stopping signals until its run has begun (a cancel that comes
         # while it starts up then still stops the nodes and writes the summary).
@@ -181,16 +199,25 @@ class LocalBackend:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env={k: v for k, v in os.environ.items() if k not in self.hidden_env},
-                    start_new_session=True,  # not stopped by this terminal's Ctrl-C or hang-up
+                    start_new_session=True,  # stopped by its starter or by cancel, not by a terminal
                 )
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
         assert runner.stdin is not None
-        runner.stdin.write(json.dumps(request).encode())
-        runner.stdin.close()
+        runner.stdin.write(json.dumps(request).encode() + b"\n")
+        runner.stdin.flush()
+        if self.attached:
+            # Never written again, never closed by us: the kernel closes it when this process ends,
+            # even by SIGKILL, and the job's process then cancels the job.
+            self._lifelines.append(runner.stdin)
+        else:
+            runner.stdin.close()
         start = process_table().get(runner.pid, (0, -1, b""))[1]
         record(Submission("submitted", job_id=plan.run_id, process=(runner.pid, start)))
-        progress(f"job {plan.run_id} runs in process {runner.pid}; its output: {log_dir / SUPERVISOR_LOG}")
+        if not self.attached:
+            progress(
+                f"job {plan.run_id} runs in process {runner.pid}; its output: {log_dir / SUPERVISOR_LOG}"
+            )
         return plan.run_id
 
     def status(self, run: RunRecord) -> JobInfo:
@@ -218,9 +245,17 @@ class LocalBackend:
         return JobInfo(run.run_id, run.name, State.RUNNING, "", tuple(tasks))
 
     def wait(self, run: RunRecord, progress: Printer) -> JobInfo:
-        return follow_job(
-            lambda: self.status(run), progress, poll=PollPolicy(first_wait_s=self.poll_interval_s)
-        )
+        """Until the run has ended, each line of its progress (hpcjob.log: its nodes' states, and their
+        output where it was started with `echo_output`), each line once however often waited for."""
+        log_dir = self._log_dir(run)
+        tail = self._progress_tails.setdefault(run.run_id, Tail(LocalFolder(log_dir), SUPERVISOR_LOG, ""))
+        while True:
+            ended = local_status(log_dir, run.pid, run.pid_start) is not None
+            for line in tail.read(final=ended):
+                progress(line)
+            if ended:
+                return self.status(run)
+            time.sleep(self.poll_interval_s)
 
     def cancel(self, run: RunRecord, *, force: bool) -> str | None:
         """As Ctrl-C in the run's own shell: SIGTERM to the process that runs it (which stops the
@@ -561,13 +596,26 @@ def open_backend(profile: ClusterProfile | None, password: str | None) -> LocalB
 
 
 def _supervise() -> int:
-    """A submitted job's process: runs the plan read from stdin, as `run --local --quiet` would."""
-    request = json.loads(sys.stdin.read())
+    """A submitted job's process: runs the plan read from stdin's first line. An attached job's starter
+    holds stdin open for as long as it lives: its end (EOF) cancels the job, as SIGTERM does."""
+    request = json.loads(sys.stdin.buffer.readline())
     plan = JobPlan.from_dict(request["plan"])
     cancel_on_signals()
+    if request.get("attached"):
+        threading.Thread(target=_cancel_when_starter_ends, daemon=True).start()
     backend = LocalBackend(grace_period_s=request["grace_period_s"], gpu_devices=request["gpu_devices"])
-    summary = backend.run(plan, progress=lambda line: print(line, flush=True), echo_output=False)
+    summary = backend.run(
+        plan, progress=lambda line: print(line, flush=True), echo_output=request.get("echo_output", False)
+    )
+    for stop in STOP_SIGNALS:  # the job has ended: its starter's end, or a late cancel, changes nothing
+        signal.signal(stop, signal.SIG_IGN)
     return summary.exit_code
+
+
+def _cancel_when_starter_ends() -> None:
+    while sys.stdin.buffer.read(65536):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _echo(nodes: Sequence[_Node], progress: Printer, final: bool = False) -> None:

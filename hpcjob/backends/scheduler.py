@@ -211,7 +211,8 @@ def job_summary(
         )
     cause = None
     if info.state == State.FAILED:
-        cause = read_root_cause(folder, log_folder) if folder is not None else None
+        # The backend's own word where it has one (a local run's: it saw when each node ended).
+        cause = info.root_cause or (read_root_cause(folder, log_folder) if folder is not None else None)
         failed = [t for t in info.tasks if t.state == State.FAILED]
         if cause is None and failed:
             first = failed[0]

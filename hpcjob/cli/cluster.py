@@ -347,7 +347,7 @@ def cancel(job: str, cluster_name: str | None, backend_kind: str | None, force: 
     that has already ended, or is being canceled, is not an error."""
     record = run_of(job, cluster_name, backend_kind)
     backend = backend_for_run(record, cluster_name, backend_kind)
-    shown = f"job {record.job_id}" if record.job_id else f"run {record.run_id}"
+    shown = f"job {record.job_id}" if record.cluster and record.job_id else f"run {record.run_id}"
     already = backend.cancel(record, force=force)
     if already is None:
         click.echo(f"{shown} canceled")
@@ -497,9 +497,9 @@ def mount(
     if as_json:
         click.echo(json.dumps([{"node": r.node, "result": r.outcome, "message": r.message} for r in results]))
     else:
-        from hpcjob.cli.tables import table
+        from hpcjob.cli.tables import mount_lines
 
-        for line in table(("NODE", "RESULT", "MESSAGE"), [(r.node, r.outcome, r.message) for r in results]):
+        for line in mount_lines(results):
             click.echo(line)
     if not all(r.ok for r in results):
         sys.exit(1)

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
 import sys
-from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from hpcjob.cli.app import cluster
-
-if TYPE_CHECKING:
-    from hpcjob.config import ClusterProfile
-    from hpcjob.onboard import AzCommands, DeletedVault, OnboardRequest, Secrets, SizeTable
-
-# The size table and the parameters template: package data (hpcjob/arm/), so an installed hpcjob has them.
-ARM_PACKAGE, ARM_DIR = "hpcjob", "arm"
-PASSWORD_ENV = "HPCJOB_ADMIN_PASSWORD"  # as hpcjob.config names them (kept out of the tasks' environment)
-KEY_ENV = "HPCJOB_AUTH_KEY"
+from hpcjob.runner.onboard import KEY_ENV, PASSWORD_ENV
 
 
 @cluster.command("onboard")
@@ -107,25 +95,9 @@ def cluster_onboard(
     key reach `az` on its standard input only. Needs the Azure CLI, logged in (`az login`), and Owner or
     User Access Administrator on the subscription (the template assigns roles).
     """
-    from hpcjob.azure import load_template, run_az
-    from hpcjob.onboard import (
-        DEFAULT_IMAGE,
-        DEFAULT_PREFIX,
-        TEMPLATE_SHA256,
-        TEMPLATE_URL,
-        OnboardRequest,
-        az_commands,
-        check_parameters,
-        check_request,
-        check_secrets,
-        fabric_warning,
-        hourly_cost,
-        offered_family,
-        quota_problems,
-        template_parameters,
-        vaults_in_the_way,
-    )
-    from hpcjob.spec import SpecError
+    from hpcjob.cli.tables import checkup_lines, mount_lines
+    from hpcjob.onboard import DEFAULT_IMAGE, DEFAULT_PREFIX, OnboardRequest
+    from hpcjob.runner.onboard import OnboardOptions, onboard
 
     request = OnboardRequest(
         name=name,
@@ -138,259 +110,53 @@ def cluster_onboard(
         node_prefix=options["node_prefix"] or DEFAULT_PREFIX,
         head_node_size=options["head_node_size"],
     )
-    table = _size_table()
-    parameters = template_parameters(request, table)
-    template = load_template(template_file, TEMPLATE_URL, TEMPLATE_SHA256)
-    hidden = {"adminPassword": "x" * 12, "authenticationKey": "x"}  # names and types; values come later
-    # The request's own words win where both see a problem with the same parameter.
-    problems = {**check_parameters({**parameters, **hidden}, template), **check_request(request, table)}
-    if problems:
-        raise SpecError("\nhpcjob: error: ".join(problems.values()))
-    folder = (out_dir or Path(f"hpcjob-onboard-{name}")).absolute()
-    parameters_file = folder / "parameters.json"
-    commands = az_commands(request, str(parameters_file))
-    from_env = password_env in os.environ
-    secret = _secrets(password_env, key_env, print_only)
-    if secret is not None:
-        if bad := check_secrets(secret):
-            raise SpecError(bad[0])
-        account = run_az(commands.account)  # logged in, or az says so in one line
-        click.echo(f"hpcjob: checking {request.vm_size} and the vCPU quotas in {request.location}", err=True)
-        family = offered_family(request, run_az(commands.skus) or [])
-        if family is None:
-            raise SpecError(
-                f"{request.vm_size} is not offered to this subscription in {request.location} (az vm "
-                "list-skus): choose another region or size, or ask Azure support to enable it"
-            )
-        if quotas := quota_problems(request, table, run_az(commands.usage) or [], family):
-            raise SpecError("\nhpcjob: error: ".join(quotas))
-        group_exists = bool(run_az(commands.group_exists))
-        if group_exists and _deleting(run_az(commands.group_show)):
-            raise SpecError(
-                f"resource group {request.resource_group} is still being deleted: wait for it (az group "
-                f"wait --deleted --name {request.resource_group}), then onboard again"
-            )
-        deleted = run_az(commands.deleted_vaults) or []
-        in_the_way = vaults_in_the_way(request, str(account.get("id", "")), deleted)
-        if in_the_way and what_if:  # Azure's preview does not see it: say it here
-            names = ", ".join(vault.name for vault in in_the_way)
-            click.echo(
-                f"hpcjob: warning: the deployment itself would need the soft-deleted Key Vault {names} "
-                "purged first (--purge-deleted-vault)",
-                err=True,
-            )
-        elif in_the_way:
-            _consent_to_purge(request.resource_group, in_the_way, purge_deleted_vault)
+    terminal = sys.stdin.isatty()
 
-    folder.mkdir(parents=True, exist_ok=True)
-    parameters_file.write_text(_parameters_text(parameters), encoding="utf-8")
-    click.echo(f"hpcjob: parameters (no secrets) in {parameters_file}", err=True)
-    click.echo(f"hpcjob: {request.nodes} x {request.vm_size}: {hourly_cost(request, table)}", err=True)
-    slow = fabric_warning(request, table)
-    if slow is not None:
-        click.echo(f"hpcjob: warning: {slow}", err=True)
+    def ask_password() -> str:
+        return str(
+            click.prompt("Admin password for the new cluster", hide_input=True, confirmation_prompt=True)
+        )
+
+    def confirm_purge(why: str) -> None:
+        click.echo(f"hpcjob: {why}", err=True)
+        click.confirm("Purge it for good (its keys and certificates cannot be recovered after)?", abort=True)
+
+    done = onboard(
+        request,
+        OnboardOptions(
+            out_dir=out_dir,
+            template_file=template_file,
+            password_env=password_env,
+            key_env=key_env,
+            what_if=what_if,
+            purge_deleted_vault=purge_deleted_vault,
+            print_only=print_only,
+            check=not no_check,
+            poll_interval_s=poll_interval,
+            make_default=make_default,
+        ),
+        ask_password=ask_password if terminal else None,
+        confirm_purge=confirm_purge if terminal else None,
+        progress=lambda line: click.echo(line, err=True),
+    )
     if print_only:
-        for argv in (commands.group, commands.deploy):
+        for argv in (done.commands.group, done.commands.deploy):
             click.echo(" ".join(argv))
         click.echo(
             "# the deploy command reads the secrets on its standard input, as JSON: "
             '{"adminPassword": {"value": "..."}, "authenticationKey": {"value": "..."}}'
         )
         return
-    assert secret is not None
-    secrets_json = json.dumps(secret.parameters())
-    if what_if:
-        _what_if(request, commands, secrets_json, make_group=not group_exists)
+    if done.preview is not None:
+        click.echo(done.preview)
         return
-    for vault in in_the_way:
-        click.echo(f"hpcjob: purging the deleted Key Vault {vault.name} (a few minutes)", err=True)
-        run_az(commands.purge(vault))
-    dns = _deploy(request, commands, secrets_json, poll_interval)
-    profile = _write_profile(
-        request, table, commands, dns, password_env if from_env else None, secret, make_default
-    )
-    if not no_check:
-        _check(profile)
+    for line in mount_lines(done.mounts) if done.mounts else ():
+        click.echo(line)
+    for line in checkup_lines(done.checkup) if done.checkup else ():
+        click.echo(line)
+    for failed in done.failed:
+        click.echo(f"hpcjob: warning: {failed}", err=True)
     click.echo(f"cluster {name} is ready: next, `hpcjob nodes --cluster {name}`, then `hpcjob submit ...`")
-
-
-def _size_table() -> SizeTable:
-    from hpcjob.onboard import SizeTable
-
-    sizes = resources.files(ARM_PACKAGE) / ARM_DIR / "sizes.json"
-    return SizeTable.from_data(json.loads(sizes.read_text(encoding="utf-8")))
-
-
-def _parameters_text(parameters: dict[str, Any]) -> str:
-    import jinja2
-
-    from hpcjob.onboard import TEMPLATE_URL
-
-    environment = jinja2.Environment(
-        loader=jinja2.PackageLoader(ARM_PACKAGE, ARM_DIR),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-    )
-    text = environment.get_template("parameters.json.j2").render(
-        parameters=parameters, template_url=TEMPLATE_URL
-    )
-    json.loads(text)  # a template that stops making JSON is caught here, not by az
-    return text + "\n"
-
-
-def _secrets(password_env: str, key_env: str, print_only: bool) -> Secrets | None:
-    """The admin password (the variable, else a prompt) and the nodes' key (the variable, else new)."""
-    from hpcjob.onboard import Secrets
-    from hpcjob.spec import SpecError
-
-    if print_only:
-        return None  # nothing runs: no secret is needed
-    password = os.environ.get(password_env)
-    if password is None:
-        if not sys.stdin.isatty():
-            raise SpecError(f"no terminal to ask for the admin password: set {password_env}")
-        password = click.prompt(
-            "Admin password for the new cluster", hide_input=True, confirmation_prompt=True
-        )
-    return Secrets(password, os.environ.get(key_env) or secrets.token_hex(32))
-
-
-def _deleting(group: Any) -> bool:
-    """Whether `az group show` says the group is on its way out (an earlier `cluster delete`)."""
-    return isinstance(group, dict) and (group.get("properties") or {}).get("provisioningState") == "Deleting"
-
-
-def _consent_to_purge(resource_group: str, vaults: list[DeletedVault], given: bool) -> None:
-    """A soft-deleted vault of an earlier cluster would make the deployment fail after minutes: purge it
-    only with the user's word (the flag, or yes on a terminal)."""
-    from hpcjob.spec import SpecError
-
-    names = ", ".join(f"{v.name} (kept until {v.purge_date or 'its purge date'})" for v in vaults)
-    said = (
-        f"the Key Vault of an earlier cluster in resource group {resource_group} is soft-deleted, and the "
-        f"template makes one of the same name: {names}"
-    )
-    if given:
-        return
-    if not sys.stdin.isatty():
-        raise SpecError(f"{said}; purge it with --purge-deleted-vault, or choose another resource group")
-    click.echo(f"hpcjob: {said}", err=True)
-    click.confirm("Purge it for good (its keys and certificates cannot be recovered after)?", abort=True)
-
-
-def _what_if(request: OnboardRequest, commands: AzCommands, secrets_json: str, *, make_group: bool) -> None:
-    """Azure's own preview. It needs the resource group to exist: one that does not yet is made for it,
-    empty and free, and deleted after it, so that nothing is left behind."""
-    from hpcjob.azure import run_az, run_az_text
-    from hpcjob.onboard import delete_command
-
-    if make_group:
-        click.echo(
-            f"hpcjob: resource group {request.resource_group} does not exist yet: made for the preview, "
-            "deleted after it",
-            err=True,
-        )
-        run_az(commands.group)
-    try:
-        click.echo(run_az_text(commands.what_if, secrets_json).rstrip())
-    finally:
-        if make_group:
-            run_az(delete_command(request.resource_group, wait=True))
-
-
-def _deploy(request: OnboardRequest, commands: AzCommands, secrets_json: str, poll_interval: float) -> str:
-    """Create the resource group and deploy into it; the head node's public name."""
-    from hpcjob.azure import AzError, deploy, run_az
-    from hpcjob.onboard import cluster_dns_name
-
-    def progress(line: str) -> None:
-        click.echo(f"hpcjob: {line}", err=True)
-
-    progress(f"resource group {request.resource_group} in {request.location}")
-    run_az(commands.group)
-    progress(f"deploying {request.deployment} (tens of minutes; each resource as it finishes)")
-    dns = cluster_dns_name(deploy(commands, secrets_json, progress, poll_s=poll_interval))
-    if not dns:
-        raise AzError(
-            f"the deployment {request.deployment} succeeded but names no head node (clusterDNSName)"
-        )
-    return dns
-
-
-def _write_profile(
-    request: OnboardRequest,
-    table: SizeTable,
-    commands: AzCommands,
-    dns: str,
-    password_env: str | None,
-    secret: Secrets,
-    make_default: bool,
-) -> ClusterProfile:
-    """The new cluster's profile: the REST API at the head node's public name, its certificate pinned by
-    the thumbprint the deployment gives, the admin's password where it came from, one process per GPU of
-    the size."""
-    from hpcjob.azure import AzError, run_az
-    from hpcjob.config import KEYRING_SERVICE, ClusterProfile, save_profile
-    from hpcjob.onboard import CERTIFICATE_DEPLOYMENT, NODE_GROUP, SHARE, certificate_thumbprint
-
-    try:
-        thumbprint = certificate_thumbprint(run_az(commands.certificate) or {})
-    except AzError:
-        thumbprint = None
-    if thumbprint is None:
-        click.echo(
-            f"hpcjob: warning: the deployment {CERTIFICATE_DEPLOYMENT} names no certificate thumbprint: pin "
-            f"the head node's certificate with `hpcjob cluster add {request.name} ... --cert-fingerprint`",
-            err=True,
-        )
-    password = f"env:{password_env}" if password_env else "prompt"
-    if password_env is None:
-        try:
-            import keyring
-
-            keyring.set_password(
-                KEYRING_SERVICE, f"{request.name}:{request.name}\\{request.admin_user}", secret.admin_password
-            )
-            password = "keyring"
-        except Exception:  # no keyring package or no backend: asked for when needed
-            pass
-    profile = ClusterProfile(
-        name=request.name,
-        url=f"https://{dns}",
-        user=f"{request.name}\\{request.admin_user}",  # a local account of the head node (no AD)
-        password=password,
-        cert_fingerprint=thumbprint,
-        share=SHARE.format(name=request.name.upper()),
-        smb_server=dns,
-        node_group=NODE_GROUP,
-        gpus_per_node=table.sizes[request.vm_size].gpus,
-        resource_group=request.resource_group,
-    )
-    path = save_profile(profile, make_default)
-    click.echo(
-        f"hpcjob: cluster {request.name} saved in {path} (nodes {', '.join(request.node_names)})", err=True
-    )
-    return profile
-
-
-def _check(profile: ClusterProfile) -> None:
-    """`hpcjob mount --install`, then `hpcjob doctor`, on the new cluster; a failure is a warning (the
-    cluster exists), with the command to run again."""
-    from hpcjob.cli.app import cli
-
-    for step in (["mount", "--install"], ["doctor"]):
-        command = [*step, "--cluster", profile.name]
-        try:
-            cli.main(command, prog_name="hpcjob", standalone_mode=False)
-            continue
-        except SystemExit as exc:  # doctor's verdict: it has printed every check
-            failed, why = bool(exc.code), "a check failed"
-        except Exception as exc:  # whatever went wrong, the deployment stands
-            failed, why = True, " ".join(str(exc).split())
-        if failed:
-            click.echo(
-                f"hpcjob: warning: `hpcjob {' '.join(command)}` failed ({why}); run it again", err=True
-            )
 
 
 @cluster.command("delete")

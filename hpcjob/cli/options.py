@@ -230,6 +230,14 @@ def job_options(command: F) -> F:
             "jobs; imports are fast) or the share (built once for all nodes) [default: the cluster "
             "profile's env_on, else node-local].",
         ),
+        click.option(
+            "--vm-size",
+            type=TEXT,
+            metavar="SIZE",
+            help="The nodes' Azure VM size: the job gets the NCCL settings Azure's HPC images use for it "
+            "(for an ND size: relaxed ordering, its topology file), unless --env names them [default: the "
+            "cluster profile's vm_size].",
+        ),
         click.argument("script", type=click.Path(dir_okay=False)),
         click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -282,20 +290,19 @@ def local_folder(path: str, option: str) -> Path:
     return folder
 
 
-def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
+def build_spec(params: dict[str, Any]) -> JobSpec:
     """The JobSpec from the job options; checks that the script exists."""
-    from hpcjob.spec import (
-        DEFAULT_COMMAND_LIMIT,
-        DEFAULT_MOUNT_OPTIONS,
-        JobSpec,
-        SpecError,
-        parse_duration,
-        parse_env,
-        parse_share,
-    )
+    from hpcjob.runner import job_spec
+
+    return job_spec(job_fields(params))
+
+
+def job_fields(params: dict[str, Any]) -> dict[str, Any]:
+    """The job options by their JobSpec names, parsed (the share stays a UNC)."""
+    from hpcjob.spec import DEFAULT_COMMAND_LIMIT, DEFAULT_MOUNT_OPTIONS, SpecError, parse_duration, parse_env
 
     script = Path(params["script"])
-    if not script.is_file():
+    if not script.is_file():  # before its requirements.txt is looked for beside it
         raise SpecError(f"script {params['script']} does not exist")
     fields: dict[str, Any] = {
         "script": str(script),
@@ -306,7 +313,7 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
         "node_group": params["node_group"],
         "nproc_per_node": params["nproc_per_node"],
         "gpus_per_node": params["gpus_per_node"],
-        "share": parse_share(params["share"]) if params["share"] else None,
+        "share": params["share"],
         "mount_options": DEFAULT_MOUNT_OPTIONS
         if params["mount_options"] is None
         else params["mount_options"],
@@ -327,15 +334,14 @@ def build_spec(params: dict[str, Any], **overrides: Any) -> JobSpec:
         "requirements": requirements_text(script, params["requirements"], params["no_env"]),
         "wheelhouse": wheelhouse_target(params["wheelhouse"]),
     }
-    for key in ("env_on", "node_env_dir", "image", "docker_gpus", "docker_options"):  # given, or profile
+    for key in ("env_on", "node_env_dir", "image", "docker_gpus", "docker_options", "vm_size"):  # or profile
         if params.get(key):
             fields[key] = params[key]
     if params["mount_point"]:
         fields["mount_point"] = params["mount_point"]
     if params["rdzv_port"] is not None:
         fields["rdzv_port"] = params["rdzv_port"]
-    fields.update(overrides)
-    return JobSpec(**fields)
+    return fields
 
 
 tag_option = click.option(

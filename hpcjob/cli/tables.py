@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpcjob.results import GpuUse, JobSummary
+    from hpcjob.results import GpuUse, JobSummary, MountResult
+    from hpcjob.runner.doctor import Checkup
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> list[str]:
@@ -100,3 +101,24 @@ def gpu_table(uses: Sequence[GpuUse], *, now: bool, indent: str = "") -> list[st
 
 def _mib(value: float) -> str:
     return f"{value / 1024:.1f} GiB" if value >= 1024 else f"{value:.0f} MiB"
+
+
+def mount_lines(results: Sequence[MountResult]) -> list[str]:
+    """`hpcjob mount`'s table: each node's result, with the node's own words."""
+    return table(("NODE", "RESULT", "MESSAGE"), [(r.node, r.outcome, r.message) for r in results])
+
+
+def checkup_lines(report: Checkup) -> list[str]:
+    """`hpcjob doctor`'s report: a line per check, the fix under each failure, then the count."""
+    from hpcjob.doctor import INFO, SKIP
+
+    checks, failed = report.checks, report.failed
+    width = max(len(check.name) for check in checks)
+    lines = [f"cluster {report.cluster} ({report.backend}, {report.endpoint})"]
+    for check in checks:
+        lines.append(f"  {check.result.upper():4}  {check.name.ljust(width)}  {check.detail}")
+        if check.fix and check.failed:
+            lines.append(f"  {'':4}  {''.ljust(width)}  fix: {check.fix}")
+    ran = [check for check in checks if check.result not in (SKIP, INFO)]
+    lines.append(f"{len(failed)} of {len(ran)} checks failed" if failed else f"all {len(ran)} checks passed")
+    return lines

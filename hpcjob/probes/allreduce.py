@@ -23,6 +23,8 @@ ROUNDS = 5
 def main() -> int:
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
+    if cuda and len(sys.argv) > 2 and sys.argv[1] == "--mb":  # the size's mark was measured at this size
+        MESSAGE_MB["nccl"] = int(sys.argv[2])
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)

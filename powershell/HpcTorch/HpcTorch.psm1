@@ -38,6 +38,7 @@ $script:JobOptions = @{
     NoEnv        = '--no-env'
     EnvOn        = '--env-on'
     Image        = '--image'
+    VmSize       = '--vm-size'
 }
 $script:SmbOptions = @{ SmbUser = '--smb-user'; SmbServer = '--smb-server'; SmbPort = '--smb-port' }
 $script:ClusterOptions = @{ Cluster = '--cluster'; Backend = '--backend' }
@@ -369,6 +370,7 @@ function Submit-HpcTorchJob {
         [switch]$NoEnv,
         [ValidateSet('node-local', 'share')][string]$EnvOn,
         [string]$Image,
+        [string]$VmSize,
         [string]$SmbUser,
         [string]$SmbServer,
         [ValidateRange(1, 65535)][int]$SmbPort,
@@ -441,6 +443,7 @@ function Invoke-HpcTorchJob {
         [switch]$NoEnv,
         [ValidateSet('node-local', 'share')][string]$EnvOn,
         [string]$Image,
+        [string]$VmSize,
         [hashtable]$Tag,
         [switch]$Quiet,
         [ValidateRange(0, 86400)][double]$GracePeriod

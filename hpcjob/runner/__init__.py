@@ -24,6 +24,7 @@ from hpcjob.spec import HpcjobError, SpecError
 if TYPE_CHECKING:
     from hpcjob.backends import Backend
     from hpcjob.config import ClusterProfile
+    from hpcjob.onboard import SizeTable
     from hpcjob.plan import AllowedShare, JobPlan
     from hpcjob.results import JobInfo, JobSummary, MountResult, Submission
     from hpcjob.runs import RunRecord
@@ -68,7 +69,7 @@ def with_profile(options: dict[str, Any], profile: ClusterProfile) -> dict[str, 
     """Job options (the CLI's names; the share as UNC text) with the profile filling in what they do not
     say: the share, node group and mount point (by default the job owner's folder of /app, where
     hpcjob's execution filter mounts the share for them), the environment's and containers' settings,
-    and one process per GPU of the cluster's size."""
+    the rendezvous port, the nodes' VM size, and one process per GPU of the cluster's size."""
     filled = dict(options)
     filled["mount_point"] = filled.get("mount_point") or profile_mount_point(profile)
     for key, value in (
@@ -79,6 +80,8 @@ def with_profile(options: dict[str, Any], profile: ClusterProfile) -> dict[str, 
         ("node_env_dir", profile.node_env_dir),
         ("docker_gpus", profile.docker_gpus),
         ("docker_options", profile.docker_options),
+        ("rdzv_port", profile.rdzv_port),
+        ("vm_size", profile.vm_size),
     ):
         if not filled.get(key) and value:
             filled[key] = value
@@ -87,6 +90,22 @@ def with_profile(options: dict[str, Any], profile: ClusterProfile) -> dict[str, 
     if filled.get("gpus_per_node") is None and filled.get("nproc_per_node") is None and profile.gpus_per_node:
         filled["gpus_per_node"] = profile.gpus_per_node
     return filled
+
+
+# The size table and onboarding's parameters template: package data (hpcjob/arm/), so an installed
+# hpcjob has them.
+ARM_PACKAGE, ARM_DIR = "hpcjob", "arm"
+
+
+def size_table() -> SizeTable:
+    """The Azure GPU sizes hpcjob knows (hpcjob/arm/sizes.json): onboarding's, and doctor's marks."""
+    import json
+    from importlib import resources
+
+    from hpcjob.onboard import SizeTable
+
+    sizes = resources.files(ARM_PACKAGE) / ARM_DIR / "sizes.json"
+    return SizeTable.from_data(json.loads(sizes.read_text(encoding="utf-8")))
 
 
 def open_smb(share: Share, user: str | None, server: str | None, port: int) -> ShareFolder:
@@ -262,62 +281,6 @@ def submit_and_follow(
     return latest, plan, follow_run(cluster.backend, latest, plan, folder, started, progress)
 
 
-@dataclass
-class LogAccess:
-    """Where a submitted run's logs can be read: the share (`folder`), else the scheduler's copy of each
-    task's output (`outputs`, with `warning` saying why); `scheduler_end` asks whether the job has ended
-    (its exit code, or None while it runs)."""
-
-    folder: ShareFolder | None
-    scheduler_end: Callable[[], int | None]
-    outputs: list[tuple[str, str]]
-    warning: str | None = None
-
-
-def log_access(record: RunRecord, smb_user: str | None, smb_server: str | None, smb_port: int) -> LogAccess:
-    """For the logs of a submitted job: the share, or the scheduler's copy of each task's output (HPC
-    Pack keeps only its first bytes: 1500 on Linux nodes) when the share cannot be reached."""
-    from hpcjob.share import LocalFolder, ShareError
-    from hpcjob.spec import parse_share
-
-    cluster = ClusterAccess(record.cluster, record.backend)  # one password, for the head node and the share
-    backend = cluster.backend
-
-    def scheduler_end() -> int | None:
-        info = backend.status(record)
-        return info.exit_code() if info.ended else None
-
-    backend.status(record)  # a run whose job was never made has no logs: this says so, in one line
-    if record.local_root:
-        return LogAccess(LocalFolder(Path(record.local_root)), scheduler_end, [])
-    if not record.share:
-        why = (
-            f"run {record.run_id} was submitted without a share"
-            if record.job_folder
-            else f"job {record.job_id} was not submitted from this machine: its share and folder are unknown"
-        )
-        warning = (
-            f"{why}, so hpcjob cannot read its log files; showing the scheduler's copy of each task's "
-            "output, which holds only its first 1500 bytes (give the share with `hpcjob logs --share UNC "
-            f"--job-folder PATH`, or add it to cluster {record.cluster})"
-        )
-    else:
-        try:
-            folder = cluster.share(
-                parse_share(record.share),
-                smb_user or record.smb_user,
-                smb_server or record.smb_server,
-                record.smb_port or smb_port,
-            )
-            return LogAccess(folder, scheduler_end, [])
-        except ShareError as exc:
-            warning = (
-                f"{exc}; showing the scheduler's copy of each task's output, which holds only its first "
-                "1500 bytes"
-            )
-    return LogAccess(None, scheduler_end, backend.task_outputs(record), warning)
-
-
 def run_folder(
     record: RunRecord, smb_user: str | None = None, smb_server: str | None = None, smb_port: int = 445
 ) -> ShareFolder:
@@ -338,13 +301,6 @@ def run_folder(
         cluster = ClusterAccess(record.cluster, record.backend)
         return cluster.share(parse_share(record.share), user, server, port)
     return open_smb(parse_share(record.share), user, server, port)
-
-
-def scheduler_outputs(outputs: Iterable[tuple[str, str]]) -> Iterable[tuple[str, str]]:
-    """Each line of the scheduler's copy of the tasks' output, with its node."""
-    for node, text in outputs:
-        for line in text.splitlines():
-            yield node, line
 
 
 def read_requirements(path: Path, named: str) -> str:
@@ -468,7 +424,7 @@ def follow_run(
             folder.close()
 
 
-def _spec(fields: Mapping[str, Any]) -> JobSpec:
+def job_spec(fields: Mapping[str, Any]) -> JobSpec:
     """A JobSpec from options by its own names, the share as a UNC or a Share; checks that the script
     exists."""
     from hpcjob.spec import JobSpec, parse_share
@@ -497,7 +453,7 @@ def submit_to_cluster(
     cluster = ClusterAccess(cluster_name, backend_kind)
     filled = with_profile(dict(fields), cluster.profile)
     smb = (filled.pop("smb_user", None), filled.pop("smb_server", None), filled.pop("smb_port", 445))
-    spec = _spec(filled)
+    spec = job_spec(filled)
     record, plan, _ = submit_and_follow(
         cluster,
         spec,
@@ -512,31 +468,57 @@ def submit_to_cluster(
     return record, plan
 
 
-def submit_local(
+@dataclass(frozen=True)
+class LocalOptions:
+    """How a job runs on this machine: `share_root`, the local folder that stands in for the share
+    (None: one per project folder); `grace_period_s`, how long stopped nodes get after SIGINT before
+    SIGKILL; `echo_output`, whether its progress has the nodes' output too."""
+
+    share_root: Path | None = None
+    grace_period_s: float = 10.0
+    echo_output: bool = False
+
+
+def start_local(
     fields: Mapping[str, Any],
     run_id: str | None,
+    local: LocalOptions,
     *,
     progress: Progress,
     command: str,
     tags: Mapping[str, str] | None = None,
-) -> tuple[RunRecord, JobPlan]:
-    """Start a job on this machine (options by their JobSpec names), in a process of its own, through
-    the local backend as the registry opens it: its nodes are local processes, its share a local
-    folder (one per project), its rendezvous on a free port of loopback."""
+    attached: bool = False,
+) -> tuple[Backend, RunRecord, JobPlan]:
+    """Start a job on this machine (options by their JobSpec names; a share or mount point they name
+    does not apply), in a process of its own, through the local backend as the registry opens it: its
+    nodes are local processes, its share a local folder, its rendezvous on a free port of loopback unless
+    the options name one. `attached`: the job is canceled when this process ends. The backend, the run's
+    record and its plan."""
+    import importlib.util
     import os
+    import sys
 
     from hpcjob.backends import open_backend
-    from hpcjob.backends.local import free_port
+    from hpcjob.backends.local import LocalBackend, free_port
     from hpcjob.gpus import default_procs_per_node, visible_gpus
     from hpcjob.share import LocalFolder
 
-    values = dict(fields)
+    if sys.platform == "win32":  # its nodes are bash and torchrun processes in POSIX process groups
+        raise SpecError("a local run needs Linux: on Windows, run it in WSL")
+    values = {**fields, "share": None}
+    values.pop("mount_point", None)  # the local folder stands in for the share: the plan puts it there
     values["rdzv_port"] = values.get("rdzv_port") or free_port()
-    spec = _spec(values)
+    spec = job_spec(values)
+    if importlib.util.find_spec("torch") is None:
+        raise SpecError(f"a local run needs torch in {sys.executable}: pip install 'hpcjob[train]'")
     if fields.get("nproc_per_node") is None and fields.get("gpus_per_node") is None:
         # As on a cluster node: one process per GPU the node gets.
         spec = replace(spec, nproc_per_node=default_procs_per_node(visible_gpus(os.environ), spec.node_count))
     backend = open_backend("local", None, None)
+    assert isinstance(backend, LocalBackend)
+    backend.share_root, backend.grace_period_s = local.share_root, local.grace_period_s
+    backend.echo_output, backend.attached = local.echo_output, attached
+    _OPEN.append(backend)
 
     def root(plan: JobPlan) -> str:  # the local folder the plan put the job folder in
         return plan.job_dir[: -len(spec.job_folder) - 1]
@@ -552,7 +534,127 @@ def submit_local(
         command=command,
         tags=tags,
     )
+    return backend, record, plan
+
+
+def submit_local(
+    fields: Mapping[str, Any],
+    run_id: str | None,
+    *,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+) -> tuple[RunRecord, JobPlan]:
+    """Start a job on this machine (`start_local`) that goes on whatever becomes of this process:
+    status, wait, logs and cancel find it from anywhere."""
+    _, record, plan = start_local(
+        fields, run_id, LocalOptions(), progress=progress, command=command, tags=tags
+    )
     return record, plan
+
+
+def run_local(
+    fields: Mapping[str, Any],
+    run_id: str | None,
+    local: LocalOptions,
+    *,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+) -> JobSummary:
+    """Run a job on this machine to its summary, as `submit --wait` follows a cluster's job (the same
+    local backend, through `start_local` and `follow_run`). The job lives no longer than this process:
+    Ctrl-C, SIGTERM and SIGHUP cancel it (a second one: its nodes are killed at once) and it is followed
+    on to its summary; a process killed outright takes the job with it."""
+    import signal
+
+    from hpcjob.procs import STOP_SIGNALS
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Whatever was inherited: a script's background job starts with SIGINT ignored. SIGQUIT keeps its
+    # default: the way to stop hpcjob itself (the job's process then cancels the job).
+    stops = [stop for stop in STOP_SIGNALS if stop.name != "SIGQUIT"]
+    before = {stop: signal.signal(stop, interrupt) for stop in stops}
+    started = time.monotonic()
+    try:
+        backend, record, plan = start_local(
+            fields, run_id, local, progress=progress, command=command, tags=tags, attached=True
+        )
+        interrupted = 0
+        while True:
+            try:
+                if interrupted:
+                    backend.cancel(record, force=interrupted > 1)
+                return follow_run(backend, record, plan, run_folder_opener(record), started, progress)
+            except (KeyboardInterrupt, StoppedWaiting):
+                interrupted += 1
+    finally:
+        for stop, handler in before.items():
+            signal.signal(stop, handler)
+
+
+RENDERERS = ("xml", "clusrun", "powershell", "json")
+
+
+def rendered(plan: JobPlan, formats: Iterable[str] = RENDERERS) -> dict[str, str]:
+    """The plan in each of `formats` (RENDERERS): the job file, the mount step and submit commands for
+    cmd.exe (a plan without a share has none: asked for, it is one line that says so), the head node's
+    script, the plan."""
+    from hpcjob.render import clusrun_text, job_xml, plan_json, powershell_text
+
+    render = {"xml": job_xml, "clusrun": clusrun_text, "powershell": powershell_text, "json": plan_json}
+    return {name: render[name](plan) for name in formats}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A job rendered for submitting by hand: its plan, its texts, and whether it is the job folder's
+    current run again (renders of one folder share a run id, so that the job file and the mount step
+    agree)."""
+
+    plan: JobPlan
+    texts: dict[str, str]
+    again: bool
+
+
+def render_run(
+    spec: JobSpec,
+    run_id: str | None,
+    formats: Iterable[str],
+    *,
+    stage_into: Callable[[], ShareFolder] | None = None,
+    where: Mapping[str, Any],
+    progress: Progress,
+) -> Rendered:
+    """Plan SPEC on its named nodes for submitting by hand and render it in `formats`, contacting nothing
+    but `stage_into`: with it (opening the share over SMB, or as mounted here), a new run whose code and
+    node files are staged there; without, the job folder's current run (recorded here as rendered), unless
+    `run_id` names one. `where`: the record's share and local folder."""
+    from hpcjob.plan import make_plan
+    from hpcjob.runs import RENDERED, RunRecord, check_new_run_id, current_manual_run, save_run
+    from hpcjob.staging import stage_run
+
+    if not spec.node_names:
+        raise SpecError("render needs the nodes: name each with --node (render contacts no cluster)")
+    staging = stage_into is not None
+    current = None if staging or run_id else current_manual_run(spec.job_folder, where.get("share"))
+    chosen = run_id or (current.run_id if current else new_run_id(spec.name))
+    if staging:
+        check_new_run_id(chosen)
+    plan = make_plan(spec, spec.node_names, chosen)
+    texts = rendered(plan, formats)  # before anything is recorded or staged: a text may be refused
+    record = RunRecord.of(plan, spec.job_folder, "manual", **where)
+    if stage_into is not None:
+        wheels = node_wheels(spec, progress)
+        code_dir = Path(spec.script).resolve().parent
+        staged = stage_run(code_dir, stage_into(), spec.job_folder, plan.run_id, plan.files, wheels)
+        progress(f"hpcjob: run {chosen}: {staged}")
+        save_run(record)
+    elif current is None and not run_id:
+        save_run(replace(record, state=RENDERED))  # later renders of the folder reuse it
+    return Rendered(plan, texts, current is not None)
 
 
 def recorded_plan(run_id: str) -> JobPlan | None:
@@ -574,35 +676,158 @@ def run_folder_opener(record: RunRecord) -> Callable[[], ShareFolder | None]:
     return lambda: run_folder(record)
 
 
-def log_lines(record: RunRecord, *, follow: bool, poll_s: float) -> Iterator[tuple[str, str, str]]:
-    """Each line the run's nodes wrote, as (node, "stdout" or "stderr", line), in node order: what is
-    there now, or with `follow`, new lines as they come until the run has ended."""
-    from hpcjob.logs import RunLogs, Tail
+class RunOutput:
+    """What a run's nodes wrote, as (node, "stdout" or "stderr", line), read from the run's folder (the
+    share, or this machine's folder for a local run); for a submitted job whose share cannot be reached,
+    the scheduler's copy of each task's output instead (HPC Pack keeps only its first 1500 bytes on Linux
+    nodes), with `warning` saying why. `only_node`: that node's alone. Close it when done."""
 
-    folder = run_folder(record)
-    try:
-        logs = RunLogs(folder, record.log_folder, record.nodes)
-        tails = [
-            (node, stream, Tail(folder, f"{record.log_folder}/{node}.{ending}", ""))
-            for node in logs.nodes
-            for stream, ending in (("stdout", "out"), ("stderr", "err"))
-        ]
-        backend = backend_for_run(record) if follow else None
+    def __init__(
+        self,
+        record: RunRecord,
+        smb: tuple[str | None, str | None, int] = (None, None, 445),
+        only_node: str | None = None,
+    ) -> None:
+        from hpcjob.logs import RunLogs
+
+        self.record = record
+        self.warning: str | None = None
+        self.exit_code: int | None = None  # once `lines(follow=True)` has seen the run end
+        self.scheduler_copy: list[tuple[str, str]] | None = None  # (node, its task's Output)
+        self._folder: ShareFolder | None = None
+        self._scheduler_end: Callable[[], int | None] | None = None
+        if record.cluster is not None:  # the cluster knows whether the job has ended
+            self._for_cluster(*smb)
+        else:
+            self._folder = run_folder(record, *smb)
+            if record.backend in _local_backends():
+                backend = backend_for_run(record)
+                self._scheduler_end = lambda: _exit_code(backend.status(record))
+        copy: list[tuple[str, str]] = self.scheduler_copy or []
+        self.nodes = [node for node, _ in copy]
+        self._logs: RunLogs | None = None
+        if self._folder is not None:
+            self._logs = RunLogs(self._folder, record.log_folder, record.nodes)
+            self.nodes = self._logs.nodes
+        if only_node is not None:
+            self._only(only_node)
+
+    def _for_cluster(self, smb_user: str | None, smb_server: str | None, smb_port: int) -> None:
+        from hpcjob.share import LocalFolder, ShareError
+        from hpcjob.spec import parse_share
+
+        record = self.record
+        cluster = ClusterAccess(record.cluster, record.backend)  # one password: head node and share
+        backend = cluster.backend
+        self._scheduler_end = lambda: _exit_code(backend.status(record))
+        backend.status(record)  # a run whose job was never made has no logs: this says so, in one line
+        if record.local_root:
+            self._folder = LocalFolder(Path(record.local_root))
+            return
+        if not record.share:
+            why = (
+                f"run {record.run_id} was submitted without a share"
+                if record.job_folder
+                else f"job {record.job_id} was not submitted from this machine: its share and folder are "
+                "unknown"
+            )
+            self.warning = (
+                f"{why}, so hpcjob cannot read its log files; showing the scheduler's copy of each task's "
+                "output, which holds only its first 1500 bytes (give the share with `hpcjob logs --share "
+                f"UNC --job-folder PATH`, or add it to cluster {record.cluster})"
+            )
+        else:
+            try:
+                self._folder = cluster.share(
+                    parse_share(record.share),
+                    smb_user or record.smb_user,
+                    smb_server or record.smb_server,
+                    record.smb_port or smb_port,
+                )
+                return
+            except ShareError as exc:
+                self.warning = (
+                    f"{exc}; showing the scheduler's copy of each task's output, which holds only its "
+                    "first 1500 bytes"
+                )
+        self.scheduler_copy = backend.task_outputs(record)
+
+    def _only(self, only_node: str) -> None:
+        from hpcjob.logs import RunLogs
+
+        match = [n for n in self.nodes if n.upper() == only_node.upper()]
+        if not match:
+            where = f"{self._folder.describe()}/{self.record.log_folder}" if self._folder else "its output"
+            known = ", ".join(self.nodes) or f"none yet in {where}"
+            self.close()
+            raise SpecError(f"run {self.record.run_id} has no node {only_node!r}; its nodes: {known}")
+        self.nodes = match
+        if self._logs is not None and self._folder is not None:
+            self._logs = RunLogs(self._folder, self.record.log_folder, match)
+        if self.scheduler_copy is not None:
+            self.scheduler_copy = [(n, text) for n, text in self.scheduler_copy if n in match]
+
+    def lines(
+        self, *, follow: bool = False, poll_s: float = 1.0, idle_timeout_s: float = 60.0
+    ) -> Iterator[tuple[str, str, str]]:
+        """Each node's lines in node order: what is there now, or with `follow`, new lines as they come
+        until the run has ended (`exit_code` then says how), or until a task has failed and nothing came
+        for `idle_timeout_s` (a killed task writes no end mark)."""
+        if self._logs is None:  # the scheduler's copy: all there is, at once
+            for node, text in self.scheduler_copy or ():
+                for line in text.splitlines():
+                    yield node, "stdout", line
+            if follow and self._scheduler_end is not None:
+                self.exit_code = self._scheduler_end()
+            return
+        logs = self._logs
+        quiet_since = time.monotonic()
         while True:
-            ended: int | None = 0
-            if backend is not None:
-                ended = logs.ended()
-                if ended is None and record.cluster is not None:
-                    info = backend.status(record)
-                    ended = info.exit_code() if info.ended else None
-            for node, stream, tail in tails:
-                for line in tail.read(final=ended is not None):
-                    yield node, stream, line
+            ended = self._ended() if follow else 0
+            said = False
+            for node, stream, line in logs.lines(final=ended is not None):
+                said = True
+                yield node, stream, line
             if ended is not None:
+                self.exit_code = ended if follow else None
+                return
+            if said:
+                quiet_since = time.monotonic()
+            failed = [code for code in logs.exit_codes().values() if code != 0]
+            if failed and time.monotonic() - quiet_since > idle_timeout_s:
+                self.exit_code = failed[0]
                 return
             time.sleep(poll_s)
-    finally:
-        folder.close()
+
+    def _ended(self) -> int | None:
+        assert self._logs is not None
+        ended = self._logs.ended()
+        if ended is None and self._scheduler_end is not None:
+            ended = self._scheduler_end()
+        return ended
+
+    def latest_step(self) -> dict[str, Any] | None:
+        """While the run goes on, its training's newest line of metrics over time (None once it ended,
+        or before its first step)."""
+        if self._logs is None:
+            return None
+        steps = [t for t in self._logs.timeline() if t.get("event") == "step"]
+        return steps[-1] if steps and self._ended() is None else None
+
+    def close(self) -> None:
+        if self._folder is not None:
+            self._folder.close()
+
+
+def _local_backends() -> tuple[str, ...]:
+    from hpcjob.backends import BACKENDS
+    from hpcjob.spec import CLUSTER_BACKENDS
+
+    return tuple(kind for kind in BACKENDS if kind not in CLUSTER_BACKENDS)
+
+
+def _exit_code(info: JobInfo) -> int | None:
+    return info.exit_code() if info.ended else None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,204 @@
+"""`hpcjob doctor`'s steps against a cluster: reach the head node, probe the nodes with one short job,
+run an all-reduce job through the same path as `hpcjob submit`, write the share from here. The checks'
+verdicts are hpcjob.doctor's (pure); this module does the asking, and prints nothing."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcjob.doctor import Check
+from hpcjob.runner import ClusterAccess, Progress, new_run_id, profile_mount_point, submit_and_follow
+
+SHARE_PROBE_FILE = ".hpcjob-doctor"  # written (and overwritten) at the share's root to prove it writable
+
+
+@dataclass(frozen=True)
+class Checkup:
+    """A cluster's checks, in the order they ran."""
+
+    cluster: str
+    backend: str
+    endpoint: str
+    checks: list[Check]
+
+    @property
+    def failed(self) -> list[Check]:
+        return [check for check in self.checks if check.failed]
+
+
+def checkup(
+    access: ClusterAccess,
+    *,
+    requirements: tuple[str, str] | None = None,
+    image: str | None = None,
+    progress: Progress,
+    command: str = "hpcjob doctor",
+) -> Checkup:
+    """Every check of the cluster `access` opens; `requirements` (a file's name and text): the all-reduce
+    runs in the job's environment built from them; `image`: in containers of it."""
+    from hpcjob.doctor import (
+        FAIL,
+        SKIP,
+        fit_nodes,
+        node_check,
+        probe_checks,
+        probe_command,
+        reach_checks,
+        share_check,
+    )
+    from hpcjob.render import JobShape
+    from hpcjob.spec import HpcjobError
+
+    profile, backend = access.profile, access.backend
+    mount_point = profile_mount_point(profile)
+    checks: list[Check] = []
+    started = time.monotonic()
+    error: str | None = None
+    try:
+        nodes = backend.nodes(profile.node_group)
+        version = backend.version()
+    except HpcjobError as exc:
+        error, nodes, version = " ".join(str(exc).split()), [], None
+    checks += reach_checks(profile.endpoint, profile.user, version, error, time.monotonic() - started)
+    if error is not None:
+        checks.append(Check("nodes", SKIP, "cannot run: the head node did not answer"))
+    else:
+        nodes_checked, usable = node_check(nodes, profile.node_group)
+        checks.append(nodes_checked)
+        if usable:
+            shape = JobShape(tuple(usable), profile.node_group)
+            progress(f"hpcjob: probing {len(usable)} node(s) with a short job ...")
+            try:
+                _, answers = backend.run_on_nodes(
+                    f"hpcjob-doctor-{int(time.time())}", probe_command(mount_point), shape, lambda line: None
+                )
+                checks += probe_checks(answers, profile.gpus_per_node, mount_point, profile.share)
+                checks += _allreduce(
+                    access, fit_nodes(answers), mount_point, requirements, image, progress, command
+                )
+            except HpcjobError as exc:
+                checks.append(
+                    Check("probe", FAIL, " ".join(str(exc).split()), "see `hpcjob status` of the job")
+                )
+    checks.append(share_check(profile.share, _share_error(access)))
+    return Checkup(profile.name, backend.kind, profile.endpoint, checks)
+
+
+def _allreduce(
+    access: ClusterAccess,
+    fit: list[str],
+    mount_point: str,
+    requirements: tuple[str, str] | None,
+    image: str | None,
+    progress: Progress,
+    command: str,
+) -> list[Check]:
+    """A 2-node all-reduce job (hpcjob/probes/allreduce.py) through the same path as `hpcjob submit`;
+    with `requirements` (a file's name and text), in the job's environment built from them; with
+    `image`, in containers of it, with the profile's GPUs and Docker options."""
+    from hpcjob.doctor import SKIP, allreduce_check, container_check, environment_check
+    from hpcjob.runner import with_profile
+    from hpcjob.spec import JobSpec, parse_share
+
+    profile = access.profile
+    if len(fit) < 2:
+        why = "cannot run: it needs two nodes that passed the checks above"
+        skipped = [Check("all-reduce", SKIP, why)]
+        skipped += [Check("environment", SKIP, why)] if requirements else []
+        skipped += [Check("container", SKIP, why)] if image else []
+        return [*skipped, Check("all-reduce per node", SKIP, why)]
+    nodes = tuple(fit[:2])
+    # As a job of the profile's is: its share and folder, environment and containers' settings.
+    fields = with_profile({"mount_point": mount_point, "nproc_per_node": 1}, profile)
+    spec = JobSpec(
+        script=str(Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"),
+        name="hpcjob-doctor",
+        node_names=nodes,
+        node_group=fields.get("node_group"),
+        share=parse_share(fields["share"]) if fields.get("share") else None,
+        mount_point=fields["mount_point"],
+        nproc_per_node=1,
+        runtime_s=600 if requirements or image else 300,  # building the environment takes its time
+        requirements=requirements[1] if requirements else None,
+        image=image,
+        **{
+            key: fields[key]
+            for key in ("env_on", "node_env_dir", "docker_gpus", "docker_options", "rdzv_port", "vm_size")
+            if key in fields
+        },
+    )
+    progress(f"hpcjob: an all-reduce job on {' and '.join(nodes)} ...")
+    smb = (profile.smb_user, profile.smb_server, profile.smb_port)
+    _, plan, summary = submit_and_follow(
+        access,
+        spec,
+        new_run_id(spec.name),
+        smb,
+        mount_step=False,
+        wait=True,
+        progress=lambda line: None,
+        command=command,
+    )
+    assert summary is not None  # waited
+    cause = summary.root_cause.describe() if summary.root_cause else ""
+    checks = [allreduce_check(nodes, summary.state, summary.metrics, cause)]
+    if requirements:
+        checks.append(environment_check(requirements[0], nodes, summary.state, summary.metrics, cause))
+    if image:
+        checks.append(container_check(image, nodes, summary.state, summary.metrics, cause))
+    return [*checks, _node_allreduce(access, fit, plan.job_dir, progress)]
+
+
+def _node_allreduce(access: ClusterAccess, fit: list[str], job_dir: str, progress: Progress) -> Check:
+    """The all-reduce across each node's own GPUs, a task per node (the probe the 2-node job put in its
+    folder on the share, under a single-node torchrun), judged by the health checks' mark for the
+    profile's VM size (hpcjob/arm/sizes.json), at the message size of that mark."""
+    from hpcjob.doctor import SKIP, node_allreduce_check
+    from hpcjob.render import JobShape
+    from hpcjob.runner import size_table
+
+    profile = access.profile
+    gpus = profile.gpus_per_node or 1
+    if gpus < 2:
+        return Check(
+            "all-reduce per node", SKIP, "one GPU per node (the profile's gpus_per_node): nothing to reduce"
+        )
+    size = size_table().sizes.get(profile.vm_size or "")
+    mark = size.allreduce_gbs if size else None
+    message = f" --mb {size.allreduce_mb}" if size and size.allreduce_mb else ""
+    # Its metrics line comes last, and the scheduler keeps a task's first 1500 bytes: the end is kept.
+    probe = (
+        f"cd {job_dir} && python3 -m torch.distributed.run --standalone --nproc_per_node={gpus} "
+        f"allreduce.py{message} 2>&1 | tail -c 1200"
+    )
+    progress(f"hpcjob: an all-reduce across each node's {gpus} GPUs, on {len(fit)} node(s) ...")
+    _, answers = access.backend.run_on_nodes(
+        f"hpcjob-doctor-gpus-{int(time.time())}",
+        probe,
+        JobShape(tuple(fit), profile.node_group),
+        lambda line: None,
+    )
+    return node_allreduce_check(answers, profile.vm_size, mark)
+
+
+def _share_error(access: ClusterAccess) -> str | None:
+    """Whether the share can be written from here (None: it can; the profile may name none)."""
+    from hpcjob.spec import HpcjobError, parse_share
+
+    profile = access.profile
+    if profile.share is None:
+        return None
+    try:
+        folder = access.share(
+            parse_share(profile.share), profile.smb_user, profile.smb_server, profile.smb_port
+        )
+        try:
+            folder.write_bytes(SHARE_PROBE_FILE, b"written by hpcjob doctor\n")
+            folder.read_bytes(SHARE_PROBE_FILE)
+        finally:
+            folder.close()
+    except (HpcjobError, OSError) as exc:
+        return " ".join(str(exc).split())
+    return None

@@ -1,0 +1,104 @@
+"""`doctor`'s verdicts from the nodes' answers (hpcjob.doctor, pure): which HPC Pack agent each node runs,
+and what that means for the mount step."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcjob.doctor import AGENT_DIR, FAIL, INFO, PASS, SKIP, node_allreduce_check, probe_checks, probe_command
+
+HEALTHY = "HPCJOB_PROBE gpus=8\nHPCJOB_PROBE node=3.10.12,x86_64,2.14.1,True,8,venv\n"
+
+
+def answer(node: str, agent: str, mounted: str = "yes") -> tuple[str, str]:
+    return node, f"{HEALTHY}HPCJOB_PROBE mounted={mounted}\nHPCJOB_PROBE agent={agent}\n"
+
+
+def agent_check(*answers: tuple[str, str]) -> tuple[str, str, str]:
+    [check] = [c for c in probe_checks(answers, 8, "/app/alice", "//HEAD/CcpSpoolDir") if c.name == "agent"]
+    return check.result, check.detail, check.fix
+
+
+def test_the_probe_asks_for_each_agent_s_own_file_where_the_command_line_has_room() -> None:
+    command = probe_command("/app/alice")
+    assert command.endswith(
+        f";cd {AGENT_DIR}&&echo $P agent=$(ls StartMpiContainer.sh appsettings.json 2>&-)"
+    )
+    assert len(command) <= 480  # HPC Pack's CommandLine limit (hpcjob's default --command-limit)
+    long = probe_command("/app/" + "a" * 60)
+    assert "agent" not in long and len(long) <= 480
+    assert agent_check(("N1", HEALTHY)) == (
+        SKIP,
+        "not asked: the probe's command line had no room left for it",
+        "",
+    )
+
+
+@pytest.mark.parametrize(
+    ("answers", "result", "said"),
+    [
+        ([answer("N1", "StartMpiContainer.sh"), answer("N2", "StartMpiContainer.sh")], PASS,
+         "the C++ agent on 2 node(s)"),
+        ([answer("N1", ""), answer("N2", "")], SKIP,
+         "neither agent's files in /opt/hpcnodemanager on N1, N2"),
+        # A node moved to the .NET agent whose mount an administrator made: it works, without the filter.
+        ([answer("N1", "StartMpiContainer.sh"), answer("N2", "appsettings.json")], PASS,
+         "the C++ agent on 1 node(s); the .NET agent on N2: the share is mounted, but the .NET agent runs "
+         "no execution filter: submit with --no-mount-step"),
+    ],
+)  # fmt: skip
+def test_the_agent_each_node_runs_is_said(answers: list[tuple[str, str]], result: str, said: str) -> None:
+    assert agent_check(*answers)[:2] == (result, said)
+
+
+def test_a_net_agent_node_without_the_share_fails_with_the_ways_out() -> None:
+    result, detail, fix = agent_check(
+        answer("N1", "StartMpiContainer.sh"), answer("N2", "appsettings.json", mounted="no")
+    )
+    assert result == FAIL and detail.endswith("hpcjob's mount step cannot mount the share there")
+    assert "--no-mount-step" in fix and "--image" in fix and "render --format clusrun" in fix
+
+
+def metrics(gbs: float) -> str:
+    return f'HPCJOB_METRICS {{"allreduce_bus_gbps": {gbs}, "allreduce_correct": true}}\n'
+
+
+def test_each_node_s_all_reduce_is_judged_by_its_size_s_mark_or_said_to_have_none() -> None:
+    answers = [
+        ("N1", metrics(471.2)),
+        ("N2", metrics(301.5)),
+        ("N3", "torch.distributed...\nRuntimeError: NCCL error\n"),
+    ]
+    failed = node_allreduce_check(answers, "Standard_ND96isr_H100_v5", 460.0)
+    assert (failed.result, failed.detail) == (FAIL, "N3: RuntimeError: NCCL error")
+    slow = node_allreduce_check(answers[:2], "Standard_ND96isr_H100_v5", 460.0)
+    assert (slow.result, slow.detail) == (
+        FAIL,
+        "below the mark of 460 GB/s for Standard_ND96isr_H100_v5: N2 301.5 GB/s",
+    )
+    assert "--exclude-node" in slow.fix
+    assert slow.figures == (
+        {"node": "N1", "bus_gbs": 471.2, "mark_gbs": 460.0},
+        {"node": "N2", "bus_gbs": 301.5, "mark_gbs": 460.0},
+    )
+    fine = node_allreduce_check(answers[:1], "Standard_ND96isr_H100_v5", 460.0)
+    assert (fine.result, fine.detail) == (
+        PASS,
+        "bus GB/s: N1 471.2, each at least the mark of 460 for Standard_ND96isr_H100_v5",
+    )
+    unmarked = node_allreduce_check(answers[:1], "Standard_NC24ads_A100_v4", None)
+    assert (unmarked.result, unmarked.detail) == (
+        INFO,
+        "bus GB/s: N1 471.2 (no published mark for Standard_NC24ads_A100_v4: no verdict)",
+    )
+
+
+def test_a_node_whose_python_cannot_make_a_job_s_environment_is_named() -> None:
+    no_venv = "HPCJOB_PROBE node=3.10.12,x86_64,2.14.1,True,8,Traceback;ModuleNotFoundError...\n"
+    answers = [answer("N1", ""), ("N2", no_venv + "HPCJOB_PROBE mounted=yes\n")]
+    [python] = [c for c in probe_checks(answers, 8, "/app/alice", None) if c.name == "Python"]
+    assert (python.result, python.detail) == (
+        FAIL,
+        "no venv on N2: a job with a requirements file fails there",
+    )
+    assert "python3-venv" in python.fix
