@@ -7,6 +7,7 @@ answers for itself): its GPUs, torch and CUDA, and whether the share is mounted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -455,4 +456,37 @@ def node_allreduce_check(
         )
     return Check(
         name, PASS, f"bus GB/s: {shown}, each at least the mark of {mark_gbs:g} for {vm_size}", "", figures
+    )
+
+
+# NCCL's own words for its network transport, with NCCL_DEBUG=INFO (NVIDIA/nccl src/transport/net_ib.cc
+# and net_socket.cc: docs/facts/azure-gpu-fabric-and-nccl.md §4).
+_NCCL_IB = re.compile(r"NET/IB : Using (.*?)(?:; OOB .*)?$|via NET/IB")
+_NCCL_SOCKET = re.compile(r"NET/Socket : Using (.*)$|via NET/Socket")
+
+
+def fabric_check(vm_size: str | None, infiniband: str | None, backend: object, lines: Sequence[str]) -> Check:
+    """Whether the 2-node all-reduce's NCCL went over InfiniBand or TCP sockets (its INFO lines), against
+    what the size has (`infiniband`: as sizes.json says it, None: none)."""
+    if backend != "nccl":
+        return Check("fabric", SKIP, "no NCCL: the all-reduce ran on the CPU (gloo)")
+    ib = [m for m in map(_NCCL_IB.search, lines) if m]
+    sockets = [m for m in map(_NCCL_SOCKET.search, lines) if m]
+    devices = next((m.group(1).strip() for m in ib + sockets if m.group(1)), "")
+    size = vm_size or "the profile's size (none named)"
+    if ib:
+        return Check("fabric", PASS, f"NCCL went over InfiniBand ({devices or 'NET/IB'})")
+    if not sockets:
+        return Check("fabric", SKIP, "NCCL said nothing of its network (no NET/ line in the job's output)")
+    if infiniband:
+        return Check(
+            "fabric",
+            FAIL,
+            f"NCCL went over TCP sockets ({devices or 'NET/Socket'}), though {size} has {infiniband}",
+            "check the node's InfiniBand (`ibstat`: an Azure HPC image has the drivers), that "
+            "NCCL_IB_DISABLE is not set, and in containers the devices (docker_options: "
+            "--device=/dev/infiniband --cap-add=IPC_LOCK)",
+        )
+    return Check(
+        "fabric", INFO, f"NCCL went over TCP sockets ({devices or 'NET/Socket'}): {size} has no InfiniBand"
     )

@@ -36,6 +36,25 @@ class TaskPlan:
 # TCP store across rounds, so the workers of a restarted round can read the addresses the lost round's
 # workers left there, and fail to connect (seen with gloo in torch 2.14).
 SEPARATE_ROUND_STORES = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+# PyTorch's NCCL flight recorder, on in every job (a ring of the last collectives per rank, cheap): on a
+# collective's timeout each rank writes what it was in to the run's log folder on the share, where
+# `hpcjob logs` and a person can read it. Torch 2.9 renamed the settings; 2.14.1's libraries hold both
+# names, and nodes may run an older torch: both are set (docs/facts/azure-gpu-fabric-and-nccl.md §5).
+FLIGHT_RECORDER_ENTRIES = "2000"
+FLIGHT_RECORDER_FILE = "nccl-trace-rank-"  # in the log folder, + the rank
+
+
+def flight_recorder_env(log_dir: str) -> tuple[tuple[str, str], ...]:
+    dump = f"{log_dir}/{FLIGHT_RECORDER_FILE}"
+    return (
+        ("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES),
+        ("TORCH_NCCL_TRACE_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES),
+        ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+        ("TORCH_FR_DUMP_TEMP_FILE", dump),
+        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", dump),
+    )
+
+
 # The job environment variable that asks hpcjob's execution filter (hpcjob/node/mount_filter.py) to
 # mount a share on the node before the task starts, with the job owner's credentials.
 MOUNT_VAR = "HPCJOB_MOUNT"
@@ -272,8 +291,9 @@ def make_plan(
         for node in nodes
     )
     mount = None
-    given = {name for name, _ in spec.env}  # the job's own --env wins over the size's settings
-    env = (*((name, value) for name, value in nccl_env(spec.vm_size) if name not in given), *spec.env)
+    given = {name for name, _ in spec.env}  # the job's own --env wins over the size's and hpcjob's settings
+    defaults = (*nccl_env(spec.vm_size), *flight_recorder_env(log_dir))
+    env = (*((name, value) for name, value in defaults if name not in given), *spec.env)
     files: tuple[tuple[str, str], ...] = ()
     if spec.requirements is not None:
         text = spec.requirements

@@ -111,8 +111,9 @@ def test_a_healthy_cluster_passes_every_check(
     found = checks(done)
     assert list(found) == [
         *("head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "Python", "agent"),
-        *("all-reduce", "all-reduce per node", "share"),
+        *("all-reduce", "fabric", "all-reduce per node", "share"),
     ]
+    assert found.pop("fabric") == ("skip", "no NCCL: the all-reduce ran on the CPU (gloo)")
     # The mount point here is long (tmp_path): no room for the agent (tests/test_doctor_checks.py).
     assert found.pop("agent") == ("skip", "not asked: the probe's command line had no room left for it")
     result, detail = found.pop("all-reduce per node")  # gloo across each node's 2 processes, no size

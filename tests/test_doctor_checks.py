@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from hpcjob.doctor import AGENT_DIR, FAIL, INFO, PASS, SKIP, node_allreduce_check, probe_checks, probe_command
+from hpcjob.doctor import (
+    AGENT_DIR,
+    FAIL,
+    INFO,
+    PASS,
+    SKIP,
+    fabric_check,
+    node_allreduce_check,
+    probe_checks,
+    probe_command,
+)
 
 HEALTHY = "HPCJOB_PROBE gpus=8\nHPCJOB_PROBE node=3.10.12,x86_64,2.14.1,True,8,venv\n"
 
@@ -102,3 +112,35 @@ def test_a_node_whose_python_cannot_make_a_job_s_environment_is_named() -> None:
         "no venv on N2: a job with a requirements file fails there",
     )
     assert "python3-venv" in python.fix
+
+
+# NCCL's INFO lines as its transports word them (NVIDIA/nccl net_ib.cc, net_socket.cc; facts §4).
+IB = "nd1:2211:2298 [0] NCCL INFO NET/IB : Using [0]mlx5_ib0:1/IB [1]mlx5_ib1:1/IB [RO]; OOB eth0:10.0.0.4<0>"
+NO_IB = "nd1:2211:2298 [0] NCCL INFO NET/IB : No device found."
+SOCKET = "nc1:3131:3190 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>"
+
+
+@pytest.mark.parametrize(
+    ("size", "infiniband", "lines", "result", "said"),
+    [
+        ("Standard_ND96isr_H100_v5", "NDR", [IB], PASS,
+         "NCCL went over InfiniBand ([0]mlx5_ib0:1/IB [1]mlx5_ib1:1/IB [RO])"),
+        ("Standard_ND96isr_H100_v5", "NDR InfiniBand, 400 Gb/s per GPU", [NO_IB, SOCKET], FAIL,
+         "NCCL went over TCP sockets ([0]eth0:10.0.0.5<0>), though Standard_ND96isr_H100_v5 has NDR "
+         "InfiniBand, 400 Gb/s per GPU"),
+        ("Standard_NC24ads_A100_v4", None, [SOCKET], INFO,
+         "NCCL went over TCP sockets ([0]eth0:10.0.0.5<0>): Standard_NC24ads_A100_v4 has no InfiniBand"),
+        ("Standard_ND96asr_v4", "HDR", ["NCCL INFO Bootstrap : Using eth0"], SKIP,
+         "NCCL said nothing of its network (no NET/ line in the job's output)"),
+    ],
+)  # fmt: skip
+def test_whether_nccl_went_over_infiniband_is_read_from_its_own_words(
+    size: str, infiniband: str | None, lines: list[str], result: str, said: str
+) -> None:
+    check = fabric_check(size, infiniband, "nccl", lines)
+    assert (check.result, check.detail) == (result, said)
+    assert ("ibstat" in check.fix) == (result == FAIL)
+    assert (
+        fabric_check(size, infiniband, "gloo", lines).detail
+        == "no NCCL: the all-reduce ran on the CPU (gloo)"
+    )

@@ -70,3 +70,12 @@ def test_render_shows_them_and_a_size_that_is_no_size_is_one_line(tmp_path: Path
     assert "<Value>/opt/microsoft/ndv4/topo.xml</Value>" in shown.output
     bad = CliRunner().invoke(cli, [*job, "--vm-size", "ND96 v4", script])
     assert bad.exit_code != 0 and "--vm-size 'ND96 v4' must be an Azure VM size" in str(bad.exception)
+
+
+def test_every_job_keeps_a_flight_record_on_the_share_unless_its_env_says_otherwise() -> None:
+    spec = cluster_spec(1, env=(("TORCH_FR_BUFFER_SIZE", "0"),))
+    plan = make_plan(spec, spec.node_names, RUN_ID)
+    env = list(plan.env)
+    assert [value for name, value in env if name == "TORCH_FR_BUFFER_SIZE"] == ["0"]  # the job's own
+    assert ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1") in env
+    assert ("TORCH_FR_DUMP_TEMP_FILE", f"{plan.log_dir}/nccl-trace-rank-") in env  # the run's log folder

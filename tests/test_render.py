@@ -127,9 +127,9 @@ def test_job_xml_root_namespace_version_and_shape() -> None:
     assert [t.get("RequiredNodes") for t in tasks] == ["GPUNODE001", "GPUNODE002"]
     assert len({t.get("CommandLine") for t in tasks}) == 1
     variables = root.findall("j:EnvironmentVariables/j:Variable", NS)
-    assert [
-        (v.findtext("j:Name", namespaces=NS), v.findtext("j:Value", namespaces=NS)) for v in variables
-    ] == [
+    assert [(v.findtext("j:Name", namespaces=NS), v.findtext("j:Value", namespaces=NS)) for v in variables][
+        5:
+    ] == [  # after the flight recorder's five (test_plan_json_is_the_whole_plan)
         ("NCCL_DEBUG", "WARN"),
         # A node that lost the share gets it back from hpcjob's execution filter before the task starts.
         ("HPCJOB_MOUNT", "//HEADNODE/CcpSpoolDir/app|/app"),
@@ -142,7 +142,11 @@ def test_plan_json_is_the_whole_plan() -> None:
     data = json.loads(plan_json(plan))
     assert data["run_id"] == RUN_ID
     assert data["world_size"] == 8
+    dump = f"{plan.log_dir}/nccl-trace-rank-"  # the flight recorder's, on the share
     assert data["env"] == {
+        **{"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"},
+        **{"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": dump},
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump,
         "NCCL_DEBUG": "WARN",
         "HPCJOB_MOUNT": plan.mount.filter_request if plan.mount else "",
     }

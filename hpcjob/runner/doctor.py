@@ -7,9 +7,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcjob.doctor import Check
 from hpcjob.runner import ClusterAccess, Progress, new_run_id, profile_mount_point, submit_and_follow
+
+if TYPE_CHECKING:
+    from hpcjob.onboard import GpuSize
+    from hpcjob.runs import RunRecord
 
 SHARE_PROBE_FILE = ".hpcjob-doctor"  # written (and overwritten) at the share's root to prove it writable
 
@@ -98,8 +103,8 @@ def _allreduce(
     """A 2-node all-reduce job (hpcjob/probes/allreduce.py) through the same path as `hpcjob submit`;
     with `requirements` (a file's name and text), in the job's environment built from them; with
     `image`, in containers of it, with the profile's GPUs and Docker options."""
-    from hpcjob.doctor import SKIP, allreduce_check, container_check, environment_check
-    from hpcjob.runner import with_profile
+    from hpcjob.doctor import SKIP, allreduce_check, container_check, environment_check, fabric_check
+    from hpcjob.runner import size_table, with_profile
     from hpcjob.spec import JobSpec, parse_share
 
     profile = access.profile
@@ -108,7 +113,7 @@ def _allreduce(
         skipped = [Check("all-reduce", SKIP, why)]
         skipped += [Check("environment", SKIP, why)] if requirements else []
         skipped += [Check("container", SKIP, why)] if image else []
-        return [*skipped, Check("all-reduce per node", SKIP, why)]
+        return [*skipped, Check("fabric", SKIP, why), Check("all-reduce per node", SKIP, why)]
     nodes = tuple(fit[:2])
     # As a job of the profile's is: its share and folder, environment and containers' settings.
     fields = with_profile({"mount_point": mount_point, "nproc_per_node": 1}, profile)
@@ -121,6 +126,7 @@ def _allreduce(
         mount_point=fields["mount_point"],
         nproc_per_node=1,
         runtime_s=600 if requirements or image else 300,  # building the environment takes its time
+        env=(("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET")),  # NCCL names its transport
         requirements=requirements[1] if requirements else None,
         image=image,
         **{
@@ -131,7 +137,7 @@ def _allreduce(
     )
     progress(f"hpcjob: an all-reduce job on {' and '.join(nodes)} ...")
     smb = (profile.smb_user, profile.smb_server, profile.smb_port)
-    _, plan, summary = submit_and_follow(
+    record, plan, summary = submit_and_follow(
         access,
         spec,
         new_run_id(spec.name),
@@ -148,16 +154,42 @@ def _allreduce(
         checks.append(environment_check(requirements[0], nodes, summary.state, summary.metrics, cause))
     if image:
         checks.append(container_check(image, nodes, summary.state, summary.metrics, cause))
-    return [*checks, _node_allreduce(access, fit, plan.job_dir, progress)]
+    size = size_table().sizes.get(profile.vm_size or "")
+    backend = (summary.metrics or {}).get("allreduce_backend")
+    checks.append(
+        fabric_check(profile.vm_size, size.infiniband if size else None, backend, _said(access, record))
+    )
+    return [*checks, _node_allreduce(access, fit, plan.job_dir, size, progress)]
 
 
-def _node_allreduce(access: ClusterAccess, fit: list[str], job_dir: str, progress: Progress) -> Check:
+def _said(access: ClusterAccess, record: RunRecord) -> list[str]:
+    """Every line the run's nodes wrote, from the share (none where it cannot be read from here)."""
+    from hpcjob.logs import RunLogs
+    from hpcjob.spec import HpcjobError, parse_share
+
+    profile = access.profile
+    if profile.share is None:
+        return []
+    try:
+        folder = access.share(
+            parse_share(profile.share), profile.smb_user, profile.smb_server, profile.smb_port
+        )
+    except HpcjobError:
+        return []
+    try:
+        return [line for _, _, line in RunLogs(folder, record.log_folder, record.nodes).lines(final=True)]
+    finally:
+        folder.close()
+
+
+def _node_allreduce(
+    access: ClusterAccess, fit: list[str], job_dir: str, size: GpuSize | None, progress: Progress
+) -> Check:
     """The all-reduce across each node's own GPUs, a task per node (the probe the 2-node job put in its
     folder on the share, under a single-node torchrun), judged by the health checks' mark for the
-    profile's VM size (hpcjob/arm/sizes.json), at the message size of that mark."""
+    profile's VM size (`size`, from hpcjob/arm/sizes.json), at the message size of that mark."""
     from hpcjob.doctor import SKIP, node_allreduce_check
     from hpcjob.render import JobShape
-    from hpcjob.runner import size_table
 
     profile = access.profile
     gpus = profile.gpus_per_node or 1
@@ -165,7 +197,6 @@ def _node_allreduce(access: ClusterAccess, fit: list[str], job_dir: str, progres
         return Check(
             "all-reduce per node", SKIP, "one GPU per node (the profile's gpus_per_node): nothing to reduce"
         )
-    size = size_table().sizes.get(profile.vm_size or "")
     mark = size.allreduce_gbs if size else None
     message = f" --mb {size.allreduce_mb}" if size and size.allreduce_mb else ""
     # Its metrics line comes last, and the scheduler keeps a task's first 1500 bytes: the end is kept.
