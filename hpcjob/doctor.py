@@ -57,7 +57,7 @@ def probe_command(mount_point: str, python: str = "python3", limit: int = DEFAUL
         f'echo $P node=$({python} -c "{NODE_PROBE}" 2>&1|tr "\\n " ";,");'
         f"echo $P mounted=$(mountpoint -q {mount_point}&&echo yes||echo no)"
     )
-    agent = f";cd {AGENT_DIR}&&echo $P agent=$(ls {' '.join(AGENT_MARKS)} 2>&-)"
+    agent = f";echo $P agent=$(cd {AGENT_DIR} 2>&-&&ls {' '.join(AGENT_MARKS)} 2>&-)"
     return command + agent if len(command + agent) <= limit else command
 
 
@@ -357,7 +357,7 @@ def allreduce_check(nodes: Sequence[str], state: str, metrics: dict[str, object]
         FAIL,
         f"between {between}: {why}",
         "check that the nodes reach each other on the rendezvous port and the interface node.sh picks "
-        "(HPCJOB_IFNAME); rerun the job with NCCL_DEBUG=INFO (hpcjob logs RUN shows it)",
+        "(HPCJOB_IFNAME); the job ran with NCCL_DEBUG=INFO: `hpcjob logs RUN` shows what NCCL said",
     )
 
 
@@ -468,6 +468,8 @@ _NCCL_SOCKET = re.compile(r"NET/Socket : Using (.*)$|via NET/Socket")
 def fabric_check(vm_size: str | None, infiniband: str | None, backend: object, lines: Sequence[str]) -> Check:
     """Whether the 2-node all-reduce's NCCL went over InfiniBand or TCP sockets (its INFO lines), against
     what the size has (`infiniband`: as sizes.json says it, None: none)."""
+    if backend is None:
+        return Check("fabric", SKIP, "the all-reduce did not run to its end")
     if backend != "nccl":
         return Check("fabric", SKIP, "no NCCL: the all-reduce ran on the CPU (gloo)")
     ib = [m for m in map(_NCCL_IB.search, lines) if m]

@@ -32,7 +32,7 @@ def agent_check(*answers: tuple[str, str]) -> tuple[str, str, str]:
 def test_the_probe_asks_for_each_agent_s_own_file_where_the_command_line_has_room() -> None:
     command = probe_command("/app/alice")
     assert command.endswith(
-        f";cd {AGENT_DIR}&&echo $P agent=$(ls StartMpiContainer.sh appsettings.json 2>&-)"
+        f";echo $P agent=$(cd {AGENT_DIR} 2>&-&&ls StartMpiContainer.sh appsettings.json 2>&-)"
     )
     assert len(command) <= 480  # HPC Pack's CommandLine limit (hpcjob's default --command-limit)
     long = probe_command("/app/" + "a" * 60)
@@ -144,3 +144,4 @@ def test_whether_nccl_went_over_infiniband_is_read_from_its_own_words(
         fabric_check(size, infiniband, "gloo", lines).detail
         == "no NCCL: the all-reduce ran on the CPU (gloo)"
     )
+    assert fabric_check(size, infiniband, None, lines).detail == "the all-reduce did not run to its end"

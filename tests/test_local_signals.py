@@ -94,11 +94,14 @@ def test_a_signal_to_hpcjob_cancels_the_job(
 
 
 def test_sigkill_of_hpcjob_leaves_no_process(tmp_path: Path, run_id: str) -> None:
-    process, _ = start(tmp_path, run_id)
+    """The job's own process sees its starter gone (the pipe between them closes) and cancels the job as
+    a signal would: the nodes stopped, the summary written."""
+    process, log_dir = start(tmp_path, run_id)
     assert len(leftover_processes(run_id)) >= 6  # per node: bash, torchrun, worker shim, rank
     process.kill()  # as the OOM killer does: no handler runs
     process.communicate(timeout=30)
     assert no_leftovers(run_id, within=10) == []
+    assert json.loads((log_dir / "summary.json").read_text())["state"] == "Canceled"
 
 
 def test_a_rank_killed_by_a_signal_is_blamed_not_the_node_stopped_after_it(

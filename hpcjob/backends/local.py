@@ -384,8 +384,11 @@ class LocalBackend:
         if echo_output:
             _echo(nodes, progress, final=True)
         summary = self._summary(plan, nodes, state, failed_first, stopped_at, time.monotonic() - start)
-        # Tells `hpcjob logs --follow` in another terminal that the job has ended.
-        (Path(plan.log_dir) / SUMMARY_FILE).write_text(summary.to_json(), encoding="utf-8")
+        # Tells `hpcjob logs --follow` and `run --local`, which read it as it comes, that the job has ended:
+        # whole or not at all.
+        written = Path(plan.log_dir) / f".{SUMMARY_FILE}.{os.getpid()}"
+        written.write_text(summary.to_json(), encoding="utf-8")
+        os.replace(written, Path(plan.log_dir) / SUMMARY_FILE)
         return summary
 
     @staticmethod
@@ -538,11 +541,6 @@ class LocalBackend:
         )
 
 
-def this_process() -> tuple[int, int]:
-    """This process as (pid, start time): what `running_process` checks a record against."""
-    return os.getpid(), process_table().get(os.getpid(), (0, -1, b""))[1]
-
-
 def running_process(pid: int | None, start: int | None) -> bool:
     """Whether the process recorded as (pid, start time) still runs (not a later one with its pid)."""
     entry = process_table().get(pid or -1)
@@ -557,8 +555,8 @@ def local_status(log_dir: Path, pid: int | None, start: int | None) -> JobSummar
     if running_process(pid, start):
         return None
     raise HpcjobError(
-        f"the run in {log_dir} ended without a summary: hpcjob was killed while it ran (its tasks were "
-        "stopped with it)"
+        f"the run in {log_dir} ended without a summary: its process was killed while it ran (its tasks "
+        "were stopped with it)"
     )
 
 
@@ -577,9 +575,9 @@ def cancel_local(pid: int | None, start: int | None, force: bool = False) -> boo
 
 
 def cancel_on_signals() -> None:
-    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal, a dropped ssh) cancel the job: the nodes are
-    stopped, not orphaned. Set whatever was inherited: a script's background job starts with SIGINT
-    ignored, and Python then leaves it ignored."""
+    """In a job's process: SIGINT, SIGTERM and SIGHUP (`hpcjob cancel`, its starter's end, Ctrl-C where it
+    runs in a shell) cancel the job: the nodes are stopped, not orphaned. Set whatever was inherited: a
+    script's background job starts with SIGINT ignored, and Python then leaves it ignored."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt

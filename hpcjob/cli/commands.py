@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -24,9 +24,6 @@ from hpcjob.cli.options import (
     tag_option,
 )
 from hpcjob.runner import open_smb
-
-if TYPE_CHECKING:
-    pass
 
 
 @cli.command(context_settings=PASS_THROUGH)

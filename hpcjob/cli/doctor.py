@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from hpcjob.cli.app import cli
 from hpcjob.cli.options import backend_option, cluster_option, started_command
 from hpcjob.runner import ClusterAccess
-
-if TYPE_CHECKING:
-    pass
 
 
 @cli.command()

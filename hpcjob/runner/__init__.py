@@ -567,7 +567,10 @@ def run_local(
     Ctrl-C, SIGTERM and SIGHUP cancel it (a second one: its nodes are killed at once) and it is followed
     on to its summary; a process killed outright takes the job with it."""
     import signal
+    import sys
 
+    if sys.platform == "win32":  # before hpcjob.procs, which names POSIX signals
+        raise SpecError("a local run needs Linux: on Windows, run it in WSL")
     from hpcjob.procs import STOP_SIGNALS
 
     def interrupt(signum: int, frame: object) -> None:
@@ -582,14 +585,16 @@ def run_local(
         backend, record, plan = start_local(
             fields, run_id, local, progress=progress, command=command, tags=tags, attached=True
         )
-        interrupted = 0
+        interrupted = False
         while True:
             try:
+                # Each interrupt is one SIGTERM to the job's process: the first stops the nodes, a second
+                # kills them at once (as a second Ctrl-C in its own shell would).
                 if interrupted:
-                    backend.cancel(record, force=interrupted > 1)
+                    backend.cancel(record, force=False)
                 return follow_run(backend, record, plan, run_folder_opener(record), started, progress)
             except (KeyboardInterrupt, StoppedWaiting):
-                interrupted += 1
+                interrupted = True
     finally:
         for stop, handler in before.items():
             signal.signal(stop, handler)
@@ -777,9 +782,7 @@ class RunOutput:
             for node, text in self.scheduler_copy or ():
                 for line in text.splitlines():
                     yield node, "stdout", line
-            if follow and self._scheduler_end is not None:
-                self.exit_code = self._scheduler_end()
-            return
+            return  # its job's end is not followed: the copy is all there will be
         logs = self._logs
         quiet_since = time.monotonic()
         while True:
@@ -812,7 +815,11 @@ class RunOutput:
         if self._logs is None:
             return None
         steps = [t for t in self._logs.timeline() if t.get("event") == "step"]
-        return steps[-1] if steps and self._ended() is None else None
+        try:
+            running = self._ended() is None
+        except HpcjobError:  # a local run whose process was killed: ended, without a summary
+            running = False
+        return steps[-1] if steps and running else None
 
     def close(self) -> None:
         if self._folder is not None:

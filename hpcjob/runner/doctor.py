@@ -159,6 +159,13 @@ def _allreduce(
     checks.append(
         fabric_check(profile.vm_size, size.infiniband if size else None, backend, _said(access, record))
     )
+    if summary.state != "Finished" or requirements or image:
+        why = (
+            "not run: the 2-node all-reduce failed"
+            if summary.state != "Finished"
+            else "not run with --requirements or --image (it runs in the nodes' own Python)"
+        )
+        return [*checks, Check("all-reduce per node", SKIP, why)]
     return [*checks, _node_allreduce(access, fit, plan.job_dir, size, progress)]
 
 
@@ -188,8 +195,9 @@ def _node_allreduce(
     """The all-reduce across each node's own GPUs, a task per node (the probe the 2-node job put in its
     folder on the share, under a single-node torchrun), judged by the health checks' mark for the
     profile's VM size (`size`, from hpcjob/arm/sizes.json), at the message size of that mark."""
-    from hpcjob.doctor import SKIP, node_allreduce_check
+    from hpcjob.doctor import FAIL, SKIP, node_allreduce_check
     from hpcjob.render import JobShape
+    from hpcjob.spec import HpcjobError
 
     profile = access.profile
     gpus = profile.gpus_per_node or 1
@@ -205,12 +213,17 @@ def _node_allreduce(
         f"allreduce.py{message} 2>&1 | tail -c 1200"
     )
     progress(f"hpcjob: an all-reduce across each node's {gpus} GPUs, on {len(fit)} node(s) ...")
-    _, answers = access.backend.run_on_nodes(
-        f"hpcjob-doctor-gpus-{int(time.time())}",
-        probe,
-        JobShape(tuple(fit), profile.node_group),
-        lambda line: None,
-    )
+    try:
+        _, answers = access.backend.run_on_nodes(
+            f"hpcjob-doctor-gpus-{int(time.time())}",
+            probe,
+            JobShape(tuple(fit), profile.node_group),
+            lambda line: None,
+        )
+    except HpcjobError as exc:  # the checks made so far stand
+        return Check(
+            "all-reduce per node", FAIL, " ".join(str(exc).split()), "see `hpcjob status` of the job"
+        )
     return node_allreduce_check(answers, profile.vm_size, mark)
 
 

@@ -318,13 +318,20 @@ def _check(done: Onboarded, progress: Progress) -> None:
     profile = done.profile
     assert profile is not None
 
+    access: list[ClusterAccess] = []  # opened once, for both: a password asked for is asked once
+
+    def cluster() -> ClusterAccess:
+        if not access:
+            access.append(ClusterAccess(profile.name))
+        return access[0]
+
     def mount() -> str | None:
         request = mount_request(profile, None, None, None, None, ())
-        done.mounts = mount_share(ClusterAccess(profile.name), request, install=True, progress=progress)
+        done.mounts = mount_share(cluster(), request, install=True, progress=progress)
         return None if all(r.ok for r in done.mounts) else "a node failed"
 
     def doctor() -> str | None:
-        done.checkup = checkup(ClusterAccess(profile.name), progress=progress)
+        done.checkup = checkup(cluster(), progress=progress)
         return "a check failed" if done.checkup.failed else None
 
     for command, step in (("mount --install", mount), ("doctor", doctor)):
