@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpcjob.gpus import default_procs_per_node, share_gpus, visible_gpus
+from hpcjob.runs import history
 
 from .conftest import empty_script, run_local, stand_in_python
 
@@ -67,6 +68,8 @@ def test_two_local_nodes_on_four_gpus_get_two_each(tmp_path: Path) -> None:
     assert "2 node(s) x 2 process(es), GPUs 0,1 | 2,3," in shown
     assert "devices=0,1 " in seen["LOCAL1"] and "devices=2,3 " in seen["LOCAL2"]
     assert "--nproc_per_node=2" in seen["LOCAL1"]
+    [entry] = history()
+    assert entry.gpus_per_node == 2  # the history's GPU-hours count each node's two
 
 
 def test_two_local_nodes_on_one_gpu_run_on_the_cpu_and_say_so_once(tmp_path: Path) -> None:

@@ -344,11 +344,13 @@ def submit_run(
     progress: Progress,
     command: str,
     tags: Mapping[str, str] | None = None,
+    gpus_per_node: int | None = None,
 ) -> tuple[RunRecord, JobPlan]:
     """Plan the job on `backend`, stage its code into `open_folder(plan)` (the share, or the local
     folder that stands in for it; None: the code is there already), submit it, recording the run at
     each step (`where`: the record's share, local folder and cluster; `command`: how it was asked
-    for). The run's latest record, and its plan."""
+    for; `gpus_per_node`: each node's GPUs, for the history's GPU-hours [default: the spec's]). The
+    run's latest record, and its plan."""
     from hpcjob.render import plan_json
     from hpcjob.runs import RunRecord, check_new_run_id, save_run
     from hpcjob.staging import stage_run
@@ -375,7 +377,8 @@ def submit_run(
             pid=pid,
             pid_start=pid_start,
         )
-        save_run(latest, command=command, plan=job, tags=tags, gpus_per_node=spec.gpus_per_node)
+        gpus = gpus_per_node or spec.gpus_per_node
+        save_run(latest, command=command, plan=job, tags=tags, gpus_per_node=gpus)
 
     check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload
     backend.submit(plan, mount=mount_step, progress=progress, record=record)
@@ -500,7 +503,7 @@ def start_local(
 
     from hpcjob.backends import open_backend
     from hpcjob.backends.local import LocalBackend, free_port
-    from hpcjob.gpus import default_procs_per_node, visible_gpus
+    from hpcjob.gpus import default_procs_per_node, share_gpus, visible_gpus
     from hpcjob.share import LocalFolder
 
     if sys.platform == "win32":  # its nodes are bash and torchrun processes in POSIX process groups
@@ -514,6 +517,8 @@ def start_local(
     if fields.get("nproc_per_node") is None and fields.get("gpus_per_node") is None:
         # As on a cluster node: one process per GPU the node gets.
         spec = replace(spec, nproc_per_node=default_procs_per_node(visible_gpus(os.environ), spec.node_count))
+    # Each local node's GPUs, as the backend's plan shares them out (none: the CPU), for the history.
+    local_gpus = share_gpus(visible_gpus(os.environ), spec.node_count, spec.procs_per_node).devices[0]
     backend = open_backend("local", None, None)
     assert isinstance(backend, LocalBackend)
     backend.share_root, backend.grace_period_s = local.share_root, local.grace_period_s
@@ -533,6 +538,7 @@ def start_local(
         progress=progress,
         command=command,
         tags=tags,
+        gpus_per_node=len(local_gpus.split(",")) if local_gpus else None,
     )
     return backend, record, plan
 
