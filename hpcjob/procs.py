@@ -22,7 +22,8 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from types import TracebackType
+from types import FrameType, TracebackType
+from typing import Any
 
 # Put into each task's environment by whoever starts it, with a value unique to the task.
 MARKER_VAR = "HPCJOB_TASK_MARKER"
@@ -37,6 +38,21 @@ Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
 # handler, would otherwise raise KeyboardInterrupt in its start-up or be lost at exec; blocked, it waits
 # in the kernel and ends the process as soon as the defaults are back and this unblocks it.
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+# The signals that cancel a job where it is run (SIGQUIT keeps its default: the way to stop hpcjob itself).
+CANCEL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def interrupt_on_cancel_signals() -> dict[int, Any]:
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt here, whatever was inherited (a script's
+    background job starts with SIGINT ignored, and Python then leaves it ignored). The handlers they had,
+    to put back with `signal.signal`."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    return {stop: signal.signal(stop, interrupt) for stop in CANCEL_SIGNALS}
+
+
 DEFAULT_SIGNALS = (
     "import os, signal, sys\n"
     "for s in signal.valid_signals():\n"

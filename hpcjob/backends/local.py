@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import IO, TYPE_CHECKING
 
 from hpcjob.gpus import share_gpus, visible_gpus
@@ -39,7 +38,15 @@ from hpcjob.plan import (
     container_engine,
     make_plan,
 )
-from hpcjob.procs import MARKER_VAR, STOP_SIGNALS, TaskProcess, Watchdog, exit_code, process_table
+from hpcjob.procs import (
+    MARKER_VAR,
+    STOP_SIGNALS,
+    TaskProcess,
+    Watchdog,
+    exit_code,
+    interrupt_on_cancel_signals,
+    process_table,
+)
 from hpcjob.results import (
     ALREADY_MOUNTED,
     JobInfo,
@@ -574,19 +581,6 @@ def cancel_local(pid: int | None, start: int | None, force: bool = False) -> boo
     return True
 
 
-def cancel_on_signals() -> None:
-    """In a job's process: SIGINT, SIGTERM and SIGHUP (`hpcjob cancel`, its starter's end, Ctrl-C where it
-    runs in a shell) cancel the job: the nodes are stopped, not orphaned. Set whatever was inherited: a
-    script's background job starts with SIGINT ignored, and Python then leaves it ignored."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGHUP, handler)
-
-
 def open_backend(profile: ClusterProfile | None, password: str | None) -> LocalBackend:
     from hpcjob.config import secret_variables
 
@@ -598,7 +592,7 @@ def _supervise() -> int:
     holds stdin open for as long as it lives: its end (EOF) cancels the job, as SIGTERM does."""
     request = json.loads(sys.stdin.buffer.readline())
     plan = JobPlan.from_dict(request["plan"])
-    cancel_on_signals()
+    interrupt_on_cancel_signals()  # `hpcjob cancel`, its starter's end: the nodes stopped, not orphaned
     if request.get("attached"):
         threading.Thread(target=_cancel_when_starter_ends, daemon=True).start()
     backend = LocalBackend(grace_period_s=request["grace_period_s"], gpu_devices=request["gpu_devices"])

@@ -577,15 +577,9 @@ def run_local(
 
     if sys.platform == "win32":  # before hpcjob.procs, which names POSIX signals
         raise SpecError("a local run needs Linux: on Windows, run it in WSL")
-    from hpcjob.procs import STOP_SIGNALS
+    from hpcjob.procs import interrupt_on_cancel_signals
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    # Whatever was inherited: a script's background job starts with SIGINT ignored. SIGQUIT keeps its
-    # default: the way to stop hpcjob itself (the job's process then cancels the job).
-    stops = [stop for stop in STOP_SIGNALS if stop.name != "SIGQUIT"]
-    before = {stop: signal.signal(stop, interrupt) for stop in stops}
+    before = interrupt_on_cancel_signals()
     started = time.monotonic()
     try:
         backend, record, plan = start_local(

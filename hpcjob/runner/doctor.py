@@ -15,6 +15,7 @@ from hpcjob.runner import ClusterAccess, Progress, new_run_id, profile_mount_poi
 if TYPE_CHECKING:
     from hpcjob.onboard import GpuSize
     from hpcjob.runs import RunRecord
+    from hpcjob.share import ShareFolder
 
 SHARE_PROBE_FILE = ".hpcjob-doctor"  # written (and overwritten) at the share's root to prove it writable
 
@@ -169,19 +170,26 @@ def _allreduce(
     return [*checks, _node_allreduce(access, fit, plan.job_dir, size, progress)]
 
 
-def _said(access: ClusterAccess, record: RunRecord) -> list[str]:
-    """Every line the run's nodes wrote, from the share (none where it cannot be read from here)."""
-    from hpcjob.logs import RunLogs
-    from hpcjob.spec import HpcjobError, parse_share
+def _profile_share(access: ClusterAccess) -> ShareFolder | None:
+    """The profile's share as it reaches it from here (None: the profile names none)."""
+    from hpcjob.spec import parse_share
 
     profile = access.profile
     if profile.share is None:
-        return []
+        return None
+    return access.share(parse_share(profile.share), profile.smb_user, profile.smb_server, profile.smb_port)
+
+
+def _said(access: ClusterAccess, record: RunRecord) -> list[str]:
+    """Every line the run's nodes wrote, from the share (none where it cannot be read from here)."""
+    from hpcjob.logs import RunLogs
+    from hpcjob.spec import HpcjobError
+
     try:
-        folder = access.share(
-            parse_share(profile.share), profile.smb_user, profile.smb_server, profile.smb_port
-        )
+        folder = _profile_share(access)
     except HpcjobError:
+        return []
+    if folder is None:
         return []
     try:
         return [line for _, _, line in RunLogs(folder, record.log_folder, record.nodes).lines(final=True)]
@@ -229,15 +237,12 @@ def _node_allreduce(
 
 def _share_error(access: ClusterAccess) -> str | None:
     """Whether the share can be written from here (None: it can; the profile may name none)."""
-    from hpcjob.spec import HpcjobError, parse_share
+    from hpcjob.spec import HpcjobError
 
-    profile = access.profile
-    if profile.share is None:
-        return None
     try:
-        folder = access.share(
-            parse_share(profile.share), profile.smb_user, profile.smb_server, profile.smb_port
-        )
+        folder = _profile_share(access)
+        if folder is None:
+            return None
         try:
             folder.write_bytes(SHARE_PROBE_FILE, b"written by hpcjob doctor\n")
             folder.read_bytes(SHARE_PROBE_FILE)
