@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpcjob.hangs import Beat
 from hpcjob.results import (
     GpuUse,
     RootCause,
@@ -34,6 +35,10 @@ SUMMARY_FILE = "summary.json"
 TIMELINE_FOLDER = "metrics"
 # Where the worker shim records failing ranks (hpcjob/node/node.sh sets HPCJOB_EXIT_DIR to it).
 EXIT_RECORDS = ".hpcjob-exits"
+# Where each rank beats when the job has a --hang-timeout (HPCJOB_BEAT_DIR), and the file in it that asks
+# the ranks to dump their flight recorders.
+BEATS_FOLDER = ".hpcjob-beats"
+DUMP_REQUEST = "dump"
 # How much of the end of a node's stderr is searched for the line that says why it failed.
 REASON_BYTES = 64 * 1024
 # A Python exception line (`module.SomeError: message`), and torchrun's own wrapper of a worker's
@@ -214,6 +219,36 @@ def read_task_ends(folder: ShareFolder, log_folder: str) -> list[TaskEnd]:
         except (FileNotFoundError, ValueError, IndexError):
             continue
     return ends
+
+
+def read_beats(folder: ShareFolder, log_folder: str) -> list[Beat]:
+    """Each rank's latest beat (none yet: []); a beat being replaced, or from another hpcjob, is skipped."""
+    beats_folder = _join(log_folder, BEATS_FOLDER)
+    try:
+        names = folder.listdir(beats_folder)
+    except FileNotFoundError:
+        return []
+    beats = []
+    for name in names:
+        if not (name.startswith("rank-") and name.endswith(".json")):
+            continue
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError, IndexError, TypeError):
+            beats.append(Beat.from_json(json.loads(folder.read_bytes(f"{beats_folder}/{name}"))))
+    return beats
+
+
+def request_dumps(folder: ShareFolder, log_folder: str) -> None:
+    """Ask every rank that still beats to write where it is and its flight recorder (worker.py)."""
+    folder.write_bytes(f"{_join(log_folder, BEATS_FOLDER)}/{DUMP_REQUEST}", b"")
+
+
+def read_stacks(folder: ShareFolder, log_folder: str, rank: int) -> str | None:
+    """Where a rank's threads were when it was asked (None: it has not said)."""
+    try:
+        data = folder.read_bytes(f"{_join(log_folder, BEATS_FOLDER)}/stacks-rank-{rank}.txt")
+    except FileNotFoundError:
+        return None
+    return data.decode("utf-8", "replace")
 
 
 def read_rank_ends(folder: ShareFolder, log_folder: str) -> list[RootCause]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from hpcjob.fabric import TOPOLOGY_FOLDER, nccl_env
+from hpcjob.hangs import beat_interval
 from hpcjob.node import mount_filter
 from hpcjob.spec import PLAIN_PATH, JobSpec, SpecError, check_run_id, parse_node_names
 from hpcjob.torchrun import NODE_DIR, TorchrunCommand, bash_join, bash_quote, command_line
@@ -41,6 +42,8 @@ SEPARATE_ROUND_STORES = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 # `hpcjob logs` and a person can read it. Torch 2.9 renamed the settings; 2.14.1's libraries hold both
 # names, and nodes may run an older torch: both are set (docs/facts/azure-gpu-fabric-and-nccl.md §5).
 FLIGHT_RECORDER_ENTRIES = "2000"
+# Seconds between a rank's beats (hpcjob/node/worker.py), set for a job with a --hang-timeout.
+BEAT_VAR = "HPCJOB_BEAT_S"
 FLIGHT_RECORDER_FILE = "nccl-trace-rank-"  # in the log folder, + the rank
 
 
@@ -204,6 +207,8 @@ class JobPlan:
     min_nodes: int | None = None
     # Files the job needs in its folder besides the code (path in the job folder, text): its requirements.
     files: tuple[tuple[str, str], ...] = ()
+    # Its ranks beat, and whoever follows it ends it when it hangs this long (hpcjob.hangs).
+    hang_timeout_s: float | None = None
 
     @property
     def world_size(self) -> int:
@@ -303,6 +308,8 @@ def make_plan(
         envs = f"{root.rstrip('/')}/{ENVS_FOLDER}" if spec.env_on == "share" else spec.node_env_dir
         env = (*env, (REQUIREMENTS_VAR, files[0][0]), (ENVS_VAR, envs), (ENV_ON_VAR, spec.env_on))
     env = (*env, *docker_env(spec, root))
+    if spec.hang_timeout_s is not None:
+        env = (*env, (BEAT_VAR, f"{beat_interval(spec.hang_timeout_s):g}"))
     if spec.elastic and all(name != SEPARATE_ROUND_STORES[0] for name, _ in env):
         env = (*env, SEPARATE_ROUND_STORES)
     if spec.share is not None:
@@ -332,6 +339,7 @@ def make_plan(
         job_template=spec.job_template,
         min_nodes=spec.min_nodes if spec.elastic else None,
         files=files,
+        hang_timeout_s=spec.hang_timeout_s,
     )
 
 

@@ -47,7 +47,10 @@ class RootCause:
     reason: str = ""  # one line from the node's stderr that says why, when there is one
 
     def describe(self) -> str:
-        where = f"rank {self.rank} on {self.node}" if self.rank is not None else f"the task on {self.node}"
+        if self.rank is not None and self.node:
+            where = f"rank {self.rank} on {self.node}"
+        else:
+            where = f"the task on {self.node}" if self.node else "the job"
         how = (
             f"killed by {self.signal} (exit code {self.exit_code})"
             if self.signal

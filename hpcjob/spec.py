@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
 
+from hpcjob.hangs import MAX_HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
+
 # HPC Pack 2008 SDK: "CommandLine is limited to 480 Unicode characters"; unverified for 2016/2019,
 # hence configurable (facts/hpcpack-jobs.md section 1).
 DEFAULT_COMMAND_LIMIT = 480
@@ -182,9 +184,9 @@ def parse_tags(items: Iterable[str]) -> dict[str, str]:
     return tags
 
 
-def parse_duration(text: str) -> int:
+def parse_duration(text: str, option: str = "--runtime") -> int:
     """A run-time limit in seconds: `90m`, `12h`, `1d12h30m`, `45s`, or the scheduler's own
-    `[[DD:]HH:]MM` form (`job submit /runtime:`)."""
+    `[[DD:]HH:]MM` form (`job submit /runtime:`); `option` names it in errors."""
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     compact = re.fullmatch(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text.strip().lower())
     if compact and any(compact.groups()):
@@ -196,10 +198,16 @@ def parse_duration(text: str) -> int:
         units_of_fields = (60, 3600, 86400)[: len(fields)]  # MM, HH:MM, DD:HH:MM
         seconds = sum(value * unit for value, unit in zip(reversed(fields), units_of_fields, strict=True))
     else:
-        raise SpecError(f"--runtime {text!r} must be a duration such as 90m, 12h, 1d12h or DD:HH:MM")
+        raise SpecError(f"{option} {text!r} must be a duration such as 90m, 12h, 1d12h or DD:HH:MM")
     if not 1 <= seconds <= 2**31 - 1:
-        raise SpecError(f"--runtime {text!r} must be at least a second and less than 68 years")
+        raise SpecError(f"{option} {text!r} must be at least a second and less than 68 years")
     return seconds
+
+
+def parse_hang_timeout(text: str) -> int:
+    """--hang-timeout in seconds: a bare number is seconds, else a duration as --runtime takes it (10m)."""
+    text = text.strip()
+    return int(text) if text.isdigit() else parse_duration(text, "--hang-timeout")
 
 
 def check_job_folder(job_folder: str) -> str:
@@ -247,6 +255,9 @@ class JobSpec:
     python: str = "python3"
     command_limit: int = DEFAULT_COMMAND_LIMIT
     runtime_s: int | None = None  # the job's run-time limit; None: the scheduler's (or template's)
+    # Whoever follows the job ends it when no collective has moved on for this long while a rank waits
+    # in one, naming the rank that held the others up (hpcjob.hangs); None: no watch, no beats.
+    hang_timeout_s: float | None = None
     priority: str | None = None
     job_template: str | None = None
     exclude_nodes: tuple[str, ...] = ()  # never chosen for the job
@@ -352,6 +363,17 @@ class JobSpec:
                 raise SpecError(
                     "--min-nodes: an elastic job re-forms after a lost node by restarting its workers; "
                     "give --max-restarts 1 or more"
+                )
+        if self.hang_timeout_s is not None:
+            if not MIN_HANG_TIMEOUT_S <= self.hang_timeout_s <= MAX_HANG_TIMEOUT_S:
+                raise SpecError(
+                    f"--hang-timeout {self.hang_timeout_s:g} must be between {MIN_HANG_TIMEOUT_S:g} seconds "
+                    f"and {MAX_HANG_TIMEOUT_S // 3600:g} hours"
+                )
+            if self.elastic:
+                raise SpecError(
+                    "--hang-timeout does not go with --min-nodes: an elastic job's ranks change with each "
+                    "round, and a lost node's would look hung"
                 )
         if not re.fullmatch(r"[A-Za-z0-9._/+-]+", self.python):
             raise SpecError(f"--python {self.python!r} must be a program name or path without spaces")

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hpcjob"
 # The pure core: what the user asks for, turned into the job. No I/O: nothing that reaches a disk, a
 # process or a network is imported there (jinja2 and importlib: the render's templates, package data).
 CORE = {"hpcjob.spec", "hpcjob.plan", "hpcjob.torchrun", "hpcjob.render", "hpcjob.render.job_xml",
-        "hpcjob.render.text", "hpcjob.results", "hpcjob.fabric"}  # fmt: skip
+        "hpcjob.render.text", "hpcjob.results", "hpcjob.fabric", "hpcjob.hangs"}  # fmt: skip
 CORE_MAY_IMPORT = {
     *("__future__", "collections", "dataclasses", "pathlib", "re", "hashlib", "typing", "shlex", "fnmatch"),
     *("xml", "base64", "functools", "gzip", "json", "enum", "signal", "jinja2", "importlib"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -23,6 +24,16 @@ if TYPE_CHECKING:
     from hpcjob.spec import JobSpec
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """What to look at while a job runs (its ranks' beats): `look` is called at least every `every_s`
+    seconds of a wait, and ends the wait by raising."""
+
+    look: Callable[[], None]
+    every_s: float
+
 
 # name -> module; the module's open_backend(profile, password) returns the Backend.
 BACKENDS = {
@@ -61,8 +72,9 @@ class Backend(Protocol):
         """The job's state and each task's (node, state, exit code once ended)."""
         ...
 
-    def wait(self, run: RunRecord, progress: Progress) -> JobInfo:
-        """Follow the job until it ends, reporting each change of state; its final status."""
+    def wait(self, run: RunRecord, progress: Progress, watch: Watch | None = None) -> JobInfo:
+        """Follow the job until it ends, reporting each change of state (and looking at `watch` while it
+        runs); its final status."""
         ...
 
     def cancel(self, run: RunRecord, *, force: bool) -> str | None:

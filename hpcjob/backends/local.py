@@ -66,6 +66,7 @@ from hpcjob.share import LocalFolder
 from hpcjob.spec import HpcjobError, JobSpec
 
 if TYPE_CHECKING:
+    from hpcjob.backends import Watch
     from hpcjob.config import ClusterProfile
     from hpcjob.render import JobShape
     from hpcjob.runs import RunRecord
@@ -251,9 +252,10 @@ class LocalBackend:
             tasks.append(TaskInfo(i + 1, f"torchrun {node}", state, code, node))
         return JobInfo(run.run_id, run.name, State.RUNNING, "", tuple(tasks))
 
-    def wait(self, run: RunRecord, progress: Printer) -> JobInfo:
+    def wait(self, run: RunRecord, progress: Printer, watch: Watch | None = None) -> JobInfo:
         """Until the run has ended, each line of its progress (hpcjob.log: its nodes' states, and their
-        output where it was started with `echo_output`), each line once however often waited for."""
+        output where it was started with `echo_output`), each line once however often waited for;
+        `watch` is looked at every poll."""
         log_dir = self._log_dir(run)
         tail = self._progress_tails.setdefault(run.run_id, Tail(LocalFolder(log_dir), SUPERVISOR_LOG, ""))
         while True:
@@ -262,6 +264,8 @@ class LocalBackend:
                 progress(line)
             if ended:
                 return self.status(run)
+            if watch is not None:
+                watch.look()
             time.sleep(self.poll_interval_s)
 
     def cancel(self, run: RunRecord, *, force: bool) -> str | None:
@@ -605,7 +609,9 @@ def _supervise() -> int:
 
 
 def _cancel_when_starter_ends() -> None:
-    while sys.stdin.buffer.read(65536):
+    # The file descriptor, not sys.stdin: a daemon thread blocked in a buffered read holds its lock, and
+    # Python's shutdown then aborts the process ("could not acquire lock for <stdin>").
+    while os.read(sys.stdin.fileno(), 65536):
         pass
     os.kill(os.getpid(), signal.SIGTERM)
 

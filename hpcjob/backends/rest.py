@@ -32,6 +32,7 @@ from hpcjob.results import ENDED_JOB_STATES, JobInfo, NodeInfo, State, Submissio
 from hpcjob.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
+    from hpcjob.backends import Watch
     from hpcjob.config import ClusterProfile
     from hpcjob.plan import JobPlan, MountStep
     from hpcjob.render import JobShape
@@ -468,9 +469,10 @@ def wait_for_job(
     *,
     poll: PollPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    watch: Watch | None = None,
 ) -> JobInfo:
     """Poll the job (two requests a poll, whatever its size) until it ends, reporting each change."""
-    return follow_job(lambda: client.job_with_tasks(job_id), progress, poll=poll, sleep=sleep)
+    return follow_job(lambda: client.job_with_tasks(job_id), progress, poll=poll, sleep=sleep, watch=watch)
 
 
 Progress = Callable[[str], None]
@@ -516,8 +518,8 @@ class RestBackend:
     def status(self, run: RunRecord) -> JobInfo:
         return self.client.job_with_tasks(self.job_id(run))
 
-    def wait(self, run: RunRecord, progress: Callable[[str], None]) -> JobInfo:
-        return wait_for_job(self.client, self.job_id(run), progress)
+    def wait(self, run: RunRecord, progress: Callable[[str], None], watch: Watch | None = None) -> JobInfo:
+        return wait_for_job(self.client, self.job_id(run), progress, watch=watch)
 
     def cancel(self, run: RunRecord, *, force: bool) -> str | None:
         return self.client.cancel(self.job_id(run), "Canceled by hpcjob", forced=force)

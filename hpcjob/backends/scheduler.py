@@ -34,6 +34,7 @@ from hpcjob.results import (
 from hpcjob.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
+    from hpcjob.backends import Watch
     from hpcjob.plan import JobPlan
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
@@ -277,9 +278,12 @@ def follow_job(
     *,
     poll: PollPolicy | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    watch: Watch | None = None,
 ) -> JobInfo:
-    """Read the job (`read`: one status poll) until it ends, reporting each change."""
+    """Read the job (`read`: one status poll) until it ends, reporting each change, and looking at
+    `watch` between polls (which then come at least every `watch.every_s`)."""
     poll = poll or PollPolicy()
+    longest = min(poll.max_wait_s, watch.every_s) if watch else poll.max_wait_s
     seen: dict[str, str] = {}
     wait = poll.first_wait_s
     while True:
@@ -289,7 +293,9 @@ def follow_job(
             progress(line)
         if info.ended:
             return info
-        wait = poll.first_wait_s if changes else min(wait * poll.factor, poll.max_wait_s)
+        if watch is not None:
+            watch.look()
+        wait = min(poll.first_wait_s, longest) if changes else min(wait * poll.factor, longest)
         sleep(wait)
 
 

@@ -38,6 +38,7 @@ from hpcjob.results import ENDED_JOB_STATES, JobInfo, NodeInfo, Submission, Task
 from hpcjob.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
+    from hpcjob.backends import Watch
     from hpcjob.config import ClusterProfile
     from hpcjob.plan import JobPlan, MountStep
     from hpcjob.render import JobShape
@@ -351,9 +352,9 @@ class WinRMBackend:
     def status(self, run: RunRecord) -> JobInfo:
         return self._status(self.job_id(run))
 
-    def wait(self, run: RunRecord, progress: Progress) -> JobInfo:
+    def wait(self, run: RunRecord, progress: Progress, watch: Watch | None = None) -> JobInfo:
         job_id = self.job_id(run)
-        return follow_job(lambda: self._status(job_id), progress)
+        return follow_job(lambda: self._status(job_id), progress, watch=watch)
 
     def cancel(self, run: RunRecord, *, force: bool) -> str | None:
         rows = self.session.run(

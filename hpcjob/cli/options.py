@@ -181,6 +181,14 @@ def job_options(command: F) -> F:
             "[default: the cluster's].",
         ),
         click.option(
+            "--hang-timeout",
+            type=TEXT,
+            metavar="DURATION",
+            help="End the job when it hangs this long (e.g. 120 seconds, or 10m): no collective moved on "
+            "while a rank waited in one. The ranks beat; hpcjob, following the job, names the rank that "
+            "held the others up and the collective, has the flight recorders dumped, and cancels the job.",
+        ),
+        click.option(
             "--priority",
             type=click.Choice(PRIORITIES),
             help="Job priority [default: the cluster's, Normal].",
@@ -299,7 +307,14 @@ def build_spec(params: dict[str, Any]) -> JobSpec:
 
 def job_fields(params: dict[str, Any]) -> dict[str, Any]:
     """The job options by their JobSpec names, parsed (the share stays a UNC)."""
-    from hpcjob.spec import DEFAULT_COMMAND_LIMIT, DEFAULT_MOUNT_OPTIONS, SpecError, parse_duration, parse_env
+    from hpcjob.spec import (
+        DEFAULT_COMMAND_LIMIT,
+        DEFAULT_MOUNT_OPTIONS,
+        SpecError,
+        parse_duration,
+        parse_env,
+        parse_hang_timeout,
+    )
 
     script = Path(params["script"])
     if not script.is_file():  # before its requirements.txt is looked for beside it
@@ -328,6 +343,7 @@ def job_fields(params: dict[str, Any]) -> dict[str, Any]:
         if params["command_limit"] is None
         else params["command_limit"],
         "runtime_s": parse_duration(params["runtime"]) if params["runtime"] else None,
+        "hang_timeout_s": parse_hang_timeout(params["hang_timeout"]) if params["hang_timeout"] else None,
         "priority": params["priority"],
         "job_template": params["job_template"],
         "exclude_nodes": tuple(params["exclude_nodes"]),

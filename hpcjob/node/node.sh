@@ -13,6 +13,7 @@
 #                   the code of this node's first failing rank instead of torchrun's generic 1, and
 #                   writes "<code> <time>" to logs/RUN_ID/NODE.exit: it tells `hpcjob logs --follow`
 #                   the task ended, and when (the first node to end badly is a job's root cause).
+#   HPCJOB_BEAT_DIR where each rank beats when the job has HPCJOB_BEAT_S (--hang-timeout; worker.py).
 
 hpcjob_store=${1%%.*}
 HPCJOB_NODE=${CCP_NODES#* }
@@ -38,7 +39,8 @@ fi
 : "${GLOO_SOCKET_IFNAME:=$HPCJOB_IFNAME}" "${NCCL_SOCKET_IFNAME:=$HPCJOB_IFNAME}"
 HPCJOB_LOG_DIR="$PWD/logs/$2"
 HPCJOB_EXIT_DIR="$HPCJOB_LOG_DIR/.hpcjob-exits"
-export HPCJOB_NODE HPCJOB_IS_HOST HPCJOB_IFNAME HPCJOB_ADDR HPCJOB_LOG_DIR HPCJOB_EXIT_DIR GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME
+HPCJOB_BEAT_DIR="$HPCJOB_LOG_DIR/.hpcjob-beats"
+export HPCJOB_NODE HPCJOB_IS_HOST HPCJOB_IFNAME HPCJOB_ADDR HPCJOB_LOG_DIR HPCJOB_EXIT_DIR HPCJOB_BEAT_DIR GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME
 unset hpcjob_store
 
 hpcjob_exit() {

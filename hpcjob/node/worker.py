@@ -15,16 +15,27 @@ its first failing rank's code, and hpcjob names the rank, node and signal that f
 Stopping signals are not passed on: torchrun signals a worker's whole process group, and the node
 agent (or hpcjob) every process of the task, so the child gets them itself. To stop one rank by hand,
 signal its group (`kill -INT -- -PID`). The child dies with this process (PR_SET_PDEATHSIG).
+
+With `HPCJOB_BEAT_S` set (the job's --hang-timeout), the rank beats: a thread of its own rewrites
+`$HPCJOB_BEAT_DIR/rank-<RANK>.json` every that many seconds with the time and, once the script has a
+process group, the newest collective of each group from PyTorch's flight recorder (its sequence number,
+its name, when it began). A rank that is stopped, or stuck holding the GIL, stops beating; a rank that
+sleeps or loops in Python beats on but falls behind the others' collectives. hpcjob, following the job,
+tells these apart (hpcjob/hangs.py). When `$HPCJOB_BEAT_DIR/dump` appears (hpcjob found a hang), each
+rank that still beats writes, once, where its threads are in Python (`stacks-rank-<RANK>.txt` there) and
+its flight recorder, where the job's TORCH_FR_DUMP_TEMP_FILE says.
 Runs with any Python 3 on the node; imports nothing from hpcjob.
 """
 
 import contextlib
+import json
 import os
 import runpy
 import signal
 import sys
+import threading
 import time
-from typing import Optional
+from typing import Any, Dict, List, Optional
 
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
 
@@ -103,8 +114,128 @@ def _watch(child: int, reports: int) -> None:
     os._exit(code)
 
 
+def _recorded_collectives() -> List[Dict[str, Any]]:
+    """The flight recorder's entries of this process (both of torch's recorders: the generic one, which
+    gloo records in, and ProcessGroupNCCL's own), [] before the script has a process group. Never
+    imports torch itself: a rank that has not imported it has no collective."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return []
+    c10d = sys.modules["torch"]._C._distributed_c10d
+    entries: List[Dict[str, Any]] = []
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            entries.extend(json.loads(dump()).get("entries") or [])
+        except Exception:  # a recorder that is off, or not built in (NCCL on a CPU torch)
+            continue
+    return entries
+
+
+def newest_collectives(entries: List[Dict[str, Any]]) -> Dict[str, List[Any]]:
+    """Per process group: [sequence number, name, when it began (s since the epoch), state, in flight] of
+    its newest collective (point-to-point operations have sequences of their own and are left out). In
+    flight: not yet retired (gloo leaves its state at "scheduled"; NCCL's says "completed" first)."""
+    newest: Dict[str, List[Any]] = {}
+    for entry in entries:
+        if entry.get("is_p2p"):
+            continue
+        group = entry.get("process_group") or [entry.get("pg_id", "0")]
+        key = str(group[0])
+        seq = int(entry.get("collective_seq_id") or 0)
+        if key not in newest or seq > newest[key][0]:
+            began = float(entry.get("time_created_ns") or 0) / 1e9
+            state = str(entry.get("state"))
+            in_flight = not entry.get("retired") and state != "completed"
+            newest[key] = [seq, str(entry.get("profiling_name") or ""), round(began, 3), state, in_flight]
+    return newest
+
+
+def _write_whole(path: str, data: bytes) -> None:
+    """Write `path` so that a reader sees the old content or the new, never half (over SMB too)."""
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "wb") as out:
+        out.write(data)
+    os.replace(partial, path)
+
+
+def _dump_flight_recorder(rank: str) -> None:
+    """This rank's flight recorder, as torch itself writes it on a timeout (a pickle that torch's
+    `torchfrtrace` reads), to TORCH_FR_DUMP_TEMP_FILE + rank: of the two recorders, the one that holds
+    entries (NCCL's own on GPUs; the generic one, gloo's, answers as well, empty, and vice versa)."""
+    import pickle
+
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    dist = sys.modules.get("torch.distributed")
+    if not prefix or dist is None or not dist.is_initialized():
+        return
+    c10d = sys.modules["torch"]._C._distributed_c10d
+    best, most = None, -1
+    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+        dump = getattr(c10d, name, None)
+        try:  # without C++ stack traces: symbolising them takes seconds, and the job is being ended
+            trace = dump(includeStackTraces=False) if dump is not None else None
+            entries = len(pickle.loads(trace).get("entries") or []) if trace else -1
+        except Exception:  # that recorder is not there, or says nothing we can read: the other one
+            continue
+        if entries > most:
+            best, most = trace, entries
+    if best is not None:
+        _write_whole(prefix + rank, best)
+
+
+def _dump_stacks(folder: str, rank: str) -> None:
+    """Where each thread of this rank is in Python (faulthandler's format), to stacks-rank-<RANK>.txt
+    beside the beats: the rank that held the others up says what it was doing."""
+    import faulthandler
+
+    path = os.path.join(folder, f"stacks-rank-{rank}.txt")
+    with open(path + ".tmp", "w") as out:
+        faulthandler.dump_traceback(out, all_threads=True)
+    os.replace(path + ".tmp", path)
+
+
+def _beat(folder: str, every_s: float) -> None:
+    """The rank's beat (see the module's notes). Never raises: a beat lost is a beat late, and a
+    share that is slow to write must not disturb the training."""
+    rank = os.environ.get("RANK", "0")
+    path = os.path.join(folder, f"rank-{rank}.json")
+    dumped = False
+    while True:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            beat = {
+                "t": round(time.time(), 3),
+                "rank": int(rank),
+                "node": os.environ.get("HPCJOB_NODE", "-"),
+                "pid": os.getpid(),
+                "collectives": newest_collectives(_recorded_collectives()),
+            }
+            _write_whole(path, json.dumps(beat).encode())
+            if not dumped and os.path.exists(os.path.join(folder, "dump")):
+                dumped = True
+                _dump_stacks(folder, rank)
+                _dump_flight_recorder(rank)
+        except Exception:  # see above
+            pass
+        time.sleep(every_s)
+
+
+def _start_beat() -> None:
+    try:
+        every_s = float(os.environ.get("HPCJOB_BEAT_S") or 0)
+    except ValueError:
+        return
+    folder = os.environ.get("HPCJOB_BEAT_DIR")
+    if every_s > 0 and folder:
+        threading.Thread(target=_beat, args=(folder, every_s), name="hpcjob-beat", daemon=True).start()
+
+
 def _run(script: str, reports: Optional[int]) -> None:
     """Run the script as `__main__`, as the rank; tell the watching shim a failing exit code."""
+    _start_beat()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:

@@ -394,22 +394,39 @@ def follow_run(
     progress: Progress,
 ) -> JobSummary:
     """Follow the run to its end and sum it up: the scheduler knows the tasks' states; the run's folder
-    (`open_folder`: the share, the local folder, or None) which rank failed first, and the metrics. An
+    (`open_folder`: the share, the local folder, or None) which rank failed first, and the metrics. A job
+    with a hang bound is watched through its folder, and ended when it hangs (hpcjob.runner.watch). An
     interrupted wait raises StoppedWaiting; the job goes on."""
     from hpcjob.backends.scheduler import job_summary
+    from hpcjob.runner.watch import HangFound, end_hung_job, hang_watch, hung_summary
     from hpcjob.runs import record_end
     from hpcjob.share import ShareError
 
+    def opened() -> ShareFolder | None:
+        try:
+            return open_folder()
+        except ShareError as exc:
+            progress(f"hpcjob: warning: {exc}: the summary has only what the scheduler knows")
+            return None
+
+    # A watched job's folder is read all along; another's only once it has ended.
+    folder = opened() if plan.hang_timeout_s is not None else None
+    hang = None
     try:
-        info = backend.wait(record, progress)
+        try:
+            info = backend.wait(
+                record, progress, hang_watch(plan, folder, record.log_folder) if folder else None
+            )
+        except HangFound as found:
+            assert folder is not None
+            info, hang = end_hung_job(backend, record, plan, found.hang, folder, progress)
     except KeyboardInterrupt:
+        if folder is not None:
+            folder.close()
         job = record.job_id or record.run_id
         raise StoppedWaiting(f"stopped waiting; job {job} goes on (hpcjob cancel {job} ends it)") from None
-    folder = None
-    try:
-        folder = open_folder()
-    except ShareError as exc:
-        progress(f"hpcjob: warning: {exc}: the summary has only what the scheduler knows")
+    if folder is None:
+        folder = opened()
     try:
         summary = job_summary(
             info,
@@ -419,6 +436,8 @@ def follow_run(
             record.log_folder,
             lambda: backend.task_outputs(record),
         )
+        if hang is not None:
+            summary = hung_summary(summary, hang)
         with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
             record_end(summary)
         return summary

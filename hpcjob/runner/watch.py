@@ -1,0 +1,106 @@
+"""Following a job with a --hang-timeout: its ranks' beats read from the run's folder while the backend
+waits, and a hung job ended by the usual cancel path, its flight recorders dumped first, the hang its
+root cause (hpcjob.hangs says how a hang is told and whom it blames)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from hpcjob.hangs import HANG_EXIT_CODE, Hang, HangWatch, beat_interval
+from hpcjob.results import RootCause, State
+from hpcjob.spec import HpcjobError
+
+if TYPE_CHECKING:
+    from hpcjob.backends import Backend, Progress, Watch
+    from hpcjob.plan import JobPlan
+    from hpcjob.results import JobInfo, JobSummary
+    from hpcjob.runs import RunRecord
+    from hpcjob.share import ShareFolder
+
+# How many beats the ranks get to dump their flight recorders before the job is canceled.
+DUMP_BEATS = 2
+
+
+class HangFound(Exception):
+    """Raised out of a backend's wait when the job has hung."""
+
+    def __init__(self, hang: Hang) -> None:
+        super().__init__(hang.reason)
+        self.hang = hang
+
+
+def hang_watch(plan: JobPlan, folder: ShareFolder, log_folder: str) -> Watch | None:
+    """What a wait looks at for the job's hang bound, reading its beats once a beat (None: no bound)."""
+    from hpcjob.backends import Watch
+    from hpcjob.logs import read_beats
+
+    if plan.hang_timeout_s is None:
+        return None
+    every_s = beat_interval(plan.hang_timeout_s)
+    hangs = HangWatch(plan.hang_timeout_s, plan.world_size)
+    last = -every_s
+
+    def look() -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < every_s:
+            return
+        last = now
+        try:
+            beats = read_beats(folder, log_folder)
+        except HpcjobError:
+            return  # the share did not answer this time: the beats are read again next time
+        hang = hangs.look(beats, now)
+        if hang is not None:
+            raise HangFound(hang)
+
+    return Watch(look, every_s)
+
+
+def end_hung_job(
+    backend: Backend, record: RunRecord, plan: JobPlan, hang: Hang, folder: ShareFolder, progress: Progress
+) -> tuple[JobInfo, Hang]:
+    """Have the ranks that still beat say where they are and dump their flight recorders into the log
+    folder (they look for the request once a beat: they get DUMP_BEATS beats), cancel the job as `hpcjob
+    cancel` does, and follow it to its end: its status, and the hang with where the blamed rank was."""
+    from hpcjob.logs import read_stacks, request_dumps
+
+    assert plan.hang_timeout_s is not None
+    progress(f"hpcjob: {describe(hang)}; ending the job")
+    every_s = beat_interval(plan.hang_timeout_s)
+    with contextlib.suppress(HpcjobError):  # the dumps are a help: the job ends whatever
+        request_dumps(folder, record.log_folder)
+        deadline = time.monotonic() + DUMP_BEATS * every_s
+        stacks: dict[int, str | None] = dict.fromkeys(hang.beating)
+        while time.monotonic() < deadline and None in stacks.values():
+            time.sleep(min(1.0, every_s))
+            for rank in [r for r, text in stacks.items() if text is None]:
+                stacks[rank] = read_stacks(folder, record.log_folder, rank)
+        said = stacks.get(hang.rank) if hang.rank is not None else None
+        if said:
+            hang = hang.with_place(said)
+    backend.cancel(record, force=False)
+    return backend.wait(record, progress), hang
+
+
+def describe(hang: Hang) -> str:
+    where = f"rank {hang.rank} on {hang.node}" if hang.rank is not None and hang.node else "the job"
+    return f"{where} {hang.reason}"
+
+
+def hung_summary(summary: JobSummary, hang: Hang) -> JobSummary:
+    """The summary of a job hpcjob canceled as hung: failed, with the hang as its root cause. A job that
+    ended by itself meanwhile keeps its own end."""
+    if summary.state is not State.CANCELED:
+        return summary
+    cause = RootCause(
+        node=hang.node or "",
+        exit_code=HANG_EXIT_CODE,
+        time=time.time(),
+        rank=hang.rank,
+        reason=hang.reason,
+    )
+    return replace(summary, state=State.FAILED, exit_code=HANG_EXIT_CODE, root_cause=cause)
