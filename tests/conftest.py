@@ -7,14 +7,17 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from hpcjob.spec import JobSpec, parse_share
+
+if TYPE_CHECKING:
+    from .test_rest_e2e import Cluster
 
 PROFILE_PASSWORD_ENV = "EMU_PW"
 
@@ -171,3 +174,14 @@ def fake_docker(tmp_path: Path) -> dict[str, str]:
         "FAKE_DOCKER_STATE": str(tmp_path / "containers"),
         "FAKE_DOCKER_LOG": str(tmp_path / "docker.log"),
     }
+
+
+@pytest.fixture
+def emulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    """The emulated head node and alice's profile, for this process (what runs through the API here)."""
+    from .test_rest_e2e import emulated_cluster
+
+    for cluster in emulated_cluster(tmp_path):
+        for name in ("HPCJOB_CONFIG", "EMU_PW", "HPCJOB_SMB_PASSWORD"):
+            monkeypatch.setenv(name, cluster.env[name])
+        yield cluster

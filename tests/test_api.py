@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from hpcjob.procs import marked_processes
 from hpcjob.runner import ClusterAccess
 
 from .conftest import empty_script, stand_in_python
-from .test_rest_e2e import PASSWORD, SMALL, TRAIN, Cluster, emulated_cluster
+from .test_rest_e2e import PASSWORD, SMALL, TRAIN, Cluster
 
 
 def test_a_local_run_from_python_submits_waits_reads_its_logs_and_is_found_again(
@@ -115,15 +114,6 @@ def test_an_insecure_profile_warns_through_python_s_warnings(
     monkeypatch.setenv("LAB_PW", "pw")
     with pytest.warns(hpcjob.HpcjobWarning, match="TLS verification is off for cluster lab"):
         ClusterAccess("lab")  # what every run of the cluster opens first (contacting nothing yet)
-
-
-@pytest.fixture
-def emulated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    """The emulated head node and alice's profile, for this process (the API runs here)."""
-    for cluster in emulated_cluster(tmp_path):
-        for name in ("HPCJOB_CONFIG", "EMU_PW", "HPCJOB_SMB_PASSWORD"):
-            monkeypatch.setenv(name, cluster.env[name])
-        yield cluster
 
 
 @pytest.mark.slow
