@@ -30,6 +30,7 @@ $script:JobOptions = @{
     CommandLimit = '--command-limit'
     RunId        = '--run-id'
     Runtime      = '--runtime'
+    HangTimeout  = '--hang-timeout'
     Priority     = '--priority'
     JobTemplate  = '--job-template'
     ExcludeNode  = '--exclude-node'
@@ -362,6 +363,7 @@ function Submit-HpcTorchJob {
         [ValidateRange(1, 1048576)][int]$CommandLimit,
         [string]$RunId,
         [string]$Runtime,
+        [string]$HangTimeout,
         [ValidateSet('Lowest', 'BelowNormal', 'Normal', 'AboveNormal', 'Highest')][string]$Priority,
         [string]$JobTemplate,
         [string[]]$ExcludeNode,
@@ -435,6 +437,7 @@ function Invoke-HpcTorchJob {
         [ValidateRange(1, 1048576)][int]$CommandLimit,
         [string]$RunId,
         [string]$Runtime,
+        [string]$HangTimeout,
         [ValidateSet('Lowest', 'BelowNormal', 'Normal', 'AboveNormal', 'Highest')][string]$Priority,
         [string]$JobTemplate,
         [string[]]$ExcludeNode,
