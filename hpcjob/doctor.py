@@ -459,6 +459,63 @@ def node_allreduce_check(
     )
 
 
+# A pair of nodes whose all-reduce reaches less than this share of the best pair's is slow. No mark is
+# published for an all-reduce between two VMs (the health checks' marks are within one VM, and per
+# InfiniBand link with ib_write_bw), so the pairs are judged against each other: a link that fell back
+# to TCP, or a degraded port, is many times slower, not a few percent.
+SLOW_PAIR_SHARE = 0.5
+
+
+def ring_pairs(nodes: Sequence[str]) -> list[tuple[str, str]]:
+    """Each node with the next, the last with the first: every node is in two pairs (three nodes or more),
+    so a slow node is told from a slow link."""
+    if len(nodes) < 3:
+        return [(nodes[0], nodes[1])] if len(nodes) == 2 else []
+    return [(nodes[i], nodes[(i + 1) % len(nodes)]) for i in range(len(nodes))]
+
+
+def pair_rounds(pairs: Sequence[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The pairs in rounds whose pairs share no node, so that each round's jobs run at once: two rounds
+    for a ring of an even number of nodes, three for an odd one."""
+    rounds: list[list[tuple[str, str]]] = []
+    for pair in pairs:
+        for round_ in rounds:
+            if not {node for taken in round_ for node in taken} & set(pair):
+                round_.append(pair)
+                break
+        else:
+            rounds.append([pair])
+    return rounds
+
+
+def pairs_check(results: Sequence[tuple[tuple[str, str], float | None, str]]) -> Check:
+    """The all-reduce between the pairs of a ring of three nodes or more (`results`: the pair, its bus
+    GB/s or None when it failed, and why it failed): a node whose two pairs are both slow (or failed) is
+    named; a slow pair of two nodes each fast with its other neighbour is a slow link between them."""
+    name = "all-reduce between nodes"
+    best = max((gbs for _, gbs, _ in results if gbs is not None), default=0.0)
+    slow = {pair for pair, gbs, _ in results if gbs is None or gbs < SLOW_PAIR_SHARE * best}
+    rows: tuple[dict[str, object], ...] = tuple(
+        {"nodes": list(pair), "bus_gbs": gbs, "best_gbs": best, "slow": pair in slow}
+        for pair, gbs, _ in results
+    )
+    shown = ", ".join(f"{a}-{b} {'failed' if gbs is None else f'{gbs:.4g}'}" for (a, b), gbs, _ in results)
+    if not slow:
+        return Check(name, PASS, f"bus GB/s, each pair of the ring: {shown}", "", rows)
+    nodes = sorted({n for pair in slow for n in pair if all(p in slow for p, _, _ in results if n in p)})
+    links = sorted(f"the link {a}-{b}" for a, b in slow if a not in nodes and b not in nodes)
+    failed = "".join(f"; {a}-{b}: {why}" for (a, b), gbs, why in results if gbs is None and why)
+    return Check(
+        name,
+        FAIL,
+        f"slow: {', '.join([*nodes, *links])}; bus GB/s: {shown} (slow: under {SLOW_PAIR_SHARE:.0%} of the "
+        f"best pair){failed}",
+        "check the slow node's InfiniBand (`ibstat`: a port Down or at a lower rate), run Microsoft's "
+        "health checks on it (Azure/azurehpc-health-checks), or leave it out of jobs (--exclude-node)",
+        rows,
+    )
+
+
 # NCCL's own words for its network transport, with NCCL_DEBUG=INFO (NVIDIA/nccl src/transport/net_ib.cc
 # and net_socket.cc: docs/facts/azure-gpu-fabric-and-nccl.md §4).
 _NCCL_IB = re.compile(r"NET/IB : Using (.*?)(?:; OOB .*)?$|via NET/IB")

@@ -35,6 +35,12 @@ STAND_INS = {
     + "    exit;;\n"
     + '  *) echo \'HPCJOB_METRICS {"allreduce_bus_gbps": 2.5, "allreduce_correct": true}\'; exit;; esac\n'
     + "fi\n"
+    # A pair's all-reduce between two nodes (the doctor's ring): answered at once, slow with $SLOW_NODE.
+    # The job's metrics are its last line: the slow node says its figure; else the pair's host node.
+    + 'case "$*" in *--rdzv_id=hpcjob-doctor-pair-*) case "$node" in\n'
+    + '  $SLOW_NODE) echo \'HPCJOB_METRICS {"allreduce_bus_gbps": 0.2, "allreduce_correct": true}\';;\n'
+    + '  *) [ "$HPCJOB_IS_HOST" = 0 ] || echo \'HPCJOB_METRICS {"allreduce_bus_gbps": 1.5}\';;\n'
+    + "esac; exit;; esac\n"
     + 'if [ "$1" != -c ]; then exec "'
     + sys.executable
     + '" "$@"; fi\n'
@@ -71,6 +77,7 @@ def stand_in_head(tmp_path: Path, more_env: dict[str, str]) -> Iterator[HeadNode
         "NO_VENV": "-",
         "SLOW_GPUS": "-",
         "REAL_GPUS": "-",
+        "SLOW_NODE": "-",
     }
     with HeadNode(users={"alice": PASSWORD}, env=env) as started:
         yield started
@@ -100,11 +107,12 @@ def checks(result: Result) -> dict[str, tuple[str, str]]:
     return {c["check"]: (c["result"], c["detail"]) for c in json.loads(result.out)["checks"]}
 
 
-def test_a_healthy_cluster_passes_every_check(
+def test_a_healthy_cluster_passes_every_check_and_then_a_slow_node_is_found_between_pairs(
     head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
 ) -> None:
     """Over WinRM (the other tests here go over REST); LOCALHOST's all-reduce across its GPUs the real one
-    (the others' at once: each real one is three processes importing torch on this machine)."""
+    (the others' at once: each real one is three processes importing torch on this machine), the pairs'
+    all-reduces the stand-ins' answers, then NODE003 slow in its pairs."""
     hpcjob = cli_with_profile(PASSWORD, **profile(head, "winrm", tmp_path))
     head.cluster.base_env["REAL_GPUS"] = "LOCALHOST"
     done = hpcjob("doctor", "--json")
@@ -112,7 +120,7 @@ def test_a_healthy_cluster_passes_every_check(
     found = checks(done)
     assert list(found) == [
         *("head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "Python", "agent"),
-        *("all-reduce", "fabric", "all-reduce per node", "share"),
+        *("all-reduce", "fabric", "all-reduce per node", "all-reduce between nodes", "share"),
     ]
     assert found.pop("fabric") == ("skip", "no NCCL: the all-reduce ran on the CPU (gloo)")
     # The mount point here is long (tmp_path): no room for the agent (tests/test_doctor_checks.py).
@@ -120,14 +128,23 @@ def test_a_healthy_cluster_passes_every_check(
     result, detail = found.pop("all-reduce per node")  # gloo across LOCALHOST's 2 processes, no size
     assert result == "info" and detail.endswith("(the profile names no vm_size: no verdict)"), detail
     assert re.match(r"bus GB/s: LOCALHOST [0-9.e-]+, NODE002 2\.5, NODE003 2\.5 ", detail), detail
+    assert found["all-reduce between nodes"][1] == (
+        "bus GB/s, each pair of the ring: LOCALHOST-NODE002 1.5, NODE002-NODE003 1.5, NODE003-LOCALHOST 1.5"
+    )
     assert {result for result, _ in found.values()} == {"pass"}
     assert found["GPUs"][1].startswith("2 per node (3 node(s)")
     assert found["torch"][1] == "2.14.1 on 3 node(s), CUDA works"
     assert found["Python"][1] == "3.10.12 x86_64 on 3 node(s), venv for a job's environment"
     assert "HPC Pack version not known over this backend" in found["head node"][1]
     assert (tmp_path / "share" / ".hpcjob-doctor").is_file()  # written from here
+    head.cluster.base_env["SLOW_NODE"] = "NODE003"
     text = hpcjob("doctor")
-    assert text.code == 0 and text.out.splitlines()[-1] == "all 9 checks passed"
+    assert text.code == 1 and text.out.splitlines()[-1] == "1 of 10 checks failed", text.out
+    assert re.search(
+        r"FAIL +all-reduce between nodes +slow: NODE003; bus GB/s: LOCALHOST-NODE002 1\.5, NODE002-NODE003 "
+        r"0\.2, NODE003-LOCALHOST 0\.2 \(slow: under 50% of the best pair\)",
+        text.out,
+    ), text.out
 
 
 def test_each_failure_is_named_with_its_fix_and_the_exit_is_1(

@@ -1,5 +1,5 @@
 """`doctor`'s verdicts from the nodes' answers (hpcjob.doctor, pure): which HPC Pack agent each node runs,
-and what that means for the mount step."""
+and what that means for the mount step; each node's all-reduce and the fabric; the slow node among pairs."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ from hpcjob.doctor import (
     SKIP,
     fabric_check,
     node_allreduce_check,
+    pair_rounds,
+    pairs_check,
     probe_checks,
     probe_command,
+    ring_pairs,
 )
 
 HEALTHY = "HPCJOB_PROBE gpus=8\nHPCJOB_PROBE node=3.10.12,x86_64,2.14.1,True,8,venv\n"
@@ -145,3 +148,51 @@ def test_whether_nccl_went_over_infiniband_is_read_from_its_own_words(
         == "no NCCL: the all-reduce ran on the CPU (gloo)"
     )
     assert fabric_check(size, infiniband, None, lines).detail == "the all-reduce did not run to its end"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "rounds"),
+    [
+        ("AB", [["AB"]]),
+        ("ABC", [["AB"], ["BC"], ["CA"]]),
+        ("ABCD", [["AB", "CD"], ["BC", "DA"]]),
+        ("ABCDE", [["AB", "CD"], ["BC", "DE"], ["EA"]]),
+    ],
+)
+def test_the_ring_s_pairs_run_in_rounds_of_pairs_that_share_no_node(
+    nodes: str, rounds: list[list[str]]
+) -> None:
+    assert [["".join(pair) for pair in round_] for round_ in pair_rounds(ring_pairs(list(nodes)))] == rounds
+
+
+def measured(figures: dict[str, float | None]) -> list[tuple[tuple[str, str], float | None, str]]:
+    return [
+        ((pair[0], pair[1]), gbs, "" if gbs is not None else "exit code 1") for pair, gbs in figures.items()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("figures", "result", "slow"),
+    [
+        ({"AB": 40, "BC": 38, "CD": 41, "DA": 39}, PASS, None),
+        ({"AB": 40, "BC": 3, "CD": 4, "DA": 39}, FAIL, "C"),  # C is slow with both its neighbours
+        ({"AB": 40, "BC": 3, "CD": 38, "DA": 39}, FAIL, "the link B-C"),  # B and C are fast elsewhere
+        ({"AB": 40, "BC": None, "CD": None, "DA": 39}, FAIL, "C"),  # C's pairs failed
+        ({"AB": 40, "BC": 21, "CD": 19, "DA": 39}, FAIL, "the link C-D"),  # the edge: 19 < 20, 21 is not
+    ],
+)
+def test_the_slow_node_is_told_from_a_slow_link_by_its_two_pairs(
+    figures: dict[str, float | None], result: str, slow: str | None
+) -> None:
+    check = pairs_check(measured(figures))
+    assert check.result == result, check
+    if slow is None:
+        assert check.detail == "bus GB/s, each pair of the ring: A-B 40, B-C 38, C-D 41, D-A 39"
+    else:
+        assert check.detail.startswith(f"slow: {slow}; bus GB/s: A-B 40"), check.detail
+        assert "ibstat" in check.fix
+    best = max(gbs for gbs in figures.values() if gbs is not None)
+    assert [row["slow"] for row in check.figures] == [
+        gbs is None or gbs < 0.5 * best for gbs in figures.values()
+    ]  # --json: each pair with the best pair's figure it was judged against
+    assert {row["best_gbs"] for row in check.figures} == {best}

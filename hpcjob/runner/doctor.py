@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from hpcjob.onboard import GpuSize
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
+    from hpcjob.spec import JobSpec
 
 SHARE_PROBE_FILE = ".hpcjob-doctor"  # written (and overwritten) at the share's root to prove it writable
 
@@ -105,8 +106,7 @@ def _allreduce(
     with `requirements` (a file's name and text), in the job's environment built from them; with
     `image`, in containers of it, with the profile's GPUs and Docker options."""
     from hpcjob.doctor import SKIP, allreduce_check, container_check, environment_check, fabric_check
-    from hpcjob.runner import size_table, with_profile
-    from hpcjob.spec import JobSpec, parse_share
+    from hpcjob.runner import size_table
 
     profile = access.profile
     if len(fit) < 2:
@@ -116,26 +116,9 @@ def _allreduce(
         skipped += [Check("container", SKIP, why)] if image else []
         return [*skipped, Check("fabric", SKIP, why), Check("all-reduce per node", SKIP, why)]
     nodes = tuple(fit[:2])
-    # As a job of the profile's is: its share and folder, environment and containers' settings.
-    fields = with_profile({"mount_point": mount_point, "nproc_per_node": 1}, profile)
-    spec = JobSpec(
-        script=str(Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"),
-        name="hpcjob-doctor",
-        node_names=nodes,
-        node_group=fields.get("node_group"),
-        share=parse_share(fields["share"]) if fields.get("share") else None,
-        mount_point=fields["mount_point"],
-        nproc_per_node=1,
-        runtime_s=600 if requirements or image else 300,  # building the environment takes its time
-        env=(("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET")),  # NCCL names its transport
-        requirements=requirements[1] if requirements else None,
-        image=image,
-        **{
-            key: fields[key]
-            for key in ("env_on", "node_env_dir", "docker_gpus", "docker_options", "rdzv_port", "vm_size")
-            if key in fields
-        },
-    )
+    # NCCL_DEBUG: NCCL names its transport, for the fabric check.
+    nccl_debug = (("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET"))
+    spec = _allreduce_spec(access, mount_point, nodes, "hpcjob-doctor", nccl_debug, requirements, image)
     progress(f"hpcjob: an all-reduce job on {' and '.join(nodes)} ...")
     smb = (profile.smb_user, profile.smb_server, profile.smb_port)
     record, plan, summary = submit_and_follow(
@@ -166,8 +149,85 @@ def _allreduce(
             if summary.state != "Finished"
             else "not run with --requirements or --image (it runs in the nodes' own Python)"
         )
-        return [*checks, Check("all-reduce per node", SKIP, why)]
-    return [*checks, _node_allreduce(access, fit, plan.job_dir, size, progress)]
+        checks.append(Check("all-reduce per node", SKIP, why))
+        return [*checks, Check("all-reduce between nodes", SKIP, why)] if len(fit) > 2 else checks
+    checks.append(_node_allreduce(access, fit, plan.job_dir, size, progress))
+    if len(fit) > 2:
+        checks.append(_pairs_allreduce(access, fit, mount_point, progress, command))
+    return checks
+
+
+def _allreduce_spec(
+    access: ClusterAccess,
+    mount_point: str,
+    nodes: tuple[str, ...],
+    name: str,
+    env: tuple[tuple[str, str], ...],
+    requirements: tuple[str, str] | None = None,
+    image: str | None = None,
+) -> JobSpec:
+    """The all-reduce probe (hpcjob/probes/allreduce.py) on `nodes`, as a job of the profile's is: its
+    share and folder, environment and containers' settings, one process per node."""
+    from hpcjob.runner import with_profile
+    from hpcjob.spec import JobSpec, parse_share
+
+    fields = with_profile({"mount_point": mount_point, "nproc_per_node": 1}, access.profile)
+    return JobSpec(
+        script=str(Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"),
+        name=name,
+        node_names=nodes,
+        node_group=fields.get("node_group"),
+        share=parse_share(fields["share"]) if fields.get("share") else None,
+        mount_point=fields["mount_point"],
+        nproc_per_node=1,
+        runtime_s=600 if requirements or image else 300,  # building the environment takes its time
+        env=env,
+        requirements=requirements[1] if requirements else None,
+        image=image,
+        **{
+            key: fields[key]
+            for key in ("env_on", "node_env_dir", "docker_gpus", "docker_options", "rdzv_port", "vm_size")
+            if key in fields
+        },
+    )
+
+
+def _pairs_allreduce(
+    access: ClusterAccess, fit: list[str], mount_point: str, progress: Progress, command: str
+) -> Check:
+    """The all-reduce between each node and the next of a ring of the fit nodes (hpcjob.doctor's
+    ring_pairs), a 2-node job a pair, the pairs that share no node at once: two or three rounds of jobs
+    of at most 5 minutes each, however many nodes. On the profile's rendezvous port: each pair's first
+    node hosts its own rendezvous."""
+    from hpcjob.doctor import pair_rounds, pairs_check, ring_pairs
+    from hpcjob.runner import follow_run
+
+    def quiet(line: str) -> None:
+        """The pair jobs' own progress: the doctor says what it does in one line."""
+
+    pairs = ring_pairs(fit)
+    rounds = pair_rounds(pairs)
+    progress(f"hpcjob: the all-reduce between {len(pairs)} pairs of nodes, in {len(rounds)} rounds ...")
+    smb = (access.profile.smb_user, access.profile.smb_server, access.profile.smb_port)
+    measured: dict[tuple[str, str], tuple[float | None, str]] = {}
+    for round_ in rounds:
+        started = []
+        for pair in round_:
+            spec = _allreduce_spec(access, mount_point, pair, "hpcjob-doctor-pair", ())
+            record, plan, _ = submit_and_follow(
+                access, spec, new_run_id(spec.name), smb, mount_step=False, wait=False,
+                progress=quiet, command=command,
+            )  # fmt: skip
+            started.append((pair, record, plan, time.monotonic()))
+        for pair, record, plan, at in started:
+            summary = follow_run(access.backend, record, plan, lambda: _profile_share(access), at, quiet)
+            gbs = (summary.metrics or {}).get("allreduce_bus_gbps")
+            if summary.state == "Finished" and isinstance(gbs, int | float):
+                measured[pair] = (float(gbs), "")
+            else:
+                cause = summary.root_cause
+                measured[pair] = (None, cause.describe() if cause else f"the job {summary.state}")
+    return pairs_check([(pair, *measured[pair]) for pair in pairs])
 
 
 def _profile_share(access: ClusterAccess) -> ShareFolder | None:
