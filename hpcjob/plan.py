@@ -274,6 +274,7 @@ def make_plan(
             max_restarts=spec.max_restarts,
             rdzv_join_timeout=spec.rdzv_join_timeout,
             rdzv_last_call=spec.rdzv_last_call,
+            rdzv_keep_alive=spec.rdzv_keep_alive,
             min_nnodes=spec.min_nodes if spec.elastic else None,
             environment=spec.requirements is not None,
         )

@@ -248,6 +248,9 @@ class JobSpec:
     rdzv_join_timeout: int | None = None
     # Elastic: how long the rendezvous waits for more nodes once it has the minimum (torchrun's 30 s).
     rdzv_last_call: int | None = None
+    # Seconds between the torchrun agents' heartbeats to the rendezvous: a node that stops beating is
+    # dropped after three (torchrun's 5 s: 15 s), and the others re-form without it sooner.
+    rdzv_keep_alive: int | None = None
     max_restarts: int = 0
     # An elastic job: it goes on while at least this many of its nodes remain (None: all of them).
     min_nodes: int | None = None
@@ -352,6 +355,7 @@ class JobSpec:
             raise SpecError(f"--rdzv-port {self.rdzv_port} must be between 1 and 65535")
         _positive("--rdzv-timeout", self.rdzv_join_timeout)
         _positive("--rdzv-last-call", self.rdzv_last_call)
+        _positive("--rdzv-keep-alive", self.rdzv_keep_alive)
         if self.max_restarts < 0:
             raise SpecError(f"--max-restarts {self.max_restarts} must not be negative")
         if self.min_nodes is not None:

@@ -17,6 +17,8 @@ NODE_DIR = ".hpcjob"
 NODE_HELPER = f"{NODE_DIR}/node.sh"
 WORKER_SHIM = f"{NODE_DIR}/worker.py"
 ENV_BUILDER = f"{NODE_DIR}/env.py"
+# Heartbeats a rendezvous member may miss before the others drop it (torchrun's default, kept).
+KEEP_ALIVE_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class TorchrunCommand:
     max_restarts: int = 0
     rdzv_join_timeout: int | None = None
     rdzv_last_call: int | None = None
+    rdzv_keep_alive: int | None = None  # seconds between the agents' heartbeats
     min_nnodes: int | None = None  # elastic: torchrun's --nnodes=MIN:MAX
     environment: bool = False  # run in the job's environment (hpcjob/node/env.py) built from `python`
 
@@ -61,6 +64,10 @@ def command_line(cmd: TorchrunCommand) -> str:
         rdzv_conf += f",join_timeout={cmd.rdzv_join_timeout}"
     if cmd.rdzv_last_call is not None:
         rdzv_conf += f",last_call_timeout={cmd.rdzv_last_call}"
+    if cmd.rdzv_keep_alive is not None:  # torch's dynamic_rendezvous.create_handler reads both
+        rdzv_conf += (
+            f",keep_alive_interval={cmd.rdzv_keep_alive},keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}"
+        )
     helper = bash_join([".", NODE_HELPER, cmd.store_node, cmd.rdzv_id])
     python = bash_quote(cmd.python)
     if cmd.environment:  # the node's Python builds (or finds) the job's environment and names its Python

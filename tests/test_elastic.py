@@ -28,7 +28,8 @@ SLOW_EPOCHS = ["--epochs", "4", "--train-samples", "1200", "--batch-size", "40",
 def start(share: Path, run_id: str, *options: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "hpcjob.cli", "run", "--local", "--json", "--quiet", "-n", "3",
-         "--mount-point", str(share), "--run-id", run_id, "--rdzv-last-call", "2", *options,
+         "--mount-point", str(share), "--run-id", run_id, "--rdzv-last-call", "2", "--rdzv-keep-alive", "1",
+         *options,
          str(TRAIN), *SLOW_EPOCHS, "--metrics-every", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -200,6 +200,7 @@ tensor = torch.ones(8)
 for step in range(10_000):
     if step == 5 and dist.get_rank() == 1:
         if os.environ["HANG_MODE"] == "stop":
+            time.sleep(2.5)  # a beat with its 5 collectives first (one every 2 s)
             os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(600)
     dist.all_reduce(tensor)
@@ -244,7 +245,7 @@ def test_a_rank_put_to_sleep_is_named_and_the_job_ended_within_the_bound(tmp_pat
         run, log_dir, "hung: never entered collective #6 gloo:all_reduce, in which rank 0 waited for "
     )
     assert run.summary is not None and run.summary.root_cause is not None
-    assert run.summary.root_cause.reason.endswith("; it was at hang.py:10 in <module>")
+    assert run.summary.root_cause.reason.endswith("; it was at hang.py:11 in <module>")
     named_at, named = next((at, line) for at, line in said if "hung:" in line)
     assert named.startswith("hpcjob: rank 1 on LOCAL2 hung:") and named.endswith("; ending the job")
     # When rank 0 began to wait (its clock is this machine's): named after the bound, within a few beats
@@ -274,6 +275,7 @@ def test_a_stopped_rank_on_the_cluster_is_named_over_smb_and_its_job_canceled(
     assert_ended_as_hung(
         run,
         emulated.share_dir / run.record.log_folder,
-        "hung: stopped beating (its last beat: ",
+        "hung: stopped beating (its last beat: collective #5 gloo:all_reduce) while rank 0 waited in "
+        "collective #6 gloo:all_reduce for ",
     )
     assert run.status().state == "Canceled"  # the scheduler's word: hpcjob canceled it

@@ -52,6 +52,13 @@ def test_rendezvous_options_reach_the_line() -> None:
     assert "--rdzv_conf=is_host=$HPCJOB_IS_HOST,join_timeout=60" in line
     assert "--max_restarts=2" in line
     assert "&& /opt/py/bin/python -m torch.distributed.run" in line
+    elastic = cluster_spec(3, min_nodes=2, max_restarts=1, rdzv_last_call=2, rdzv_keep_alive=1)
+    line = make_plan(elastic, elastic.node_names, RUN_ID).command_line
+    # Both names as torch's dynamic_rendezvous.create_handler reads them: a lost node dropped after 3 s.
+    assert (
+        "--rdzv_conf=is_host=$HPCJOB_IS_HOST,last_call_timeout=2,keep_alive_interval=1,"
+        "keep_alive_max_attempt=3 " in line
+    )
 
 
 def test_mount_step_is_idempotent_root_work_without_a_password() -> None:

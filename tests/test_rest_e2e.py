@@ -184,7 +184,8 @@ def test_an_elastic_job_goes_on_when_a_node_becomes_unreachable(cluster: Cluster
     run_id = "elastic-rest"
     job = subprocess.Popen(
         [sys.executable, "-m", "hpcjob.cli", "submit", "--backend", "rest", "--wait", "--json", "-n", "3",
-         "--min-nodes", "2", "--max-restarts", "2", "--rdzv-last-call", "2", "--run-id", run_id,
+         "--min-nodes", "2", "--max-restarts", "2", "--rdzv-last-call", "2", "--rdzv-keep-alive", "1",
+         "--run-id", run_id,
          "--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo",
          str(TRAIN), "--epochs", "4", "--train-samples", "1200", "--batch-size", "40", "--step-sleep", "0.05",
          "--metrics-every", "5"],

@@ -142,6 +142,13 @@ def job_options(command: F) -> F:
             "[default: torchrun's, 30].",
         ),
         click.option(
+            "--rdzv-keep-alive",
+            type=click.IntRange(1),
+            metavar="SECONDS",
+            help="Seconds between the nodes' heartbeats to the rendezvous: a lost node is dropped after "
+            "three, and an elastic job goes on without it that much sooner [default: torchrun's, 5].",
+        ),
+        click.option(
             "--env", "env_items", multiple=True, metavar="K=V", help="Job environment variable, repeatable."
         ),
         click.option(
@@ -335,6 +342,7 @@ def job_fields(params: dict[str, Any]) -> dict[str, Any]:
         "job_folder": params["job_folder"] or "",
         "rdzv_join_timeout": params["rdzv_timeout"],
         "rdzv_last_call": params["rdzv_last_call"],
+        "rdzv_keep_alive": params["rdzv_keep_alive"],
         "max_restarts": params["max_restarts"],
         "min_nodes": params["min_nodes"],
         "env": parse_env(params["env_items"]),

@@ -23,6 +23,7 @@ $script:JobOptions = @{
     RdzvPort     = '--rdzv-port'
     RdzvTimeout  = '--rdzv-timeout'
     RdzvLastCall = '--rdzv-last-call'
+    RdzvKeepAlive = '--rdzv-keep-alive'
     MinNodes     = '--min-nodes'
     Environment  = '--env'
     MaxRestarts  = '--max-restarts'
@@ -359,6 +360,7 @@ function Submit-HpcTorchJob {
         [ValidateRange(0, 1000)][int]$MaxRestarts,
         [ValidateRange(1, 100000)][int]$MinNodes,
         [ValidateRange(1, 2147483647)][int]$RdzvLastCall,
+        [ValidateRange(1, 2147483647)][int]$RdzvKeepAlive,
         [string]$Python,
         [ValidateRange(1, 1048576)][int]$CommandLimit,
         [string]$RunId,
@@ -433,6 +435,7 @@ function Invoke-HpcTorchJob {
         [ValidateRange(0, 1000)][int]$MaxRestarts,
         [ValidateRange(1, 100000)][int]$MinNodes,
         [ValidateRange(1, 2147483647)][int]$RdzvLastCall,
+        [ValidateRange(1, 2147483647)][int]$RdzvKeepAlive,
         [string]$Python,
         [ValidateRange(1, 1048576)][int]$CommandLimit,
         [string]$RunId,
