@@ -118,7 +118,12 @@ def test_an_insecure_profile_warns_through_python_s_warnings(
 
 @pytest.mark.slow
 def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster) -> None:
+    """The real training job across two emulated nodes, over REST then WinRM: the share mounted by a job
+    of its own first, the code and checkpoint on the share, the summary, the run found again by its job
+    id, its status and its logs (the command line's printing of the same: tests/test_rest_e2e.py)."""
     for backend in ("rest", "winrm"):
+        posted = emulated.head.requests.count("POST", r"/jobs/jobFile$")
+        said: list[str] = []
         run = hpcjob.submit(
             TRAIN,
             ["--epochs", "1", *SMALL],
@@ -129,13 +134,29 @@ def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster) 
             rdzv_port=free_port(),
             env={"HPCJOB_IFNAME": "lo"},
             wait=True,
+            progress=said.append,
+            name=f"train-{backend}",  # a job folder each: the second run would resume the first's checkpoint
         )
         assert run.summary is not None and run.summary.state == "Finished", run.summary
         assert run.summary.metrics is not None and run.summary.metrics["epochs_completed"] == 1
+        assert [(n.node, n.exit_code) for n in run.summary.nodes] == [("LOCALHOST", 0), ("NODE002", 0)]
+        mounting = f"mounting the share at {emulated.mount_point} on the nodes (job "
+        assert any(line.startswith(mounting) for line in said)  # by a job of its own first
+        # Over REST two jobs (mount, training), each one create and one submit; over WinRM none at all.
+        assert emulated.head.requests.count("POST", r"/jobs/jobFile$") - posted == (
+            2 if backend == "rest" else 0
+        )
+        assert (
+            emulated.share_dir / "hpcjob" / f"train-{backend}" / "checkpoints" / "checkpoint.pt"
+        ).is_file()
         assert run.job_id is not None and run.job_id.isdigit()
         found = hpcjob.Run.find(run.job_id)
         assert found.run_id == run.run_id and found.status().state == "Finished"
         lines = list(found.logs())
         assert {node for node, _, _ in lines} == {"LOCALHOST", "NODE002"}
-        assert any(stream == "stdout" and "epoch" in line for _, stream, line in lines)
+        assert any(stream == "stdout" and "epoch 1/1" in line for _, stream, line in lines)
+        assert any(
+            (node, stream) == ("NODE002", "stderr") and line.startswith("hpcjob: node NODE002, store host 0")
+            for node, stream, line in lines
+        )
     assert PASSWORD not in os.environ.get("HPCJOB_CONFIG", "")
