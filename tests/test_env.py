@@ -111,6 +111,7 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
     return process.returncode, out.strip(), err
 
 
+@pytest.mark.slow  # builds virtual environments with pip: seconds each
 def test_a_killed_build_is_never_complete_and_the_next_task_builds_it_again(
     tmp_path: Path, wheelhouse: Path
 ) -> None:
@@ -138,6 +139,7 @@ def test_a_killed_build_is_never_complete_and_the_next_task_builds_it_again(
     assert not list(owner.glob("*.lock")) and len(list(owner.glob("*-*"))) == 1  # the dead build is gone
 
 
+@pytest.mark.slow  # builds virtual environments with pip: seconds each
 def test_a_builder_taken_over_while_paused_marks_nothing_and_harms_nobody(
     tmp_path: Path, wheelhouse: Path
 ) -> None:
@@ -179,6 +181,7 @@ def test_an_environment_folder_another_user_planted_is_never_used(tmp_path: Path
     assert code == 1 and "is not a folder of yours" in err
 
 
+@pytest.mark.slow  # builds virtual environments with pip: seconds each
 def test_a_node_s_folder_of_environments_that_other_users_may_change_is_refused(
     tmp_path: Path, wheelhouse: Path
 ) -> None:
@@ -199,6 +202,7 @@ def test_a_node_s_folder_of_environments_that_other_users_may_change_is_refused(
     assert code == 0 and python.startswith(str(envs / pwd.getpwuid(os.getuid()).pw_name)), err
 
 
+@pytest.mark.slow  # builds virtual environments with pip: seconds each
 def test_a_changed_requirements_file_builds_another_environment(tmp_path: Path, wheelhouse: Path) -> None:
     envs = tmp_path / "envs"
     code, first, err = finish(run_builder(tmp_path, envs, requirements(wheelhouse, "tinya==1.0")))
@@ -216,6 +220,7 @@ def test_a_changed_requirements_file_builds_another_environment(tmp_path: Path, 
 SYSTEM_PYTHON = "/usr/bin/python3"  # a node's own Python, which another user may run
 
 
+@pytest.mark.slow  # builds virtual environments with pip: seconds each
 @pytest.mark.skipif(
     os.geteuid() != 0 or subprocess.run([SYSTEM_PYTHON, "-c", "import ensurepip"]).returncode != 0,
     reason="needs root (to run as two users) and a system python3 with venv",
@@ -404,6 +409,7 @@ def test_requirements_beside_the_script_are_used_and_no_env_turns_them_off(tmp_p
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
+@pytest.mark.slow  # builds virtual environments with pip: seconds each
 @pytest.mark.skipif(python36() is None, reason="no Python 3.6 on this machine")
 def test_a_node_with_python_3_6_builds_its_own_environment(tmp_path: Path, wheelhouse: Path) -> None:
     """CentOS 7 and Ubuntu 18.04 nodes: env.py runs there, and their Python is part of the key."""
