@@ -402,21 +402,22 @@ def follow_run(
     from hpcjob.runs import record_end
     from hpcjob.share import ShareError
 
-    def opened() -> ShareFolder | None:
+    def opened(without: str) -> ShareFolder | None:
         try:
             return open_folder()
         except ShareError as exc:
-            progress(f"hpcjob: warning: {exc}: the summary has only what the scheduler knows")
+            progress(f"hpcjob: warning: {exc}: {without}")
             return None
 
     # A watched job's folder is read all along; another's only once it has ended.
-    folder = opened() if plan.hang_timeout_s is not None else None
+    folder = None
+    if plan.hang_timeout_s is not None:
+        folder = opened("the job is not watched for hangs (its ranks' beats are there)")
+    watch = hang_watch(plan, folder, record.log_folder) if folder is not None else None
     hang = None
     try:
         try:
-            info = backend.wait(
-                record, progress, hang_watch(plan, folder, record.log_folder) if folder else None
-            )
+            info = backend.wait(record, progress, watch)
         except HangFound as found:
             assert folder is not None
             info, hang = end_hung_job(backend, record, plan, found.hang, folder, progress)
@@ -426,7 +427,7 @@ def follow_run(
         job = record.job_id or record.run_id
         raise StoppedWaiting(f"stopped waiting; job {job} goes on (hpcjob cancel {job} ends it)") from None
     if folder is None:
-        folder = opened()
+        folder = opened("the summary has only what the scheduler knows")
     try:
         summary = job_summary(
             info,
