@@ -462,7 +462,8 @@ def node_allreduce_check(
 # A pair of nodes whose all-reduce reaches less than this share of the best pair's is slow. No mark is
 # published for an all-reduce between two VMs (the health checks' marks are within one VM, and per
 # InfiniBand link with ib_write_bw), so the pairs are judged against each other: a link that fell back
-# to TCP, or a degraded port, is many times slower, not a few percent.
+# to TCP is many times slower, not a few percent. One process per node: the pairs measure the network
+# port NCCL picks for the first GPU, not every port of the node.
 SLOW_PAIR_SHARE = 0.5
 
 
@@ -500,11 +501,14 @@ def pairs_check(results: Sequence[tuple[tuple[str, str], float | None, str]]) ->
         for pair, gbs, _ in results
     )
     shown = ", ".join(f"{a}-{b} {'failed' if gbs is None else f'{gbs:.4g}'}" for (a, b), gbs, _ in results)
+    failed = "".join(f"; {a}-{b}: {why}" for (a, b), gbs, why in results if gbs is None and why)
+    if best == 0.0:  # no pair measured: nothing to tell a slow node by
+        fix = "the 2-node all-reduce above ran: see `hpcjob logs` of the pairs' jobs (hpcjob-doctor-pair-...)"
+        return Check(name, FAIL, f"no pair's all-reduce ran{failed}", fix, rows)
     if not slow:
         return Check(name, PASS, f"bus GB/s, each pair of the ring: {shown}", "", rows)
     nodes = sorted({n for pair in slow for n in pair if all(p in slow for p, _, _ in results if n in p)})
     links = sorted(f"the link {a}-{b}" for a, b in slow if a not in nodes and b not in nodes)
-    failed = "".join(f"; {a}-{b}: {why}" for (a, b), gbs, why in results if gbs is None and why)
     return Check(
         name,
         FAIL,

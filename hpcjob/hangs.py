@@ -64,15 +64,17 @@ class Beat:
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Beat:
         """A beat as worker.py writes it: groups as [seq, name, began, state, in flight]."""
+        if not isinstance(data, Mapping):
+            raise ValueError("a beat is an object")
         groups = data.get("collectives") or {}
         if not isinstance(groups, Mapping):
             raise ValueError("collectives: not an object")
         return cls(
             rank=int(str(data["rank"])),
-            node=str(data.get("node") or "-"),
+            node=_printable(str(data.get("node") or "-")),
             t=float(str(data["t"])),
             collectives={
-                str(group): Collective(int(entry[0]), str(entry[1]), bool(entry[4]))
+                str(group): Collective(int(entry[0]), _printable(str(entry[1])), bool(entry[4]))
                 for group, entry in groups.items()
             },
         )
@@ -96,17 +98,27 @@ class Hang:
 
 
 def script_frame(stacks: str) -> str | None:
-    """The innermost frame of a rank's main thread, from faulthandler's dump of its threads: the thread
-    that runs hpcjob's worker shim, at the frame most recently called ("train.py:42 in step")."""
-    for block in stacks.split("\n\n"):
-        frames = [m.groups() for m in _FRAME.finditer(block)]
-        if any(file.endswith("/worker.py") and function == "_run" for file, _, function in frames):
-            file, line, function = frames[0]
-            return f"{file.rsplit('/', 1)[-1]}:{line} in {function}"
-    return None
+    """Where the rank's script was, from the stacks worker.py wrote (its main thread first, innermost
+    frame last, as Python's tracebacks): the innermost frame that is not in Python's own library or an
+    installed package ("train.py:42 in load_batch"), else the innermost one."""
+    main = stacks.split("\n\n", 1)[0]
+    frames = [m.groups() for m in _FRAME.finditer(main)]
+    if not frames:
+        return None
+    own = [f for f in frames if not _LIBRARY.search(f[0]) and not f[0].endswith("/worker.py")]
+    file, line, function = (own or frames)[-1]
+    return _printable(f"{file.rsplit('/', 1)[-1]}:{line} in {function}")
 
 
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.MULTILINE)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+),? in (\S+)', re.MULTILINE)
+# Python's own library, installed packages, frozen modules: not where a script's own code is.
+_LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3[.\d]*/|^<frozen ")
+
+
+def _printable(text: str) -> str:
+    """Text from a rank's files (anyone who can write the share could have written them) without the
+    control characters a terminal would act on."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:200]
 
 
 def _ranks(ranks: Iterable[int]) -> str:
@@ -121,20 +133,23 @@ class HangWatch:
         self.timeout_s = hang_timeout_s
         self.world_size = world_size
         self.stale_s = STALE_BEATS * beat_interval(hang_timeout_s)
-        self._changed: dict[int, tuple[float, float]] = {}  # rank -> (its beat's t, when it last changed)
+        self._latest: dict[int, Beat] = {}  # each rank's last beat read (a read may miss one)
+        self._changed: dict[int, float] = {}  # rank -> when its beat last changed
         self._progress: tuple[object, ...] | None = None
         self._progress_at = 0.0
 
     def look(self, beats: Iterable[Beat], now: float) -> Hang | None:
-        """The hang, if the job has hung by `now` (the follower's clock) with these latest beats."""
-        latest = {beat.rank: beat for beat in beats}
-        for rank, beat in latest.items():
-            if rank not in self._changed or self._changed[rank][0] != beat.t:
-                self._changed[rank] = (beat.t, now)
+        """The hang, if the job has hung by `now` (the follower's clock), with the beats read now merged
+        into those read before (a rank whose file could not be read this time keeps its last beat)."""
+        for beat in beats:
+            if beat.rank not in self._latest or self._latest[beat.rank].t != beat.t:
+                self._changed[beat.rank] = now
+            self._latest[beat.rank] = beat
+        latest = self._latest
         progress = tuple(
             sorted(
-                (rank, group, c.seq, c.in_flight)
-                for rank, b in latest.items()
+                (r, group, c.seq, c.in_flight)
+                for r, b in latest.items()
                 for group, c in b.collectives.items()
             )
         )
@@ -143,18 +158,20 @@ class HangWatch:
         waited = now - self._progress_at
         if not progress or waited < self.timeout_s:
             return None  # no collective yet (nothing to wait in), or one moved on within the bound
-        stale = {rank for rank, (_, at) in self._changed.items() if now - at >= self.stale_s}
+        stale = {rank for rank, at in self._changed.items() if now - at >= self.stale_s}
         beating = set(latest) - stale
-        waiting = {rank for rank in beating if any(c.in_flight for c in latest[rank].collectives.values())}
-        if not waiting:
+
+        def in_flight(rank: int) -> list[tuple[str, Collective]]:
+            return [(g, c) for g, c in latest[rank].collectives.items() if c.in_flight]
+
+        # The collective the most ranks that still beat wait in (sequence numbers count per group).
+        waits = [wait for rank in beating for wait in in_flight(rank)]
+        if not waits:
             return None  # no rank that still beats waits: the ranks compute, or the beats cannot be read
-        group, awaited = max(
-            ((g, c) for rank in waiting for g, c in latest[rank].collectives.items() if c.in_flight),
-            key=lambda item: item[1].seq,
-        )
-        waiters = {r for r in waiting if latest[r].collectives.get(group) == awaited}
+        group, awaited = max(set(waits), key=lambda wait: (waits.count(wait), wait[1].seq))
+        waiters = {r for r in beating if (group, awaited) in in_flight(r)}
         how_long = f"for {waited:.0f} s"
-        missing = set(range(self.world_size)) - set(latest)
+        beat_on = frozenset(beating)
         if stale:
             rank = min(stale)
             last = latest[rank].collectives.get(group)
@@ -164,39 +181,42 @@ class HangWatch:
                 latest[rank].node,
                 f"hung: stopped beating ({where}) while {_ranks(waiters)} waited in {awaited.describe()} "
                 f"{how_long}",
-                frozenset(beating),
+                beat_on,
             )
-        behind = {r for r in beating - waiters if latest[r].collectives.get(group) != awaited}
+        # Behind: a member of the group (it has had a collective in it) that has not reached the awaited
+        # one; first a rank that waits in nothing (it sleeps, loops, waits on its own), then one that waits
+        # in another collective (the ranks disagree on the order).
+        members = {r for r in beating - waiters if group in latest[r].collectives}
+        behind = sorted(
+            (bool(in_flight(r)), r)
+            for r in members
+            if latest[r].collectives[group].seq < awaited.seq or in_flight(r)
+        )
         if behind:
-            rank = min(behind)
-            last = latest[rank].collectives.get(group)
-            doing = (
-                f"it is in {last.describe()}"
-                if last and last.in_flight
-                else f"its last: {last.describe()}"
-                if last
-                else "it has had no collective"
-            )
+            rank = behind[0][1]
+            last = latest[rank].collectives[group]
+            elsewhere = in_flight(rank)
+            doing = f"it is in {elsewhere[0][1].describe()}" if elsewhere else f"its last: {last.describe()}"
             return Hang(
                 rank,
                 latest[rank].node,
                 f"hung: never entered {awaited.describe()}, in which {_ranks(waiters)} waited {how_long} "
                 f"({doing})",
-                frozenset(beating),
+                beat_on,
             )
+        missing = set(range(self.world_size)) - set(latest)
         if missing:
-            rank = min(missing)
             return Hang(
-                rank,
+                min(missing),
                 None,
                 f"hung: {_ranks(missing)} never beat, while {_ranks(waiters)} waited in "
                 f"{awaited.describe()} {how_long}",
-                frozenset(beating),
+                beat_on,
             )
         return Hang(
             None,
             None,
             f"hung: every rank waited in {awaited.describe()} {how_long}: none is missing (the network "
             "or NCCL itself: see the flight recorder's dumps in the run's log folder)",
-            frozenset(beating),
+            beat_on,
         )

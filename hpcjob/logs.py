@@ -232,7 +232,9 @@ def read_beats(folder: ShareFolder, log_folder: str) -> list[Beat]:
     for name in names:
         if not (name.startswith("rank-") and name.endswith(".json")):
             continue
-        with contextlib.suppress(FileNotFoundError, ValueError, KeyError, IndexError, TypeError):
+        with contextlib.suppress(
+            FileNotFoundError, ValueError, KeyError, IndexError, TypeError, AttributeError
+        ):
             beats.append(Beat.from_json(json.loads(folder.read_bytes(f"{beats_folder}/{name}"))))
     return beats
 
@@ -248,7 +250,7 @@ def read_stacks(folder: ShareFolder, log_folder: str, rank: int) -> str | None:
         data = folder.read_bytes(f"{_join(log_folder, BEATS_FOLDER)}/stacks-rank-{rank}.txt")
     except FileNotFoundError:
         return None
-    return data.decode("utf-8", "replace")
+    return data[:REASON_BYTES].decode("utf-8", "replace")
 
 
 def read_rank_ends(folder: ShareFolder, log_folder: str) -> list[RootCause]:

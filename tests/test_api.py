@@ -142,6 +142,7 @@ def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster) 
         assert [(n.node, n.exit_code) for n in run.summary.nodes] == [("LOCALHOST", 0), ("NODE002", 0)]
         mounting = f"mounting the share at {emulated.mount_point} on the nodes (job "
         assert any(line.startswith(mounting) for line in said)  # by a job of its own first
+        assert "LOCALHOST: Running" in said and "NODE002: Finished (exit code 0)" in said
         # Over REST two jobs (mount, training), each one create and one submit; over WinRM none at all.
         assert emulated.head.requests.count("POST", r"/jobs/jobFile$") - posted == (
             2 if backend == "rest" else 0

@@ -196,3 +196,11 @@ def test_the_slow_node_is_told_from_a_slow_link_by_its_two_pairs(
         gbs is None or gbs < 0.5 * best for gbs in figures.values()
     ]  # --json: each pair with the best pair's figure it was judged against
     assert {row["best_gbs"] for row in check.figures} == {best}
+
+
+def test_pairs_that_all_failed_name_no_slow_node() -> None:
+    check = pairs_check(measured({"AB": None, "BC": None, "CA": None}))
+    assert (check.result, check.detail) == (
+        FAIL,
+        "no pair's all-reduce ran; A-B: exit code 1; B-C: exit code 1; C-A: exit code 1",
+    )

@@ -4,6 +4,7 @@ put to sleep locally, one stopped (SIGSTOP) on the emulated cluster, followed ov
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -32,6 +33,7 @@ from hpcjob.runner.watch import DUMP_BEATS
 from hpcjob.spec import JobSpec, SpecError, parse_hang_timeout
 
 from .conftest import REPO, RUN_ID, cluster_spec
+from .test_mount_filter import python36
 from .test_rest_e2e import Cluster
 
 NODE_FILES = REPO / "hpcjob" / "node"
@@ -111,6 +113,54 @@ def test_every_rank_waiting_in_the_same_collective_blames_no_rank() -> None:
     )
 
 
+def test_a_beat_that_could_not_be_read_this_time_is_taken_as_last_read() -> None:
+    watch = HangWatch(TIMEOUT, 2)
+    watch.look(beats(0, {0: (4, True), 1: (3, False)}), 0)
+    said = watched(watch, [(now, beats(now, {0: (4, True)})) for now in (2, 4, 6, 8, 10)])  # rank 1 unread
+    assert said[-1] is not None and said[-1].startswith(
+        "1|N1|hung: stopped beating (its last beat: collective #3"
+    )
+
+
+def test_the_rank_waiting_in_nothing_is_blamed_before_one_waiting_in_another_group() -> None:
+    """Sequence numbers count per process group: ranks 0 and 1 wait in the default group's #100, rank 2
+    (also in a group of its own) waits there in #40, rank 3 sleeps after the default group's #99."""
+    watch = HangWatch(TIMEOUT, 4)
+    default, waiting = Collective(100, ALL_REDUCE, True), Collective(99, ALL_REDUCE, False)
+    latest = [
+        Beat(0, "N0", 0, {"0": default}),
+        Beat(1, "N1", 0, {"0": default}),
+        Beat(2, "N2", 0, {"0": waiting, "2": Collective(40, "gloo:broadcast", True)}),
+        Beat(3, "N3", 0, {"0": waiting}),
+    ]
+    watch.look(latest, 0)
+    hang = watch.look([dataclasses.replace(b, t=12) for b in latest], 12)
+    assert hang is not None and hang.rank == 3, hang
+    del latest[3]  # without rank 3: rank 2 is behind, in its other collective
+    watch = HangWatch(TIMEOUT, 3)
+    watch.look(latest, 0)
+    hang = watch.look([dataclasses.replace(b, t=12) for b in latest], 12)
+    assert (
+        hang is not None
+        and hang.rank == 2
+        and hang.reason.endswith("(it is in collective #40 gloo:broadcast)")
+    ), hang
+
+
+def test_where_the_script_was_is_its_own_innermost_frame_not_the_library_s() -> None:
+    stacks = (
+        "main thread:\n"
+        '  File "/app/.hpcjob/worker.py", line 260, in _run\n    runpy.run_path(script)\n'
+        '  File "/app/train.py", line 88, in load_batch\n    batch = queue.get()\n'
+        '  File "/usr/lib/python3.10/queue.py", line 171, in get\n    self.not_empty.wait()\n'
+        '  File "/usr/lib/python3.10/threading.py", line 320, in wait\n    waiter.acquire()\n'
+        "\nthread 140:\n"
+        '  File "/app/.hpcjob/worker.py", line 190, in _beat\n'
+    )
+    assert script_frame(stacks) == "train.py:88 in load_batch"
+    assert script_frame("main thread:\n") is None
+
+
 def test_a_rank_that_never_beat_is_named_by_its_rank_alone() -> None:
     watch = HangWatch(TIMEOUT, 3)
     said = watched(watch, [(now, beats(now, {0: (1, True), 1: (1, True)})) for now in (0, 11)])
@@ -163,14 +213,18 @@ def test_a_watched_job_s_file_has_the_beat_and_its_plan_the_bound(golden: Callab
     assert "HPCJOB_BEAT_S" not in job_xml(make_plan(unwatched, unwatched.node_names, RUN_ID))
 
 
-def test_a_rank_beats_and_when_asked_says_where_its_script_is(tmp_path: Path) -> None:
-    """worker.py's beat in a rank without torch: its time, its node, no collective; then the stacks."""
+@pytest.mark.parametrize("python", [sys.executable, "3.6"])
+def test_a_rank_beats_and_when_asked_says_where_its_script_is(tmp_path: Path, python: str) -> None:
+    """worker.py's beat in a rank without torch, with this Python and with 3.6 (nodes run any Python 3):
+    its time, its node, no collective; then, asked, where its script is."""
+    if python == "3.6":
+        python = python36() or pytest.skip("no Python 3.6 on this machine")
     (tmp_path / ".hpcjob").mkdir()
     (tmp_path / ".hpcjob" / "worker.py").write_bytes((NODE_FILES / "worker.py").read_bytes())
     (tmp_path / "train.py").write_text("import time\n\ndef wait():\n    time.sleep(30)\n\nwait()\n")
     folder = tmp_path / "beats"
     env = {**os.environ, "HPCJOB_BEAT_S": "0.2", "HPCJOB_BEAT_DIR": str(folder), "RANK": "3"}
-    rank = subprocess.Popen([sys.executable, ".hpcjob/worker.py", "train.py"], cwd=tmp_path, env={
+    rank = subprocess.Popen([python, ".hpcjob/worker.py", "train.py"], cwd=tmp_path, env={
         **env, "HPCJOB_NODE": "N1"})  # fmt: skip
     try:
         deadline = time.monotonic() + 20

@@ -192,8 +192,9 @@ def job_options(command: F) -> F:
             type=TEXT,
             metavar="DURATION",
             help="End the job when it hangs this long (e.g. 120 seconds, or 10m): no collective moved on "
-            "while a rank waited in one. The ranks beat; hpcjob, following the job, names the rank that "
-            "held the others up and the collective, has the flight recorders dumped, and cancels the job.",
+            "while a rank waited in one. The ranks beat; hpcjob, while it follows the job (run, submit "
+            "--wait), names the rank that held the others up and the collective, has the flight recorders "
+            "dumped, and cancels the job.",
         ),
         click.option(
             "--priority",

@@ -23,7 +23,7 @@ its name, when it began). A rank that is stopped, or stuck holding the GIL, stop
 sleeps or loops in Python beats on but falls behind the others' collectives. hpcjob, following the job,
 tells these apart (hpcjob/hangs.py). When `$HPCJOB_BEAT_DIR/dump` appears (hpcjob found a hang), each
 rank that still beats writes, once, where its threads are in Python (`stacks-rank-<RANK>.txt` there) and
-its flight recorder, where the job's TORCH_FR_DUMP_TEMP_FILE says.
+its flight recorder, where the job's TORCH_FR_DUMP_TEMP_FILE says. The beat stops when the script ends.
 Runs with any Python 3 on the node; imports nothing from hpcjob.
 """
 
@@ -33,9 +33,10 @@ import os
 import runpy
 import signal
 import sys
+import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
 
@@ -154,11 +155,17 @@ def newest_collectives(entries: List[Dict[str, Any]]) -> Dict[str, List[Any]]:
 
 
 def _write_whole(path: str, data: bytes) -> None:
-    """Write `path` so that a reader sees the old content or the new, never half (over SMB too)."""
-    partial = f"{path}.{os.getpid()}.tmp"
-    with open(partial, "wb") as out:
-        out.write(data)
-    os.replace(partial, path)
+    """Write `path` so that a reader sees the old content or the new, never half (over SMB too): through a
+    file of a name nobody can guess, made anew (O_EXCL: never a link someone planted in the folder)."""
+    fd, partial = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".hpcjob-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
 
 
 def _dump_flight_recorder(rank: str) -> None:
@@ -187,23 +194,27 @@ def _dump_flight_recorder(rank: str) -> None:
 
 
 def _dump_stacks(folder: str, rank: str) -> None:
-    """Where each thread of this rank is in Python (faulthandler's format), to stacks-rank-<RANK>.txt
-    beside the beats: the rank that held the others up says what it was doing."""
-    import faulthandler
+    """Where each thread of this rank is in Python, to stacks-rank-<RANK>.txt beside the beats, as
+    Python's tracebacks say it (innermost last), the main thread first: the rank that held the others up
+    says what it was doing."""
+    import traceback
 
-    path = os.path.join(folder, f"stacks-rank-{rank}.txt")
-    with open(path + ".tmp", "w") as out:
-        faulthandler.dump_traceback(out, all_threads=True)
-    os.replace(path + ".tmp", path)
+    main = threading.main_thread().ident
+    frames = sys._current_frames()
+    blocks = []
+    for ident in sorted(frames, key=lambda i: i != main):
+        name = "main thread" if ident == main else f"thread {ident}"
+        blocks.append(f"{name}:\n" + "".join(traceback.format_stack(frames[ident])))
+    _write_whole(os.path.join(folder, f"stacks-rank-{rank}.txt"), "\n".join(blocks).encode())
 
 
-def _beat(folder: str, every_s: float) -> None:
-    """The rank's beat (see the module's notes). Never raises: a beat lost is a beat late, and a
-    share that is slow to write must not disturb the training."""
+def _beat(folder: str, every_s: float, stop: threading.Event) -> None:
+    """The rank's beat (see the module's notes), until `stop`. Never raises: a beat lost is a beat late,
+    and a share that is slow to write must not disturb the training."""
     rank = os.environ.get("RANK", "0")
     path = os.path.join(folder, f"rank-{rank}.json")
     dumped = False
-    while True:
+    while not stop.is_set():
         try:
             os.makedirs(folder, exist_ok=True)
             beat = {
@@ -220,22 +231,32 @@ def _beat(folder: str, every_s: float) -> None:
                 _dump_flight_recorder(rank)
         except Exception:  # see above
             pass
-        time.sleep(every_s)
+        stop.wait(every_s)
 
 
-def _start_beat() -> None:
+def _start_beat() -> Optional[Callable[[], None]]:
+    """Start the rank's beat if the job asks for one; what stops it (None: no beat)."""
     try:
         every_s = float(os.environ.get("HPCJOB_BEAT_S") or 0)
     except ValueError:
-        return
+        return None
     folder = os.environ.get("HPCJOB_BEAT_DIR")
-    if every_s > 0 and folder:
-        threading.Thread(target=_beat, args=(folder, every_s), name="hpcjob-beat", daemon=True).start()
+    if every_s <= 0 or not folder:
+        return None
+    stop = threading.Event()
+    beat = threading.Thread(target=_beat, args=(folder, every_s, stop), name="hpcjob-beat", daemon=True)
+    beat.start()
+
+    def stopped() -> None:  # before Python's shutdown: never inside torch while it is torn down
+        stop.set()
+        beat.join(timeout=10)
+
+    return stopped
 
 
 def _run(script: str, reports: Optional[int]) -> None:
     """Run the script as `__main__`, as the rank; tell the watching shim a failing exit code."""
-    _start_beat()
+    stop_beat = _start_beat()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
@@ -246,6 +267,9 @@ def _run(script: str, reports: Optional[int]) -> None:
     except BaseException:
         _report(reports, 1)  # an uncaught exception exits 1
         raise
+    finally:
+        if stop_beat is not None:
+            stop_beat()
 
 
 def _report(reports: Optional[int], code: int) -> None:

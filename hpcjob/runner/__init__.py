@@ -275,6 +275,11 @@ def submit_and_follow(
     job_id = latest.job_id
     progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
     if not wait:
+        if plan.hang_timeout_s is not None:
+            progress(
+                "hpcjob: warning: --hang-timeout ends a hung job while hpcjob follows it (submit --wait, "
+                "Run.wait()): this job is not followed"
+            )
         progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
         return latest, plan, None
     folder = open_share if share else lambda: None
@@ -421,9 +426,11 @@ def follow_run(
         except HangFound as found:
             assert folder is not None
             info, hang = end_hung_job(backend, record, plan, found.hang, folder, progress)
-    except KeyboardInterrupt:
+    except BaseException as exc:
         if folder is not None:
             folder.close()
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
         job = record.job_id or record.run_id
         raise StoppedWaiting(f"stopped waiting; job {job} goes on (hpcjob cancel {job} ends it)") from None
     if folder is None:

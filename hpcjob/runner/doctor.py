@@ -4,6 +4,7 @@ verdicts are hpcjob.doctor's (pure); this module does the asking, and prints not
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +202,7 @@ def _pairs_allreduce(
     node hosts its own rendezvous."""
     from hpcjob.doctor import pair_rounds, pairs_check, ring_pairs
     from hpcjob.runner import follow_run
+    from hpcjob.spec import HpcjobError
 
     def quiet(line: str) -> None:
         """The pair jobs' own progress: the doctor says what it does in one line."""
@@ -212,13 +214,19 @@ def _pairs_allreduce(
     measured: dict[tuple[str, str], tuple[float | None, str]] = {}
     for round_ in rounds:
         started = []
-        for pair in round_:
-            spec = _allreduce_spec(access, mount_point, pair, "hpcjob-doctor-pair", ())
-            record, plan, _ = submit_and_follow(
-                access, spec, new_run_id(spec.name), smb, mount_step=False, wait=False,
-                progress=quiet, command=command,
-            )  # fmt: skip
-            started.append((pair, record, plan, time.monotonic()))
+        try:
+            for pair in round_:
+                spec = _allreduce_spec(access, mount_point, pair, "hpcjob-doctor-pair", ())
+                record, plan, _ = submit_and_follow(
+                    access, spec, new_run_id(spec.name), smb, mount_step=False, wait=False,
+                    progress=quiet, command=command,
+                )  # fmt: skip
+                started.append((pair, record, plan, time.monotonic()))
+        except BaseException:  # a round half submitted: its jobs are not left running
+            for _, record, _, _ in started:
+                with contextlib.suppress(HpcjobError):
+                    access.backend.cancel(record, force=True)
+            raise
         for pair, record, plan, at in started:
             summary = follow_run(access.backend, record, plan, lambda: _profile_share(access), at, quiet)
             gbs = (summary.metrics or {}).get("allreduce_bus_gbps")

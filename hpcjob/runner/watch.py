@@ -4,14 +4,12 @@ root cause (hpcjob.hangs says how a hang is told and whom it blames)."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hpcjob.hangs import HANG_EXIT_CODE, Hang, HangWatch, beat_interval
 from hpcjob.results import RootCause, State
-from hpcjob.spec import HpcjobError
 
 if TYPE_CHECKING:
     from hpcjob.backends import Backend, Progress, Watch
@@ -51,7 +49,7 @@ def hang_watch(plan: JobPlan, folder: ShareFolder, log_folder: str) -> Watch | N
         last = now
         try:
             beats = read_beats(folder, log_folder)
-        except HpcjobError:
+        except Exception:  # smbprotocol raises many kinds; the wait goes on whatever
             return  # the share did not answer this time: the beats are read again next time
         hang = hangs.look(beats, now)
         if hang is not None:
@@ -71,7 +69,7 @@ def end_hung_job(
     assert plan.hang_timeout_s is not None
     progress(f"hpcjob: {describe(hang)}; ending the job")
     every_s = beat_interval(plan.hang_timeout_s)
-    with contextlib.suppress(HpcjobError):  # the dumps are a help: the job ends whatever
+    try:
         request_dumps(folder, record.log_folder)
         deadline = time.monotonic() + DUMP_BEATS * every_s
         stacks: dict[int, str | None] = dict.fromkeys(hang.beating)
@@ -82,7 +80,10 @@ def end_hung_job(
         said = stacks.get(hang.rank) if hang.rank is not None else None
         if said:
             hang = hang.with_place(said)
-    backend.cancel(record, force=False)
+    except Exception:  # the dumps are a help (the share may fail in many ways): the job ends anyway
+        pass
+    finally:
+        backend.cancel(record, force=False)
     return backend.wait(record, progress), hang
 
 
