@@ -168,7 +168,7 @@ class HangWatch:
         waits = [wait for rank in beating for wait in in_flight(rank)]
         if not waits:
             return None  # no rank that still beats waits: the ranks compute, or the beats cannot be read
-        group, awaited = max(set(waits), key=lambda wait: (waits.count(wait), wait[1].seq))
+        group, awaited = max(set(waits), key=lambda wait: (waits.count(wait), wait[1].seq, wait[0]))
         waiters = {r for r in beating if (group, awaited) in in_flight(r)}
         how_long = f"for {waited:.0f} s"
         beat_on = frozenset(beating)
