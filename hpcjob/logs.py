@@ -232,9 +232,7 @@ def read_beats(folder: ShareFolder, log_folder: str) -> list[Beat]:
     for name in names:
         if not (name.startswith("rank-") and name.endswith(".json")):
             continue
-        with contextlib.suppress(
-            FileNotFoundError, ValueError, KeyError, IndexError, TypeError, AttributeError
-        ):
+        with contextlib.suppress(FileNotFoundError, ValueError, KeyError, IndexError, TypeError):
             beats.append(Beat.from_json(json.loads(folder.read_bytes(f"{beats_folder}/{name}"))))
     return beats
 

@@ -42,9 +42,9 @@ SEPARATE_ROUND_STORES = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 # `hpcjob logs` and a person can read it. Torch 2.9 renamed the settings; 2.14.1's libraries hold both
 # names, and nodes may run an older torch: both are set (docs/facts/azure-gpu-fabric-and-nccl.md §5).
 FLIGHT_RECORDER_ENTRIES = "2000"
+FLIGHT_RECORDER_FILE = "nccl-trace-rank-"  # in the log folder, + the rank
 # Seconds between a rank's beats (hpcjob/node/worker.py), set for a job with a --hang-timeout.
 BEAT_VAR = "HPCJOB_BEAT_S"
-FLIGHT_RECORDER_FILE = "nccl-trace-rank-"  # in the log folder, + the rank
 
 
 def flight_recorder_env(log_dir: str) -> tuple[tuple[str, str], ...]:
