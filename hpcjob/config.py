@@ -12,6 +12,7 @@ by HPCJOB_CONFIG:
     ca_bundle = "/etc/ssl/contoso-ca.pem" # TLS verification is on unless insecure = true
     share = "//HEADNODE/CcpSpoolDir/app"
     node_group = "GPUNodes"
+    poll_interval = 15                    # the longest wait between looks at a job's state, seconds
 
 The whole file is checked whenever it is read: every key's TOML type and value, with one-line errors
 that name the file, the cluster and the key. A profile is checked by `ClusterProfile` itself, so a
@@ -81,6 +82,10 @@ _TOP_LEVEL_KEYS = ("clusters", "default")
 _FINGERPRINT = re.compile(r"[0-9A-Fa-f]{64}|[0-9A-Fa-f]{40}")
 _RESOURCE_GROUP = re.compile(r"[-\w.()]{1,90}")
 WINRM_PORT = 5986
+# poll_interval's bounds: a look every 0.1 s at most (an emulated head node on this machine), and at least
+# one every 5 minutes.
+MIN_POLL_S = 0.1
+MAX_POLL_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -126,12 +131,20 @@ class ClusterProfile:
     rdzv_port: int | None = None
     # The nodes' Azure VM size (onboarding writes it): jobs get the NCCL settings of its HPC image.
     vm_size: str | None = None
+    # The longest wait, in seconds, between two looks at a job's state while it does not change
+    # (default 15; the first look after a change comes within a second): lower it to hear of a job's end
+    # sooner from a small head node, raise it to ask a busy one less.
+    poll_interval: float | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
         for key, (kind, optional) in _field_kinds().items():
             value = getattr(self, key)
             # Exact types: a bool is an int to Python, and insecure = "no" would be true.
+            # A float key takes an integer too (TOML's `poll_interval = 5`).
+            if kind is float and type(value) is int:
+                value = float(value)
+                object.__setattr__(self, key, value)
             if not (value is None and optional) and type(value) is not kind:
                 raise SpecError(
                     f"cluster {self.name}: {key} must be {_WANTED[kind]}, not {_toml_kind(value)}"
@@ -207,6 +220,11 @@ class ClusterProfile:
             port = getattr(self, key)
             if port is not None and not 1 <= port <= 65535:
                 raise SpecError(f"{where}: {key} {port} must be between 1 and 65535")
+        if self.poll_interval is not None and not MIN_POLL_S <= self.poll_interval <= MAX_POLL_S:
+            raise SpecError(
+                f"{where}: poll_interval {self.poll_interval:g} must be between {MIN_POLL_S:g} and "
+                f"{MAX_POLL_S:g} seconds"
+            )
         # The same rules as the job options', so that a profile never makes a job that fails later.
         if self.mount_point is not None and not PLAIN_PATH.fullmatch(self.mount_point):
             raise SpecError(
@@ -265,7 +283,12 @@ class ClusterProfile:
         return self.ca_bundle or True
 
 
-_WANTED: dict[type, str] = {str: "a string", bool: "true or false (unquoted)", int: "an integer"}
+_WANTED: dict[type, str] = {
+    str: "a string",
+    bool: "true or false (unquoted)",
+    int: "an integer",
+    float: "a number of seconds",
+}
 
 
 @functools.cache

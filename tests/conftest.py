@@ -31,6 +31,9 @@ RUN_ID = "run_ddp-20261122-000000-abcd"
 # The one image tests/fake_docker.py has (`fake_docker`).
 IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 FAKE_DOCKER = Path(__file__).resolve().parent / "fake_docker.py"
+# The profiles' poll_interval in the tests: the emulated head node is on this machine, and its jobs of
+# stand-in nodes end within a second, so following them is asked every quarter second.
+POLL_S = 0.25
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -124,7 +127,8 @@ def cli_with_profile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Callable[..., Callable[..., Result]]:
     """`cli_with_profile(password, **profile)`: saves the cluster profile `emu` (the default, its
-    password in $EMU_PW) and returns a runner of `hpcjob ARGS` in this process."""
+    password in $EMU_PW, polled every POLL_S unless `profile` says) and returns a runner of `hpcjob ARGS`
+    in this process."""
     from hpcjob.cli.app import main
     from hpcjob.config import ClusterProfile, save_profile
 
@@ -133,7 +137,10 @@ def cli_with_profile(
         monkeypatch.setenv(PROFILE_PASSWORD_ENV, password)
         monkeypatch.delenv("HPCJOB_CLUSTER", raising=False)
         save_profile(
-            ClusterProfile(name="emu", password=f"env:{PROFILE_PASSWORD_ENV}", **profile), make_default=True
+            ClusterProfile(
+                name="emu", password=f"env:{PROFILE_PASSWORD_ENV}", **{"poll_interval": POLL_S, **profile}
+            ),
+            make_default=True,
         )
 
         def run(*args: str) -> Result:

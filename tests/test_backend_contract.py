@@ -19,6 +19,7 @@ import pytest
 
 from hpcjob.backends import Backend, open_backend
 from hpcjob.backends.local import LocalBackend
+from hpcjob.backends.scheduler import PollPolicy
 from hpcjob.config import ClusterProfile
 from hpcjob.emulator import HeadNode
 from hpcjob.results import State, Submission
@@ -27,7 +28,7 @@ from hpcjob.share import LocalFolder
 from hpcjob.spec import JobSpec, SpecError
 from hpcjob.staging import stage_run
 
-from .conftest import empty_script, stand_in_python
+from .conftest import POLL_S, empty_script, stand_in_python
 
 PASSWORD = "contract-Pw-1"
 NODE_BODY = """
@@ -67,8 +68,10 @@ def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
             ca_bundle=head.ca_file,
             backend=request.param,
             winrm_url=head.wsman_url,
+            poll_interval=POLL_S,
         )
         backend = open_backend(request.param, profile, PASSWORD)
+        assert backend.poll == PollPolicy.at_most(POLL_S)  # type: ignore[attr-defined]  # the profile's
         try:
             yield Place(backend, share_root, "emu", head)
         finally:

@@ -182,6 +182,9 @@ BASE = {"url": '"https://head"', "user": '"alice"'}
         ("smb_port = 70000", "smb_port 70000 must be between 1 and 65535"),
         ("smb_port = 0", "smb_port 0 must be between 1 and 65535"),
         ("rdzv_port = 65536", "rdzv_port 65536 must be between 1 and 65535"),
+        ("poll_interval = 0.05", "poll_interval 0.05 must be between 0.1 and 300 seconds"),
+        ('poll_interval = "fast"', "poll_interval must be a number of seconds, not a string"),
+        ("poll_interval = true", "poll_interval must be a number of seconds, not a boolean"),
         ("share = ['//HEAD/CcpSpoolDir']", "share must be a string, not an array"),
         ("node_group = 1979-05-27", "node_group must be a string, not a date or time"),
         ('ca_bundle = "/nonexistent/ca.pem"', "ca_bundle '/nonexistent/ca.pem': no such file"),
@@ -390,3 +393,11 @@ def test_a_profile_s_rendezvous_port_is_its_jobs_unless_the_job_names_one(
     assert shown.code == 0 and "--rdzv_endpoint=N1:29555 " in shown.out, shown.err
     given = hpcjob("submit", "--dry-run", "--node", "N1", "--rdzv-port", "29600", str(script))
     assert given.code == 0 and "--rdzv_endpoint=N1:29600 " in given.out, given.err
+
+
+def test_a_profile_s_poll_interval_is_a_number_of_seconds_whole_or_not(config_file: Path) -> None:
+    config_file.write_text('[clusters.p]\nurl = "https://head"\nuser = "alice"\npoll_interval = 5\n')
+    assert get_profile("p").poll_interval == 5.0 and type(get_profile("p").poll_interval) is float
+    added = hpcjob("cluster", "add", "q", "--url", "https://head", "--user", "alice", "--poll-interval", "0.5")
+    assert added.returncode == 0, added.stderr
+    assert get_profile("q").poll_interval == 0.5 and get_profile("p").poll_interval == 5.0

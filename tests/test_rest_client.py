@@ -466,6 +466,12 @@ def test_waiting_backs_off_while_nothing_changes_and_reports_changes() -> None:
     assert waits == [1.0, 2.0, 3.0, 1.0, 2.0]
 
 
+def test_a_profile_s_poll_interval_is_the_longest_wait_and_bounds_the_first() -> None:
+    assert PollPolicy.at_most(None) == PollPolicy()
+    assert PollPolicy.at_most(60.0) == PollPolicy(first_wait_s=1.0, max_wait_s=60.0)
+    assert PollPolicy.at_most(0.25) == PollPolicy(first_wait_s=0.25, max_wait_s=0.25)
+
+
 class _VersionHandler(http.server.BaseHTTPRequestHandler):
     """Answers every GET with a version, as /hpc/cluster/version does."""
 

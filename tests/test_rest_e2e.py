@@ -26,7 +26,7 @@ from hpcjob.plan import make_plan
 from hpcjob.render import job_xml
 from hpcjob.spec import JobSpec
 
-from .conftest import REPO, empty_script, stand_in_python
+from .conftest import POLL_S, REPO, empty_script, stand_in_python
 from .testbed import SmbServer, require_testbed
 
 pytestmark = pytest.mark.slow
@@ -114,6 +114,8 @@ def emulated_cluster(tmp_path: Path) -> Iterator[Cluster]:
                 "GPUNodes",
                 "--winrm-url",  # for --backend winrm: the same head node's other front door
                 head.wsman_url,
+                "--poll-interval",
+                str(POLL_S),
             )
             assert added.returncode == 0, added.stderr
             # hpcjob's execution filter on every node, once (alice is an administrator): the mount job of

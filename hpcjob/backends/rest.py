@@ -371,13 +371,15 @@ def submit_job(
     *,
     cluster: str = "",
     record: Callable[[Submission], None] = lambda step: None,
+    poll: PollPolicy | None = None,
 ) -> int:
     """Create and submit the job (after the mount job, if any, has finished); its id.
 
     `job_file` and the mount job's file come rendered: a backend builds no command line. The names must
     be new (scheduler.cluster_plan). `record` hears of each step before the next one starts; `cluster`
-    names the cluster in messages. A job whose submit fails is canceled, so that nothing half-made is
-    left in the scheduler; when that fails too, the error says so, and what is left where.
+    names the cluster in messages; `poll` is how the mount job is followed. A job whose submit fails is
+    canceled, so that nothing half-made is left in the scheduler; when that fails too, the error says so,
+    and what is left where.
     """
     step = Submission("creating")
     record(step)
@@ -388,7 +390,7 @@ def submit_job(
         record(step)
         _submit_or_cancel(client, mount_id, "the mount job", cluster, progress, step, record)
         progress(f"mounting the share at {mount_point} on the nodes (job {mount_id})")
-        mounted = wait_for_job(client, mount_id, lambda line: None)
+        mounted = wait_for_job(client, mount_id, lambda line: None, poll=poll)
         if mounted.state != State.FINISHED:
             outputs = [(t.node, client.task_output(mount_id, t.task_id)) for t in mounted.tasks]
             raise RestError(mount_failure(str(mount_id), mount_results(mounted, outputs)))
@@ -483,9 +485,10 @@ class RestBackend:
 
     kind = "rest"
 
-    def __init__(self, client: RestClient, cluster: str) -> None:
+    def __init__(self, client: RestClient, cluster: str, poll: PollPolicy | None = None) -> None:
         self.client = client
         self.cluster = cluster
+        self.poll = poll or PollPolicy()
 
     def nodes(self, group: str | None) -> list[NodeInfo]:
         return self.client.nodes(group)
@@ -508,7 +511,14 @@ class RestBackend:
 
         steps = (mount_job_xml(plan), plan.mount.mount_point) if mount and plan.mount else None
         job_id = submit_job(
-            self.client, plan.run_id, job_xml(plan), steps, progress, cluster=self.cluster, record=record
+            self.client,
+            plan.run_id,
+            job_xml(plan),
+            steps,
+            progress,
+            cluster=self.cluster,
+            record=record,
+            poll=self.poll,
         )
         return str(job_id)
 
@@ -519,7 +529,7 @@ class RestBackend:
         return self.client.job_with_tasks(self.job_id(run))
 
     def wait(self, run: RunRecord, progress: Callable[[str], None], watch: Watch | None = None) -> JobInfo:
-        return wait_for_job(self.client, self.job_id(run), progress, watch=watch)
+        return wait_for_job(self.client, self.job_id(run), progress, poll=self.poll, watch=watch)
 
     def cancel(self, run: RunRecord, *, force: bool) -> str | None:
         return self.client.cancel(self.job_id(run), "Canceled by hpcjob", forced=force)
@@ -545,7 +555,7 @@ class RestBackend:
 
     def _node_job(self, name: str, xml: str, progress: Progress) -> tuple[JobInfo, list[tuple[str, str]]]:
         job_id = submit_job(self.client, name, xml, None, progress, cluster=self.cluster)
-        info = wait_for_job(self.client, job_id, progress)
+        info = wait_for_job(self.client, job_id, progress, poll=self.poll)
         return info, [(t.node, self.client.task_output(job_id, t.task_id)) for t in info.tasks]
 
     def version(self) -> str | None:
@@ -558,7 +568,7 @@ class RestBackend:
         job_id = submit_job(
             self.client, name, admin_job_xml(name, command, shape), None, progress, cluster=self.cluster
         )
-        info = wait_for_job(self.client, job_id, progress)
+        info = wait_for_job(self.client, job_id, progress, poll=self.poll)
         said = "\n".join(
             f"{t.node}: {self.client.task_output(job_id, t.task_id).strip() or t.error}" for t in info.tasks
         )
@@ -578,4 +588,4 @@ def open_backend(profile: ClusterProfile | None, password: str | None) -> RestBa
     client = RestClient(
         profile.api_base, profile.user, password, verify=profile.verify, fingerprint=profile.cert_fingerprint
     )
-    return RestBackend(client, profile.name)
+    return RestBackend(client, profile.name, PollPolicy.at_most(profile.poll_interval))

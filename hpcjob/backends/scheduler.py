@@ -177,6 +177,14 @@ class PollPolicy:
     factor: float = 1.5
     max_wait_s: float = 15.0
 
+    @classmethod
+    def at_most(cls, max_wait_s: float | None) -> PollPolicy:
+        """The policy with this longest wait (a profile's poll_interval; None: the default), the first
+        wait after a change no longer than it."""
+        if max_wait_s is None:
+            return cls()
+        return cls(first_wait_s=min(cls.first_wait_s, max_wait_s), max_wait_s=max_wait_s)
+
 
 def job_summary(
     info: JobInfo,

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcjob.backends.scheduler import (
+    PollPolicy,
     RetryPolicy,
     certificate_failure,
     cluster_plan,
@@ -236,9 +237,12 @@ class WinRMBackend:
 
     kind = "winrm"
 
-    def __init__(self, session: WinRMSession, cluster: str, user: str, password: str) -> None:
+    def __init__(
+        self, session: WinRMSession, cluster: str, user: str, password: str, poll: PollPolicy | None = None
+    ) -> None:
         self.session = session
         self.cluster = cluster
+        self.poll = poll or PollPolicy()
         self._user = user
         self._password = password
 
@@ -354,7 +358,7 @@ class WinRMBackend:
 
     def wait(self, run: RunRecord, progress: Progress, watch: Watch | None = None) -> JobInfo:
         job_id = self.job_id(run)
-        return follow_job(lambda: self._status(job_id), progress, watch=watch)
+        return follow_job(lambda: self._status(job_id), progress, poll=self.poll, watch=watch)
 
     def cancel(self, run: RunRecord, *, force: bool) -> str | None:
         rows = self.session.run(
@@ -374,7 +378,7 @@ class WinRMBackend:
         return mount_results(*self._finished(job_id, progress))
 
     def _finished(self, job_id: int, progress: Progress) -> tuple[JobInfo, list[tuple[str, str]]]:
-        return follow_job(lambda: self._status(job_id), progress), self._outputs(job_id)
+        return follow_job(lambda: self._status(job_id), progress, poll=self.poll), self._outputs(job_id)
 
     def mount(self, name: str, step: MountStep, shape: JobShape, progress: Progress) -> list[MountResult]:
         from hpcjob.render import mount_check_job_xml
@@ -411,4 +415,10 @@ def open_backend(profile: ClusterProfile | None, password: str | None) -> WinRMB
         raise SpecError(
             "the winrm backend needs a cluster profile: hpcjob cluster add NAME --backend winrm ..."
         )
-    return WinRMBackend(WinRMSession(profile, password), profile.name, profile.user, password)
+    return WinRMBackend(
+        WinRMSession(profile, password),
+        profile.name,
+        profile.user,
+        password,
+        PollPolicy.at_most(profile.poll_interval),
+    )

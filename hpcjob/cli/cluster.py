@@ -93,6 +93,12 @@ if TYPE_CHECKING:
     help="Trust exactly the head node's certificate with this SHA-256 fingerprint or SHA-1 thumbprint "
     "(a self-signed certificate, such as HPC Pack's own).",
 )
+@click.option(
+    "--poll-interval",
+    type=float,
+    metavar="SECONDS",
+    help="The longest wait between two looks at a job's state while it does not change [default: 15].",
+)
 @click.option("--default", "make_default", is_flag=True, help="Make this the default cluster.")
 def cluster_add(
     name: str, password_env: str | None, use_keyring: bool, make_default: bool, **options: Any
