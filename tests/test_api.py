@@ -17,7 +17,7 @@ from hpcjob.procs import marked_processes
 from hpcjob.runner import ClusterAccess
 
 from .conftest import empty_script, stand_in_python
-from .test_rest_e2e import PASSWORD, SMALL, TRAIN, Cluster
+from .test_rest_e2e import PASSWORD, REPORTING, SMALL, TRAIN, Cluster
 
 
 def test_a_local_run_from_python_submits_waits_reads_its_logs_and_is_found_again(
@@ -117,11 +117,13 @@ def test_an_insecure_profile_warns_through_python_s_warnings(
 
 
 @pytest.mark.slow
-def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster) -> None:
-    """The real training job across two emulated nodes, over REST then WinRM: the share mounted by a job
-    of its own first, the code and checkpoint on the share, the summary, the run found again by its job
-    id, its status and its logs (the command line's printing of the same: tests/test_rest_e2e.py)."""
-    for backend in ("rest", "winrm"):
+def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster, tmp_path: Path) -> None:
+    """A run's life over REST then WinRM: the share mounted by a job of its own first, the summary, the run
+    found again by its job id, its status and its logs. Over REST the real training job across two
+    emulated nodes (its checkpoint on the share); over WinRM, whose nodes run the very same job, a
+    stand-in Python (the command line's printing of the same: tests/test_rest_e2e.py)."""
+    stand_in = stand_in_python(tmp_path, f"sleep 1; {REPORTING}; echo 'epoch 1/1'")
+    for backend, python, epochs in (("rest", sys.executable, 1), ("winrm", str(stand_in), 2)):
         posted = emulated.head.requests.count("POST", r"/jobs/jobFile$")
         said: list[str] = []
         run = hpcjob.submit(
@@ -130,15 +132,15 @@ def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster) 
             cluster="emu",
             backend=backend,
             nodes=2,
-            python=sys.executable,  # the nodes are processes of this machine
+            python=python,  # the nodes are processes of this machine
             rdzv_port=free_port(),
             env={"HPCJOB_IFNAME": "lo"},
             wait=True,
             progress=said.append,
-            name=f"train-{backend}",  # a job folder each: the second run would resume the first's checkpoint
+            name=f"train-{backend}",  # a job folder each
         )
         assert run.summary is not None and run.summary.state == "Finished", run.summary
-        assert run.summary.metrics is not None and run.summary.metrics["epochs_completed"] == 1
+        assert run.summary.metrics is not None and run.summary.metrics["epochs_completed"] == epochs
         assert [(n.node, n.exit_code) for n in run.summary.nodes] == [("LOCALHOST", 0), ("NODE002", 0)]
         mounting = f"mounting the share at {emulated.mount_point} on the nodes (job "
         assert any(line.startswith(mounting) for line in said)  # by a job of its own first
@@ -147,9 +149,6 @@ def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster) 
         assert emulated.head.requests.count("POST", r"/jobs/jobFile$") - posted == (
             2 if backend == "rest" else 0
         )
-        assert (
-            emulated.share_dir / "hpcjob" / f"train-{backend}" / "checkpoints" / "checkpoint.pt"
-        ).is_file()
         assert run.job_id is not None and run.job_id.isdigit()
         found = hpcjob.Run.find(run.job_id)
         assert found.run_id == run.run_id and found.status().state == "Finished"
@@ -160,4 +159,6 @@ def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster) 
             (node, stream) == ("NODE002", "stderr") and line.startswith("hpcjob: node NODE002, store host 0")
             for node, stream, line in lines
         )
+    checkpoint = emulated.share_dir / "hpcjob" / "train-rest" / "checkpoints" / "checkpoint.pt"
+    assert checkpoint.is_file()  # the real training job's
     assert PASSWORD not in os.environ.get("HPCJOB_CONFIG", "")

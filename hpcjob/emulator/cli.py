@@ -87,12 +87,12 @@ def profile_command(
     wsman_url: str | None = None,
 ) -> str:
     """The `hpcjob cluster add` line for this head node: its URL (over WinRM when `wsman_url` is given),
-    CA, and the share as a folder here."""
+    CA, and the share as a folder here. Its jobs are this machine's processes: asked every second."""
     words = ["hpcjob", "cluster", "add", profile, "--url", url.removesuffix("/hpc"), "--user", user]
     if wsman_url is not None:
         words += ["--backend", "winrm", "--winrm-url", wsman_url]
     words += ["--password-env", PASSWORD_ENV, "--ca-bundle", ca_file, "--share", "//HEADNODE/CcpSpoolDir"]
-    words += ["--local-share", share_dir, "--mount-point", share_dir]
+    words += ["--local-share", share_dir, "--mount-point", share_dir, "--poll-interval", "1"]
     return shlex.join(words + (["--node-group", group] if group else []))
 
 
