@@ -398,6 +398,8 @@ def test_a_profile_s_rendezvous_port_is_its_jobs_unless_the_job_names_one(
 def test_a_profile_s_poll_interval_is_a_number_of_seconds_whole_or_not(config_file: Path) -> None:
     config_file.write_text('[clusters.p]\nurl = "https://head"\nuser = "alice"\npoll_interval = 5\n')
     assert get_profile("p").poll_interval == 5.0 and type(get_profile("p").poll_interval) is float
-    added = hpcjob("cluster", "add", "q", "--url", "https://head", "--user", "alice", "--poll-interval", "0.5")
+    added = hpcjob(
+        "cluster", "add", "q", "--url", "https://head", "--user", "alice", "--poll-interval", "0.5"
+    )
     assert added.returncode == 0, added.stderr
     assert get_profile("q").poll_interval == 0.5 and get_profile("p").poll_interval == 5.0
