@@ -26,7 +26,8 @@ NODE = 'node=$(basename "$HPCJOB_NODE_ROOT")\n'
 STAND_INS = {
     "nvidia-smi": NODE + 'case "$node" in $NO_GPU) exit 9;; esac\necho "GPU 0: NVIDIA H100 (UUID: GPU-1)"\n'
     'echo "GPU 1: NVIDIA H100 (UUID: GPU-2)"\n',
-    # The probe's `python3 -c ...` answers for the node; the all-reduce job's torchrun is the real one.
+    # The probe's `python3 -c ...` answers for the node; the all-reduce jobs' torchrun is the real one
+    # where the cases below let it through.
     "python3": NODE
     # The all-reduce across one node's GPUs (`--standalone`): the real one where $REAL_GPUS says, else its
     # answer at once, slow on $SLOW_GPUS (each real one imports torch in three processes per node).
@@ -41,6 +42,10 @@ STAND_INS = {
     + '  $SLOW_NODE) echo \'HPCJOB_METRICS {"allreduce_bus_gbps": 0.2, "allreduce_correct": true}\';;\n'
     + '  *) [ "$HPCJOB_IS_HOST" = 0 ] || echo \'HPCJOB_METRICS {"allreduce_bus_gbps": 1.5}\';;\n'
     + "esac; exit;; esac\n"
+    # The 2-node all-reduce: the real one, unless $ANSWER_ALLREDUCE says the host node answers it at once.
+    + 'case "$*" in *--rdzv_id=hpcjob-doctor-*) if [ -n "$ANSWER_ALLREDUCE" ]; then\n'
+    + '  [ "$HPCJOB_IS_HOST" = 0 ] || echo \'HPCJOB_METRICS {"allreduce_backend": "gloo", '
+    + '"allreduce_bus_gbps": 1.5, "allreduce_correct": true}\'; exit; fi;; esac\n'
     + 'if [ "$1" != -c ]; then exec "'
     + sys.executable
     + '" "$@"; fi\n'
@@ -78,6 +83,7 @@ def stand_in_head(tmp_path: Path, more_env: dict[str, str]) -> Iterator[HeadNode
         "SLOW_GPUS": "-",
         "REAL_GPUS": "-",
         "SLOW_NODE": "-",
+        "ANSWER_ALLREDUCE": "",
     }
     with HeadNode(users={"alice": PASSWORD}, env=env) as started:
         yield started
@@ -137,8 +143,8 @@ def test_a_healthy_cluster_passes_every_check_and_then_a_slow_node_is_found_betw
     assert found["Python"][1] == "3.10.12 x86_64 on 3 node(s), venv for a job's environment"
     assert "HPC Pack version not known over this backend" in found["head node"][1]
     assert (tmp_path / "share" / ".hpcjob-doctor").is_file()  # written from here
-    # The real all-reduce across LOCALHOST's GPUs ran above: the stand-ins answer for every node now.
-    head.cluster.base_env.update(SLOW_NODE="NODE003", REAL_GPUS="-")
+    # The real all-reduces (between two nodes, across LOCALHOST's GPUs) ran above: the stand-ins answer now.
+    head.cluster.base_env.update(SLOW_NODE="NODE003", REAL_GPUS="-", ANSWER_ALLREDUCE="1")
     text = hpcjob("doctor")
     assert text.code == 1 and text.out.splitlines()[-1] == "1 of 10 checks failed", text.out
     assert re.search(
@@ -205,7 +211,9 @@ def test_a_node_without_its_gpus_with_slow_ones_or_another_python_is_named(
     size = dataclasses.replace(table.sizes["Standard_ND96asr_v4"], allreduce_gbs=0.001)
     monkeypatch.setattr(runner, "size_table", lambda: dataclasses.replace(table, sizes={size.name: size}))
     hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path, vm_size=size.name))
-    head.cluster.base_env.update(NO_GPU="NODE003", SLOW_GPUS="NODE002", OLD_PYTHON="NODE003")
+    head.cluster.base_env.update(
+        NO_GPU="NODE003", SLOW_GPUS="NODE002", OLD_PYTHON="NODE003", ANSWER_ALLREDUCE="1"
+    )
     done = hpcjob("doctor", "--json")
     found = checks(done)
     assert "HPC Pack 6." in found["head node"][1]  # asked over REST (WinRM: not asked)

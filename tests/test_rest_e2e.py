@@ -334,10 +334,14 @@ def test_logs_fall_back_to_the_schedulers_output_without_the_share(cluster: Clus
 
 def test_the_readme_flow_by_hand_runs_on_the_head_node(cluster: Cluster, tmp_path: Path) -> None:
     """README "See the job before you run it": upload and render the job file, render the mount step
-    in a second call, submit the file on the head node (`job submit /jobfile:`; here its REST twin)."""
+    in a second call, submit the file on the head node (`job submit /jobfile:`; here its REST twin). The
+    nodes' Python a stand-in that finds the uploaded code in the job's folder (the same job file trains
+    for real: tests/test_api.py)."""
+    found = 'for f in .hpcjob/node.sh .hpcjob/worker.py run_ddp.py; do [ -f "$f" ] || exit 1; done'
+    python = stand_in_python(tmp_path, f'{found}; echo "the code is here"')
     smb = ["--smb-user", cluster.smb.username, "--smb-server", cluster.smb.address]
     job = ["--node", "LOCALHOST", "--node", "NODE002", "--share", "//HEADNODE/CcpSpoolDir/app"]
-    job += ["--mount-point", str(cluster.share_dir), "--python", sys.executable, "--env", "HPCJOB_IFNAME=lo"]
+    job += ["--mount-point", str(cluster.share_dir), "--python", str(python), "--env", "HPCJOB_IFNAME=lo"]
     job += ["--rdzv-port", str(free_port()), str(TRAIN), "--epochs", "1", *SMALL]
     uploaded = cluster.hpcjob("render", "--upload", *smb, "--smb-port", str(cluster.smb.port), *job)
     assert uploaded.returncode == 0, uploaded.stderr
@@ -355,7 +359,7 @@ def test_the_readme_flow_by_hand_runs_on_the_head_node(cluster: Cluster, tmp_pat
     )
     logs = cluster.hpcjob("logs", str(run_id))
     assert logs.returncode == 0, logs.stderr
-    assert "epoch 1/1" in logs.stdout
+    assert logs.stdout.count("the code is here") == 2, logs.stdout
 
 
 def test_the_job_s_environment_is_built_on_the_share_through_either_front_door(
