@@ -164,7 +164,9 @@ def test_a_job_with_an_image_runs_each_task_in_a_container_through_either_front_
         "shutil.which('python3'), os.environ['PATH'], flush=True)\n"
     )
     job = ["--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo", "-n", "2", "--wait", "--json"]
-    result = image_cluster.hpcjob("submit", "--backend", "rest", *job, "--image", IMAGE, str(code / "train.py"))
+    result = image_cluster.hpcjob(
+        "submit", "--backend", "rest", *job, "--image", IMAGE, str(code / "train.py")
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     logs = image_cluster.hpcjob("logs", str(json.loads(result.stdout)["job_id"])).stdout
     image_path = json.loads(Path(fake_docker["FAKE_DOCKER_IMAGES"]).read_text())[IMAGE]["env"]["PATH"]
