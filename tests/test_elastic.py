@@ -22,7 +22,7 @@ from .conftest import REPO
 pytestmark = pytest.mark.slow
 TRAIN = REPO / "training" / "run_ddp.py"
 # About 1.5 s an epoch on three nodes here: time to kill a node inside epoch 2.
-SLOW_EPOCHS = ["--epochs", "4", "--train-samples", "1200", "--batch-size", "40", "--step-sleep", "0.05"]
+SLOW_EPOCHS = ["--epochs", "3", "--train-samples", "1200", "--batch-size", "40", "--step-sleep", "0.05"]
 
 
 def start(share: Path, run_id: str, *options: str) -> subprocess.Popen[str]:
@@ -72,7 +72,7 @@ def test_a_lost_node_and_the_job_goes_on_from_the_last_checkpoint(tmp_path: Path
     metrics = summary["metrics"]
     # At most one epoch of work lost: the restart resumed from epoch 1's checkpoint, on 2 nodes.
     assert (
-        metrics["epochs_completed"] == 4 and metrics["resumed_from_epoch"] == 1 and metrics["world_size"] == 2
+        metrics["epochs_completed"] == 3 and metrics["resumed_from_epoch"] == 1 and metrics["world_size"] == 2
     )
     assert "going on with 2 node(s) (elastic job: at least 2)" in err
     shown = subprocess.run(
@@ -87,7 +87,7 @@ def test_a_lost_node_and_the_job_goes_on_from_the_last_checkpoint(tmp_path: Path
 def test_the_same_loss_fails_a_job_that_needs_every_node_and_names_it(tmp_path: Path) -> None:
     run_id = "rigid-1"
     job = start(tmp_path, run_id, "--min-nodes", "3", "--max-restarts", "2")
-    kill_node_when_training(tmp_path, run_id, 3, epoch=2)
+    kill_node_when_training(tmp_path, run_id, 3, epoch=1)
     out, err = job.communicate(timeout=240)
     summary = json.loads(out)
     assert job.returncode != 0 and summary["state"] == "Failed", err[-3000:]

@@ -275,9 +275,9 @@ def test_a_job_s_environment_is_built_once_and_a_second_job_installs_nothing(
 ) -> None:
     code = code_folder(
         tmp_path,
-        "import os, tinya, torch\nprint('rank', os.environ['RANK'], tinya.VALUE, flush=True)\n",
+        "import os, tinya\nprint('rank', os.environ['RANK'], tinya.VALUE, flush=True)\n",
         {"requirements.txt": requirements(wheelhouse, "tinya==1.0")},
-    )  # requirements.txt: used as it is, beside the script
+    )  # requirements.txt: used as it is, beside the script; torchrun itself imports the base's torch
     share = tmp_path / "share"
 
     def job(run_id: str) -> tuple[dict[str, object], str, str, str]:

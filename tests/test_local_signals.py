@@ -1,6 +1,6 @@
 """`hpcjob run --local` and signals: no process outlives its job, and the right node is blamed.
 
-Real torchrun processes; each test takes seconds (torchrun imports torch), hence `slow`.
+Real torchrun processes (a stand-in Python where hpcjob's side alone is at stake); seconds each, hence `slow`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import stand_in_python
 from .test_local_e2e import hpcjob_run, leftover_processes
 
 pytestmark = pytest.mark.slow
@@ -30,17 +31,24 @@ time.sleep(600)
 """
 
 
-def start(tmp_path: Path, run_id: str, *, ignore_sigint: bool = False) -> tuple[subprocess.Popen[str], Path]:
+# The same for a stand-in of the nodes' Python (no torchrun): each node says it is up, then waits.
+WAITING_STAND_IN = 'for marks; do :; done; touch "$marks/up-$HPCJOB_NODE"; exec sleep 600'
+
+
+def start(
+    tmp_path: Path, run_id: str, *, ignore_sigint: bool = False, real: bool = True
+) -> tuple[subprocess.Popen[str], Path]:
+    """`run --local` of two nodes that wait until stopped; `real`: torchrun and its ranks, else a stand-in
+    Python on each node."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "wait.py").write_text(WAITING)
     marks = tmp_path / "marks"
     marks.mkdir()
+    python = [] if real else ["--python", str(stand_in_python(tmp_path, WAITING_STAND_IN))]
+    options = ["-n", "2", "--grace-period", "3", *python]
     process = subprocess.Popen(
-        [
-            *hpcjob_run(tmp_path / "share", run_id, "-n", "2", "--grace-period", "3", str(code / "wait.py")),
-            str(marks),
-        ],
+        [*hpcjob_run(tmp_path / "share", run_id, *options, str(code / "wait.py")), str(marks)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -74,14 +82,16 @@ def no_leftovers(run_id: str, within: float) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("sig", "ignore_sigint"),
-    [(signal.SIGHUP, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
-    ids=["SIGHUP (terminal closed)", "SIGTERM", "SIGINT with SIGINT ignored by the starter"],
+    ("sig", "ignore_sigint", "real"),
+    [(signal.SIGTERM, False, True), (signal.SIGHUP, False, False), (signal.SIGINT, True, False)],
+    ids=["SIGTERM", "SIGHUP (terminal closed)", "SIGINT with SIGINT ignored by the starter"],
 )
 def test_a_signal_to_hpcjob_cancels_the_job(
-    tmp_path: Path, run_id: str, sig: signal.Signals, ignore_sigint: bool
+    tmp_path: Path, run_id: str, sig: signal.Signals, ignore_sigint: bool, real: bool
 ) -> None:
-    process, log_dir = start(tmp_path, run_id, ignore_sigint=ignore_sigint)
+    """Each signal cancels the job as Ctrl-C does; torchrun's own stop on its SIGINT is seen once (the
+    others with a stand-in Python, which an inherited ignored SIGINT would leave running to the SIGKILL)."""
+    process, log_dir = start(tmp_path, run_id, ignore_sigint=ignore_sigint, real=real)
     process.send_signal(sig)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130, err[-3000:]

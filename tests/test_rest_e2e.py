@@ -182,7 +182,7 @@ def test_an_elastic_job_goes_on_when_a_node_becomes_unreachable(cluster: Cluster
          "--min-nodes", "2", "--max-restarts", "2", "--rdzv-last-call", "2", "--rdzv-keep-alive", "1",
          "--run-id", run_id,
          "--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo",
-         str(TRAIN), "--epochs", "4", "--train-samples", "1200", "--batch-size", "40", "--step-sleep", "0.05",
+         str(TRAIN), "--epochs", "3", "--train-samples", "1200", "--batch-size", "40", "--step-sleep", "0.05",
          "--metrics-every", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env, stdin=subprocess.DEVNULL,
     )  # fmt: skip
@@ -201,7 +201,7 @@ def test_an_elastic_job_goes_on_when_a_node_becomes_unreachable(cluster: Cluster
     assert event.startswith("NODE003 lost at epoch 2, step ") and event.endswith(
         "; continued on 2 node(s) from the epoch-1 checkpoint"
     ), event
-    assert summary["metrics"]["epochs_completed"] == 4 and summary["metrics"]["resumed_from_epoch"] == 1
+    assert summary["metrics"]["epochs_completed"] == 3 and summary["metrics"]["resumed_from_epoch"] == 1
     cluster.head.set_node("NODE003", health="OK")
 
 
