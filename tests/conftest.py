@@ -36,6 +36,19 @@ FAKE_DOCKER = Path(__file__).resolve().parent / "fake_docker.py"
 POLL_S = 0.25
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests' jobs are processes of this one machine: every local and emulated node shares its cores.
+    One compute thread each (what torchrun gives each of several ranks on a node), rather than each
+    node's ranks taking every core and spinning idle OpenMP threads against the others'."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker more than this machine has cores. The end-to-end tests wait on their jobs' polls
+    and processes a good part of their time; the extra worker keeps the cores busy meanwhile."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow end-to-end tests first: the workers start the longest ones at once and fill the rest in
     around them, instead of one worker finishing alone on a long test at the end."""
