@@ -16,6 +16,7 @@ from hpcjob.config import (
     ClusterProfile,
     config_path,
     get_profile,
+    load_config,
     load_profiles,
     password_for,
     save_profile,
@@ -217,7 +218,23 @@ def test_a_bad_value_in_the_file_is_one_line_naming_file_cluster_and_key(
     key = line.split(" = ")[0]
     kept = [f"{k} = {v}" for k, v in BASE.items() if k != key]
     config_file.write_text("\n".join(["[clusters.p]", *kept, line]) + "\n")
-    assert one_line_error(hpcjob("cluster", "list")).startswith(f"{config_file}: cluster p: {error}")
+    assert one_line(load_config).startswith(f"{config_file}: cluster p: {error}")
+
+
+def one_line(read: Callable[[], object]) -> str:
+    """The error reading the file raises: one line, what the command line prints after `hpcjob: error: `
+    (as `test_the_command_line_says_what_is_wrong_with_the_file_in_one_line` sees it do)."""
+    with pytest.raises(SpecError) as raised:
+        read()
+    message = str(raised.value)
+    assert "\n" not in message and message.isprintable(), message
+    return message
+
+
+def test_the_command_line_says_what_is_wrong_with_the_file_in_one_line(config_file: Path) -> None:
+    config_file.write_text('[clusters.p]\nurl = "https://head"\nuser = "alice"\nsmb_port = 0\n')
+    said = one_line_error(hpcjob("cluster", "list"))
+    assert said == one_line(load_config) and said.startswith(f"{config_file}: cluster p: smb_port 0 must be")
 
 
 @pytest.mark.parametrize(
@@ -236,9 +253,8 @@ def test_a_bad_value_in_the_file_is_one_line_naming_file_cluster_and_key(
 )
 def test_a_broken_file_is_one_line_naming_the_file(config_file: Path, text: bytes, error: str) -> None:
     config_file.write_bytes(text)
-    assert one_line_error(hpcjob("cluster", "list")).startswith(f"{config_file}: {error}")
-    with pytest.raises(SpecError, match="^" + str(config_file)):
-        get_profile("p")
+    assert one_line(load_config).startswith(f"{config_file}: {error}")
+    assert one_line(lambda: get_profile("p")).startswith(str(config_file))
 
 
 def test_a_profile_written_with_a_byte_order_mark_is_read(config_file: Path) -> None:
