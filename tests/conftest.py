@@ -43,10 +43,14 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto`: a worker more than this machine has cores. The end-to-end tests wait on their jobs' polls
-    and processes a good part of their time; the extra worker keeps the cores busy meanwhile."""
-    return len(os.sched_getaffinity(0)) + 1
+    and processes a good part of their time; the extra worker keeps the cores busy meanwhile. xdist's own
+    count where asked for: $PYTEST_XDIST_AUTO_NUM_WORKERS, or `-n logical`."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or config.option.numprocesses == "logical":
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores + 1
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

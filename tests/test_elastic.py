@@ -1,6 +1,7 @@
 """Elastic jobs (--min-nodes): a 3-node `run --local` loses one node's processes mid-epoch and goes on
-with the other two from the last checkpoint; the same kill fails a job that needs all three, naming the
-node. Real torchrun agents re-form the c10d rendezvous; the training program writes its timeline."""
+with the other two from the last checkpoint; the same loss (in epoch 1: sooner) fails a job that needs all
+three, naming the node. Real torchrun agents re-form the c10d rendezvous; the training program writes its
+timeline."""
 
 from __future__ import annotations
 

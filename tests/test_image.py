@@ -183,6 +183,7 @@ def test_a_job_with_an_image_runs_each_task_in_a_container_through_either_front_
         "submit", "--backend", "winrm", *job, "--image", "contoso/missing:1", str(code / "train.py")
     )
     assert missing.returncode == 125  # docker's own, for a missing image
+    assert not list(Path(fake_docker["FAKE_DOCKER_STATE"]).glob("*.json"))  # no container left
     cause = json.loads(missing.stdout)["root_cause"]["reason"]
     assert cause.startswith("docker: Error response from daemon: pull access denied for contoso/missing"), (
         cause

@@ -194,11 +194,11 @@ def test_ctrl_c_cancels_and_a_new_run_resumes_from_the_checkpoint(tmp_path: Path
     assert leftover_processes(run_id) == []
 
     resumed = subprocess.run(
-        hpcjob_run(tmp_path, "e2e-resume-1", *args, "--epochs", "2"),
+        hpcjob_run(tmp_path, "e2e-resume-1", *args, "--epochs", "3"),
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
-    assert json.loads(resumed.stdout)["metrics"]["epochs_completed"] == 2
+    assert json.loads(resumed.stdout)["metrics"]["epochs_completed"] == 3

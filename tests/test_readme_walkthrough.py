@@ -41,4 +41,6 @@ def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert "] epoch 2/2" in out  # logs, from the share (a folder here)
     assert "job 2 canceled" in out
     assert "cluster emulator saved in" in out and "cluster emulator-winrm saved in" in out
+    # The profiles the emulator printed poll it every second: its jobs are this machine's processes.
+    assert (tmp_path / "clusters.toml").read_text().count("\npoll_interval = 1.0\n") == 2
     assert "try-it-1" not in out + result.stderr  # the password never shows

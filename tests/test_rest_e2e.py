@@ -130,7 +130,7 @@ def emulated_cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 # The nodes' Python in the command line's tests: rank 0's metrics line on the store host, a line on stderr
-# from each node. What a real training job does through both front doors: tests/test_api.py.
+# from each node. What a real training job does on the emulated cluster: tests/test_api.py.
 REPORTING = (
     '[ "$HPCJOB_IS_HOST" = 1 ] && echo \'HPCJOB_METRICS {"epochs_completed": 2}\'; '
     'echo "rank of $HPCJOB_NODE" >&2'
@@ -335,10 +335,10 @@ def test_logs_fall_back_to_the_schedulers_output_without_the_share(cluster: Clus
 def test_the_readme_flow_by_hand_runs_on_the_head_node(cluster: Cluster, tmp_path: Path) -> None:
     """README "See the job before you run it": upload and render the job file, render the mount step
     in a second call, submit the file on the head node (`job submit /jobfile:`; here its REST twin). The
-    nodes' Python a stand-in that finds the uploaded code in the job's folder (the same job file trains
-    for real: tests/test_api.py)."""
+    nodes' Python a stand-in that finds the uploaded code in the job's folder and says what torchrun would
+    be given (the job files `submit` renders the same way train for real: tests/test_api.py)."""
     found = 'for f in .hpcjob/node.sh .hpcjob/worker.py run_ddp.py; do [ -f "$f" ] || exit 1; done'
-    python = stand_in_python(tmp_path, f'{found}; echo "the code is here"')
+    python = stand_in_python(tmp_path, f'{found}; echo "the code is here: $*"')
     smb = ["--smb-user", cluster.smb.username, "--smb-server", cluster.smb.address]
     job = ["--node", "LOCALHOST", "--node", "NODE002", "--share", "//HEADNODE/CcpSpoolDir/app"]
     job += ["--mount-point", str(cluster.share_dir), "--python", str(python), "--env", "HPCJOB_IFNAME=lo"]
@@ -359,7 +359,8 @@ def test_the_readme_flow_by_hand_runs_on_the_head_node(cluster: Cluster, tmp_pat
     )
     logs = cluster.hpcjob("logs", str(run_id))
     assert logs.returncode == 0, logs.stderr
-    assert logs.stdout.count("the code is here") == 2, logs.stdout
+    assert logs.stdout.count("the code is here: ") == 2, logs.stdout
+    assert logs.stdout.count(" .hpcjob/worker.py run_ddp.py --epochs 1 --train-samples 512 ") == 2
 
 
 def test_the_job_s_environment_is_built_on_the_share_through_either_front_door(

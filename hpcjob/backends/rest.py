@@ -488,7 +488,7 @@ class RestBackend:
     def __init__(self, client: RestClient, cluster: str, poll: PollPolicy | None = None) -> None:
         self.client = client
         self.cluster = cluster
-        self.poll = poll or PollPolicy()
+        self.poll = poll  # None: follow_job's default
 
     def nodes(self, group: str | None) -> list[NodeInfo]:
         return self.client.nodes(group)

@@ -242,7 +242,7 @@ class WinRMBackend:
     ) -> None:
         self.session = session
         self.cluster = cluster
-        self.poll = poll or PollPolicy()
+        self.poll = poll  # None: follow_job's default
         self._user = user
         self._password = password
 

@@ -97,7 +97,8 @@ if TYPE_CHECKING:
     "--poll-interval",
     type=float,
     metavar="SECONDS",
-    help="The longest wait between two looks at a job's state while it does not change [default: 15].",
+    help="The longest wait between two looks at a job's state while it does not change, 0.1 to 300 "
+    "[default: 15].",
 )
 @click.option("--default", "make_default", is_flag=True, help="Make this the default cluster.")
 def cluster_add(

@@ -313,6 +313,7 @@ def test_a_cpu_run_splits_the_cpus_and_writes_its_timeline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # whatever the tests' OMP_NUM_THREADS gave: the run must choose its own
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("HPCJOB_PROCESSES_ON_HOST", "4096")  # more processes on this host than CPUs
     monkeypatch.setenv("HPCJOB_NODE", "LOCAL7")
