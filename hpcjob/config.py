@@ -141,10 +141,6 @@ class ClusterProfile:
         for key, (kind, optional) in _field_kinds().items():
             value = getattr(self, key)
             # Exact types: a bool is an int to Python, and insecure = "no" would be true.
-            # A float key takes an integer too (TOML's `poll_interval = 5`).
-            if kind is float and type(value) is int:
-                value = float(value)
-                object.__setattr__(self, key, value)
             if not (value is None and optional) and type(value) is not kind:
                 raise SpecError(
                     f"cluster {self.name}: {key} must be {_WANTED[kind]}, not {_toml_kind(value)}"
@@ -167,7 +163,13 @@ class ClusterProfile:
         missing = [key for key in ("url", "user") if key not in table]
         if missing:
             raise SpecError(f"cluster {name}: {' and '.join(missing)} missing")
-        return cls(name=name, **table)
+        # A whole number is a number of seconds too: TOML reads `poll_interval = 5` as an integer.
+        kinds = _field_kinds()
+        values: dict[str, Any] = {
+            key: float(value) if kinds[key][0] is float and type(value) is int else value
+            for key, value in table.items()
+        }
+        return cls(name=name, **values)
 
     def _check_values(self, where: str) -> None:
         _check_url(where, self.url)
