@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,25 @@ FAKE_DOCKER = Path(__file__).resolve().parent / "fake_docker.py"
 # The profiles' poll_interval in the tests: the emulated head node is on this machine, and its jobs of
 # stand-in nodes end within a second, so following them is asked every quarter second.
 POLL_S = 0.25
+
+
+def linux_user(name: str) -> str:
+    """A real account of this machine that is not root, for a cluster user whose jobs the node agent runs
+    as that account: `name`, made here when the tests run as root (the account stays, as the agent's do),
+    else the user running the tests. The agent runs a user named root as hpc_faked_root, never as root."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    for _ in range(50):
+        try:
+            pwd.getpwnam(name)
+            return name
+        except KeyError:
+            pass
+        made = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], capture_output=True)
+        if made.returncode in (0, 9):  # 9: made meanwhile by another test worker
+            return name
+        time.sleep(0.1)  # 10: another worker holds /etc/passwd's lock
+    raise RuntimeError(f"useradd {name} failed: {made.stderr.decode(errors='replace').strip()}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

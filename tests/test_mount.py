@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,12 +15,12 @@ import pytest
 from hpcjob.config import get_profile
 from hpcjob.emulator import HeadNode
 
-from .conftest import Result
+from .conftest import Result, linux_user
 
 PASSWORD = "Mount-s3cret; $(id) 'x'"
 NODES = ("LOCALHOST", "NODE002", "NODE003")
 # The cluster user is this machine's, so that the filter finds the account it mounts for.
-USER = pwd.getpwuid(os.geteuid()).pw_name
+USER = linux_user("hpcjob-alice")
 GHOST = "hpcjobghost"  # a cluster user with no account on this machine: the agent has not made it yet
 # The node is its root folder (HPCJOB_NODE_ROOT=.../nodes/NODE); the filter's environment is PATH
 # alone, so $STATE is written into the stand-ins. A node fails while $STATE/fail-NODE exists.

@@ -27,8 +27,10 @@ from hpcjob.plan import AllowedShare, user_mount_point
 from hpcjob.render.text import CHAINED_SUFFIX, filter_config, filter_install_command
 from hpcjob.spec import SpecError
 
+from .conftest import linux_user
+
 PASSWORD = "Own3r-pw; $(reboot) 'x'"  # whatever it holds, it reaches mount only inside a root-only file
-USER = pwd.getpwuid(os.geteuid()).pw_name
+USER = linux_user("hpcjob-alice")
 OWNER = f"HPC\\{USER}"
 SHARE = "//HEADNODE/CcpSpoolDir/app"
 FILTERS = mount_filter.FILTERS_DIR.lstrip("/")
@@ -99,10 +101,14 @@ class Node:
         return done.stdout
 
     def result(
-        self, env: dict[str, str] | None = None, event: str = "OnJobTaskStart", owner: str = OWNER
+        self,
+        env: dict[str, str] | None = None,
+        event: str = "OnJobTaskStart",
+        owner: str = OWNER,
+        job: int = 7,
     ) -> str:
         answer = json.loads(
-            self.start(task_start(self.asking() if env is None else env, owner, event), event)
+            self.start(task_start(self.asking() if env is None else env, owner, event, job), event)
         )
         variables: dict[str, str] = answer["m_Item2"]["environmentVariables"]
         return variables.get(mount_filter.RESULT_VAR, "")
@@ -127,12 +133,12 @@ def node(tmp_path: Path) -> Node:
     return Node(tmp_path)
 
 
-def task_start(env: dict[str, str], owner: str = OWNER, event: str = "OnJobTaskStart") -> str:
+def task_start(env: dict[str, str], owner: str = OWNER, event: str = "OnJobTaskStart", job: int = 7) -> str:
     """A task start as the agent gives it: the owner's name and password at a job's first task on the
     node (startjobandtask, OnJobTaskStart.sh), m_Item1 and m_Item2 alone at its later tasks (starttask,
     OnTaskStart.sh). LinuxCommunicator.cs L287-357, StartTaskArgs.cpp L13-21."""
     start: dict[str, Any] = {
-        "m_Item1": {"JobId": 7, "ResIds": [1], "TaskId": 1},
+        "m_Item1": {"JobId": job, "ResIds": [1], "TaskId": 1},
         "m_Item2": {"commandLine": "hostname", "environmentVariables": env, "workingDirectory": "/tmp"},
     }
     if event == "OnJobTaskStart":
@@ -160,9 +166,9 @@ def test_the_filter_mounts_the_owners_own_folder_with_their_credentials_and_noth
     ]
     assert (node.state / "password").read_text() == PASSWORD  # through the pipe, never a file or argv
     assert PASSWORD not in (node.state / "env").read_text()
-    assert node.leaked() == [] and [p.name for p in (node.root / "run" / "hpcjob").iterdir()] == [
-        "mount.lock"
-    ]
+    assert node.leaked() == [] and sorted(p.name for p in (node.root / "run" / "hpcjob").iterdir()) == [
+        "jobs", "mount.lock"
+    ]  # fmt: skip
     assert "mounted" in node.log() and PASSWORD not in node.log()
     assert stat.S_IMODE((node.root / mount_filter.LOG_FILE.lstrip("/")).stat().st_mode) == 0o600
     assert node.result() == "already mounted"
@@ -200,17 +206,11 @@ def test_a_second_user_never_gets_the_first_users_mount(node: Node) -> None:
     assert node.result() == "mounted"
     refused = node.result(None, owner="HPC\\mallory")
     assert (
-        refused == f"failed: mallory's mount point for {SHARE} is {node.mount_root}/mallory, not {node.point}"
+        refused
+        == f"failed: the mount point for {SHARE} is {node.mount_root}/mallory for mallory, not {node.point}"
     )
     mine = node.result(node.asking(f"{node.mount_root}/mallory"), owner="HPC\\mallory")
     assert mine.startswith(f"failed: mallory {mount_filter.NO_ACCOUNT_YET}: the node agent makes it")
-
-
-def test_an_administrators_job_runs_as_root_and_so_is_their_mount(node: Node) -> None:
-    """The agent runs an HPC administrator's tasks as root unless CCP_MAP_ADMIN_USER=1."""
-    node.install()
-    assert node.result({**node.asking(), "CCP_ISADMIN": "1"}) == "mounted"
-    assert (node.state / "argv").read_text().splitlines()[5].endswith(",uid=0,gid=0")
 
 
 def test_a_mount_point_reached_through_a_symlink_is_refused(node: Node) -> None:
@@ -267,7 +267,7 @@ def test_a_mount_that_hangs_ends_within_the_administrators_bound(node: Node) -> 
     result = node.result()
     assert time.monotonic() - began < 10
     assert result.startswith(f"failed: mount of {SHARE} gave no answer in ")
-    assert [p.name for p in (node.root / "run" / "hpcjob").iterdir()] == ["mount.lock"]
+    assert sorted(p.name for p in (node.root / "run" / "hpcjob").iterdir()) == ["jobs", "mount.lock"]
 
 
 def test_a_lock_held_elsewhere_or_a_lock_folder_others_can_enter_never_stalls_the_filter(node: Node) -> None:
@@ -294,17 +294,45 @@ def test_a_lock_held_elsewhere_or_a_lock_folder_others_can_enter_never_stalls_th
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's needs root")
 def test_a_mount_point_another_user_made_in_a_sticky_root_is_refused(node: Node) -> None:
-    """In a folder like /tmp (sticky, anyone may add) others cannot touch root's folders, but they can
-    make the user's folder first, as their own: the filter mounts only on a folder root made."""
+    """Under a folder like /tmp (sticky, anyone may add) others cannot touch root's folders, so a mount
+    root that root made there is safe; but another user can make the owner's folder first, as their own:
+    the filter mounts only on a folder root made, and the mount root itself may not be open to others."""
     node.install()
     node.mount_root.mkdir()
-    node.mount_root.chmod(0o1777)
     Path(node.point).mkdir()
     os.chown(node.point, 65534, 65534)
     assert node.result() == f"failed: {node.point} may be changed by others than root"
     assert not (node.state / "argv").exists()
+    node.mount_root.chmod(0o1777)
+    assert node.result() == f"failed: {node.mount_root} may be changed by others than root"
+    node.mount_root.chmod(0o755)
     os.chown(node.point, 0, 0)
     assert node.result() == "mounted"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's symlink needs root to make")
+def test_another_users_symlink_in_an_open_mount_root_is_never_already_mounted(node: Node) -> None:
+    """The mount root /tmp (`--mount-point /tmp/<user>`): another user's symlink /tmp/<victim> -> /dev/shm,
+    and the system's `mountpoint`, which follows it to a real mount, says "mounted". The install refuses
+    such a root, a filter installed before refuses it too, and a link is never already mounted."""
+    (node.bin / "mountpoint").unlink()  # the system's own, which follows links
+    mallory = pwd.getpwnam(linux_user("hpcjob-mallory"))
+    node.mount_root.mkdir(mode=0o1777)
+    node.mount_root.chmod(0o1777)
+    refused = node.shell(filter_install_command([node.allowed]))
+    assert refused.returncode != 0 and not node.filters.joinpath(mount_filter.CONFIG_FILE).exists()
+    assert refused.stdout.decode().strip().endswith(f"{node.mount_root} may be changed by others than root")
+    assert {p.name for p in node.filters.iterdir()} == set()  # nothing half-installed
+    node.mount_root.chmod(0o755)
+    node.install()
+    node.mount_root.chmod(0o1777)  # opened after the install
+    Path(node.point).symlink_to("/dev/shm")
+    os.lchown(node.point, mallory.pw_uid, mallory.pw_gid)
+    assert node.result() == f"failed: {node.mount_root} may be changed by others than root"
+    node.mount_root.chmod(0o755)  # an administrator's folder, and a link in it made before
+    os.lchown(node.point, 0, 0)
+    assert node.result() == f"failed: {node.point} is a symlink: the filter never mounts through one"
+    assert not (node.state / "argv").exists()
 
 
 def test_the_mount_point_is_an_empty_folder_and_never_a_system_one(node: Node) -> None:
@@ -330,14 +358,93 @@ def test_a_lock_folder_of_another_user_is_refused(node: Node) -> None:
 
 
 def test_a_later_task_of_the_job_has_no_password_and_says_so_or_finds_the_mount(node: Node) -> None:
+    """OnTaskStart names no owner: the filter takes the one it recorded at the job's first task here."""
     node.install()
+    result = node.result(None, event="OnTaskStart")
+    assert result == (
+        "failed: job 7 started no task here with its owner named, so the filter does not know whose "
+        "mount this task may use"
+    )
+    (node.state / "fail").touch()
+    assert node.result() == "failed: mount error(13): Permission denied"
     result = node.result(None, event="OnTaskStart")
     assert result.startswith(
         f"failed: {node.point} is not mounted, and the node agent hands the owner's password"
     )
-    assert not (node.state / "argv").exists()
+    (node.state / "fail").unlink()
     assert node.result() == "mounted"
     assert node.result(None, event="OnTaskStart") == "already mounted"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a second real account needs root to make")
+def test_a_later_task_gets_the_recorded_owners_mount_never_the_one_its_path_names(node: Node) -> None:
+    """Before, the owner of a later task was read from the mount point it named: another user's job
+    naming Alice's folder got "already mounted", and ran there."""
+    mallory = linux_user("hpcjob-mallory")
+    node.install()
+    assert node.result() == "mounted"  # Alice's job 7
+    theirs = node.result(owner=f"HPC\\{mallory}", job=8)  # their first task here: named, and recorded
+    assert theirs.startswith(
+        f"failed: the mount point for {SHARE} is {node.mount_root}/{mallory} for {mallory}"
+    )
+    assert node.result(event="OnTaskStart", job=8) == (
+        f"failed: the mount point for {SHARE} is {node.mount_root}/{mallory} for {mallory}, not {node.point}"
+    )
+    records = node.root / "run" / "hpcjob" / "jobs"
+    assert stat.S_IMODE(records.stat().st_mode) == 0o700 and sorted(p.name for p in records.iterdir()) == [
+        "7.json", "8.json"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("admin", "as_root"),
+    [({"CCP_ISADMIN": "1"}, True), ({"CCP_ISADMIN": "1", "CCP_MAP_ADMIN_USER": "1"}, False)],
+)
+def test_the_mounts_owner_is_who_the_agent_runs_the_task_as(
+    node: Node, admin: dict[str, str], as_root: bool
+) -> None:
+    """RemoteExecutor.cpp L42-62: an administrator's task runs as root, unless CCP_MAP_ADMIN_USER=1."""
+    node.install()
+    assert node.result({**node.asking(), **admin}) == "mounted"
+    account = pwd.getpwnam(USER)
+    uid, gid = (0, 0) if as_root else (account.pw_uid, account.pw_gid)
+    assert (node.state / "argv").read_text().splitlines()[5].endswith(f",uid={uid},gid={gid}")
+
+
+def test_a_user_named_root_is_never_mounted_for_as_root(node: Node) -> None:
+    """The agent runs a user named root (not an administrator) as hpc_faked_root (RemoteExecutor.cpp
+    L56-69), an account this machine has not got."""
+    node.install()
+    asked = {mount_filter.REQUEST_VAR: f"{SHARE}|{node.mount_root}/root"}
+    assert node.result(asked, owner="HPC\\root") == (
+        f"failed: root {mount_filter.NO_ACCOUNT_YET}: the node agent makes it when their first job starts "
+        "there"
+    )
+    assert not (node.state / "argv").exists()
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "NaN", "Infinity"])
+def test_a_number_json_cannot_carry_back_leaves_the_start_as_the_agent_wrote_it(
+    node: Node, number: str
+) -> None:
+    node.install()
+    start = task_start(node.asking()).replace('"ResIds": [1]', f'"ResIds": [{number}]')
+    assert node.start(start) == start.encode()
+    assert not (node.state / "argv").exists()
+
+
+def test_a_refusal_keeps_its_reason_whatever_the_job_names(node: Node) -> None:
+    node.install()
+    long_point = str(node.mount_root) + "/" + "x" * 1000
+    result = node.result(node.asking(long_point))
+    assert result.startswith(f"failed: the mount point for {SHARE} is {node.point} for {USER}, not ")
+    assert result.endswith("...") and len(result) < 300
+    result = node.result(node.asking(share="//EVIL/" + "s" * 1000))
+    assert result.startswith(f"failed: not a share the administrator allowed on this node (allowed: {SHARE})")
+    too_long = "a" * 33  # past useradd's 32: no account the agent could make
+    assert node.result(node.asking(f"{node.mount_root}/{too_long}"), owner=f"HPC\\{too_long}") == (
+        "failed: the node agent named no job owner for this task"
+    )
 
 
 def test_a_job_without_a_share_and_what_is_not_a_task_start_pass_through_byte_for_byte(node: Node) -> None:

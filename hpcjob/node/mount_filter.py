@@ -67,6 +67,10 @@ PLAIN_PATH = re.compile(r"(/[A-Za-z0-9_][A-Za-z0-9._-]*)+")
 USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 DOMAIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9.-]*)?")
 MAX_PASSWORD = 512  # bytes: mount.cifs's MOUNT_PASSWD_SIZE (cifs-utils mount.cifs.c)
+MAX_USER_NAME = 32  # characters: useradd's limit, and so the longest account the agent can make
+JOBS_DIR = RUN_DIR + "/jobs"  # who owns each job, as the agent named them at its first task here
+JOB_RECORD_DAYS = 30  # records of jobs started longer ago than this are dropped
+SHOWN = 80  # characters of a job's own text quoted in a refusal, so the reason always fits one line
 UNC = re.compile(r"//[A-Za-z0-9][A-Za-z0-9.-]*(/[^/\\\x00-\x1f|,]+)+")
 
 
@@ -79,19 +83,24 @@ class Refused(Exception):
 
 def main(argv: List[str]) -> int:
     event = argv[1] if len(argv) > 1 else "job-task-start"
+    if event == "check-install":
+        return check_install(sys.stdin.buffer.read())
     raw = sys.stdin.buffer.read()
     try:
-        request = json.loads(raw.decode("utf-8"))
+        # NaN, Infinity or a number past a double would come back out as text that is not JSON: such a
+        # start is not one this filter reads, and passes on as the agent wrote it.
+        request = json.loads(raw.decode("utf-8"), parse_constant=not_json)
+        json.dumps(request, allow_nan=False)
         env = request["m_Item2"]["environmentVariables"]
         wanted = env.get(REQUEST_VAR) if isinstance(env, dict) else None
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         wanted = None
     if not isinstance(wanted, str):
         sys.stdout.buffer.write(raw)  # not for this filter: passed on byte for byte
         return 0
     started = time.monotonic()
     try:
-        result = handle(event, wanted, request.get("m_Item3"), request.get("m_Item4"), env, started)
+        result = handle(event, wanted, request, env, started)
     except Refused as why:
         result = "failed: " + one_line(str(why))
     except Exception as err:  # a bug here must not stop every job of every user on the node
@@ -100,7 +109,7 @@ def main(argv: List[str]) -> int:
     env[RESULT_VAR] = result
     ids = request.get("m_Item1") if isinstance(request.get("m_Item1"), dict) else {}
     log(
-        "job {} task {} {} of {!r}: {} ({:.1f} s)".format(
+        "job {!r} task {!r} {} of {!r}: {} ({:.1f} s)".format(
             ids.get("JobId"), ids.get("TaskId"), event, user_name(request.get("m_Item3")), result,
             time.monotonic() - started,
         )
@@ -110,9 +119,11 @@ def main(argv: List[str]) -> int:
     return 0
 
 
-def handle(
-    event: str, wanted: str, owner: object, password: object, env: Dict[str, str], started: float
-) -> str:
+def not_json(constant: str) -> None:
+    raise ValueError(constant + " is not JSON")
+
+
+def handle(event: str, wanted: str, request: Dict[str, Any], env: Dict[str, str], started: float) -> str:
     """What the filter did for a job that asks for `wanted` ("UNC|MOUNT POINT")."""
     parts = wanted.split("|")
     if len(parts) != 2:
@@ -121,29 +132,38 @@ def handle(
     config = read_config()
     budget = float(config.get("timeout_s", BUDGET_S))
     deadline = started + budget
+    owner, password = request.get("m_Item3"), request.get("m_Item4")
     first = event == "job-task-start" and isinstance(password, str)
+    job = job_id(request)
     # A later task of the job on this node: the agent names no owner and gives no password, so the
-    # filter can only say whether the folder asked for, an allowed one, is mounted.
-    user = user_name(owner) if first else user_name(point.rstrip("/").rpartition("/")[2])
-    if not user:
-        raise Refused("the node agent named no job owner for this task")
+    # owner is the one the filter recorded at the job's first task here, never what the job names.
+    if first:
+        user, as_root = user_name(owner), runs_as_root(owner, env)
+        if not user:
+            raise Refused("the node agent named no job owner for this task")
+        record_owner(job, user, as_root)
+    else:
+        user, as_root = recorded_owner(job)
     allowed = allowed_share(config, share, point, user)
     point = allowed["mount_root"].rstrip("/") + "/" + user  # what was asked for, as the filter spells it
     try:
         check_mount_root(point, "mount point")  # a user named like a folder root uses (/opt, hpcnodemanager)
     except ValueError as err:
         raise Refused(str(err)) from None
-    # The folders above it only: a stat of the point itself hangs on a share whose server is gone.
-    safe_folder(point.rpartition("/")[0] or "/")
+    # The folders above it first: a stat of the point itself hangs on a share whose server is gone, and
+    # `mountpoint` bounds that; the point is looked at (never through a link) once it answered.
+    safe_folder(allowed["mount_root"], strict_last=True)
     with node_lock(started + 0.4 * budget):
         if is_mounted(point, deadline):
+            account = (0, 0) if as_root else local_account(user)
+            owned_by_owner(point, account[0])
             return ALREADY_MOUNTED
         if not first:
             raise Refused(
                 f"{point} is not mounted, and the node agent hands the owner's password only to the "
                 "first task of a job on a node: run hpcjob mount, then the job"
             )
-        account = local_account(user, env)
+        account = (0, 0) if as_root else local_account(user)
         old = os.umask(0o022)
         try:
             safe_folder(point, make=True)
@@ -154,6 +174,74 @@ def handle(
         )
         mount(allowed["unc"], point, options, str(owner), str(password), deadline)  # as the admin spelt it
     return MOUNTED
+
+
+def job_id(request: Dict[str, Any]) -> int:
+    """The job's id as the agent gave it (m_Item1.JobId): the key of the owner's record."""
+    ids = request.get("m_Item1")
+    number = ids.get("JobId") if isinstance(ids, dict) else None
+    if not isinstance(number, int) or isinstance(number, bool) or not 0 < number < 2**31:
+        raise Refused("the node agent named no job id for this task")
+    return number
+
+
+def runs_as_root(owner: object, env: Dict[str, str]) -> bool:
+    """Whether the agent runs the owner's tasks as root: an HPC administrator unless
+    CCP_MAP_ADMIN_USER=1, and the Windows system account (clusrun /user:system). Azure/hpcpack-linux-agent
+    @ f50e911 nodemanager/core/RemoteExecutor.cpp L42-62 (StartJobAndTask), and its .NET agent's
+    SetupUserAccountAsync."""
+    if str(owner).lower() == "nt authority\\system":
+        return True
+    return env.get("CCP_ISADMIN") == "1" and env.get("CCP_MAP_ADMIN_USER") != "1"
+
+
+def record_owner(job: int, user: str, as_root: bool) -> None:
+    """Keep the owner the agent named at the job's first task here, in a folder only root may enter."""
+    folder = private_folder(NODE_ROOT + JOBS_DIR)
+    now = time.time()
+    for name in os.listdir(folder):  # a job that ended long ago needs its record no more
+        path = os.path.join(folder, name)
+        try:
+            if now - os.lstat(path).st_mtime > JOB_RECORD_DAYS * 86400:
+                os.unlink(path)
+        except OSError:
+            pass
+    path = os.path.join(folder, f"{job}.json")
+    fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"user": user, "root": as_root}, f)
+    os.rename(path + ".new", path)
+
+
+def recorded_owner(job: int) -> Tuple[str, bool]:
+    """The owner recorded at the job's first task here, and whether the agent runs them as root."""
+    path = os.path.join(private_folder(NODE_ROOT + JOBS_DIR), f"{job}.json")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            record = json.loads(f.read(4096).decode("utf-8"))
+        user, as_root = record["user"], record["root"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise Refused(
+            f"job {job} started no task here with its owner named, so the filter does not know whose "
+            "mount this task may use"
+        ) from None
+    if user_name(user) != user or not isinstance(as_root, bool):
+        raise Refused(f"the filter's record of job {job} is not one it wrote")
+    return user, as_root
+
+
+def owned_by_owner(point: str, uid: int) -> None:
+    """Trust "already mounted" only for the owner's own folder: no link (`mountpoint` follows one, to a
+    mount of anyone's choosing), owned by root or the owner, and writable by nobody else."""
+    try:
+        info = os.lstat(point)
+    except OSError as err:
+        raise Refused(f"cannot look at {point}: {err.strerror}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise Refused(f"{point} is a symlink: the filter never mounts through one")
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, uid) or info.st_mode & 0o022:
+        raise Refused(f"{point} is mounted, but not as the filter mounts it for its owner alone")
 
 
 def allowed_share(config: Config, share: str, point: str, user: str) -> Dict[str, str]:
@@ -167,9 +255,9 @@ def allowed_share(config: Config, share: str, point: str, user: str) -> Dict[str
                 return entry
             offered.append(mine)
     if offered:
-        raise Refused(f"{user}'s mount point for {share} is {offered[0]}, not {point}")
+        raise Refused(f"the mount point for {share} is {offered[0]} for {user}, not {shown(point)}")
     shares = ", ".join(e["unc"] for e in config["shares"]) or "none"
-    raise Refused(f"{share} is not a share the administrator allowed on this node (allowed: {shares})")
+    raise Refused(f"not a share the administrator allowed on this node (allowed: {shares}): {shown(share)}")
 
 
 def read_config() -> Config:
@@ -224,30 +312,29 @@ def user_name(owner: object) -> str:
     if not isinstance(owner, str):
         return ""
     name = owner.rsplit("\\", 1)[-1]
-    return name if USER_NAME.fullmatch(name) else ""
+    return name if USER_NAME.fullmatch(name) and len(name) <= MAX_USER_NAME else ""
 
 
-def local_account(user: str, env: Dict[str, str]) -> Tuple[int, int]:
-    """The uid and gid the node agent runs the owner's tasks as: root for an HPC administrator unless
-    CCP_MAP_ADMIN_USER=1, else the account of their name without the domain (RemoteExecutor.cpp
-    L56-69). The agent makes a missing account after this filter ran, at the job's start."""
+def local_account(user: str) -> Tuple[int, int]:
+    """The uid and gid of the account the node agent runs a user's tasks as (not an administrator's,
+    see runs_as_root): their name without the domain, `hpc_faked_root` for a user named root
+    (RemoteExecutor.cpp L56-69). The agent makes a missing account after this filter ran, at the job's
+    start."""
     import pwd  # here: the client imports this module's rules on Windows too
 
-    if env.get("CCP_ISADMIN") == "1" and env.get("CCP_MAP_ADMIN_USER") != "1":
-        return 0, 0
-
     try:
-        account = pwd.getpwnam(user)
+        account = pwd.getpwnam("hpc_faked_root" if user == "root" else user)
         return account.pw_uid, account.pw_gid
     except KeyError:
         pass
     raise Refused(f"{user} {NO_ACCOUNT_YET}: the node agent makes it when their first job starts there")
 
 
-def safe_folder(target: str, make: bool = False) -> None:
+def safe_folder(target: str, make: bool = False, strict_last: bool = False) -> None:
     """Refuse a mount point reached through a symlink, or under a folder that someone other than root
     may change (they could swap a folder for a symlink between this check and the mount). A sticky
-    folder such as /tmp is safe for what root owns in it: others cannot rename or remove that.
+    folder such as /tmp is safe for what root owns in it: others cannot rename or remove that; but not
+    as the mount root (`strict_last`), where others could make a user's folder, or a link, first.
     `make`: make the missing folders, one at a time, each checked once made (never through a link that
     someone slipped in meanwhile), and the last must be empty; else stop at the first missing one."""
     path = ""
@@ -265,7 +352,8 @@ def safe_folder(target: str, make: bool = False) -> None:
             raise Refused(f"{path} is a symlink: the filter never mounts through one")
         if not stat.S_ISDIR(info.st_mode):
             raise Refused(f"{path} is not a folder")
-        loose = info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX
+        last = strict_last and path == "/" + target.strip("/")
+        loose = info.st_mode & 0o022 and (last or not info.st_mode & stat.S_ISVTX)
         if info.st_uid != os.geteuid() or loose:
             raise Refused(f"{path} may be changed by others than root")
     if make and os.listdir(target):
@@ -302,7 +390,10 @@ class node_lock:
 
 
 def private_folder(path: str) -> str:
-    """`path`, a folder only root may enter, made so if missing; refused if anyone else could."""
+    """`path`, a folder only root may enter, made so if missing; refused if anyone else could. Its
+    parent, if made here, is made the same way (makedirs would make it open to all)."""
+    if path.startswith(NODE_ROOT + RUN_DIR + "/"):
+        private_folder(NODE_ROOT + RUN_DIR)
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as err:
@@ -379,6 +470,29 @@ def mount(share: str, target: str, options: str, owner: str, password: str, dead
     if code != 0:
         said = said.replace(password, "***") if password else said
         raise Refused(one_line(said) or f"mount exit code {code}")
+
+
+def check_install(config_text: bytes) -> int:
+    """`mount --install` on this node, before anything is written: the administrator's shares as the
+    filter will read them, and each mount root in a place that only root can change (no mount root in a
+    folder others may write, such as /tmp). One line and exit code 1 when not."""
+    try:
+        config = json.loads(config_text.decode("utf-8"))
+        for entry in config["shares"]:
+            check_entry(entry)
+            safe_folder(entry["mount_root"], strict_last=True)
+    except (ValueError, KeyError, TypeError) as err:
+        print(f"hpcjob: the allowed shares are not valid ({err})")
+        return 1
+    except Refused as why:
+        print(f"hpcjob: mount root refused: {why}")
+        return 1
+    return 0
+
+
+def shown(text: str) -> str:
+    """A job's own text in a refusal, cut so that the reason stays on its one line."""
+    return text if len(text) <= SHOWN else text[: SHOWN - 3] + "..."
 
 
 def one_line(text: str) -> str:

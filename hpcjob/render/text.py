@@ -169,13 +169,21 @@ def filter_install_command(shares: Sequence[AllowedShare]) -> str:
         f'mv "$d/{event}.sh" "$d/{event}{CHAINED_SUFFIX}"; }} && put 755 {event}.sh < "$d/{ENTRY_FILE}" &&'
         for event in FILTER_EVENTS
     )
+    # The new filter checks the shares and their mount roots on the node before anything is replaced
+    # (a mount root in a folder others may write is refused): with python3, or RHEL 8's platform-python.
     return (
         f'umask 022; d=${NODE_ROOT_VAR}{FILTERS_DIR}; mkdir -p "$d" && chmod go-w "$d" && '
         'put() { cat > "$d/.hpcjob-new" && chmod "$1" "$d/.hpcjob-new" && '
         'mv -f "$d/.hpcjob-new" "$d/$2"; } && '
-        f"echo {code} | base64 -d | gunzip | put 755 {FILTER_FILE} && "
+        "{ py=$(command -v python3 || command -v /usr/libexec/platform-python) || "
+        '{ echo "hpcjob: no python3 on $(hostname): the execution filter needs it" >&2; false; }; } && '
+        f"echo {code} | base64 -d | gunzip | put 755 .hpcjob-filter && "
+        f"echo {config} | base64 -d | gunzip | put 644 .hpcjob-config && "
+        '"$py" -I "$d/.hpcjob-filter" check-install < "$d/.hpcjob-config" && '
+        f'mv -f "$d/.hpcjob-filter" "$d/{FILTER_FILE}" || {{ rm -f "$d/.hpcjob-filter" "$d/.hpcjob-config"; '
+        "false; } && "
         f"echo {entry} | base64 -d | gunzip | put 755 {ENTRY_FILE} && "
         f"{chain} "
-        f"echo {config} | base64 -d | gunzip | put 644 {FILTER_CONFIG} && "
+        f'mv -f "$d/.hpcjob-config" "$d/{FILTER_CONFIG}" && '
         'echo "hpcjob: execution filter installed in $d on $(hostname)"'
     )
