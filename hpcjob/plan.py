@@ -82,7 +82,8 @@ DOCKER_SKIP_SSH_VAR = "CCP_DOCKER_SKIP_SSH_SETUP"
 # (c10d and NCCL reach the other nodes; the default bridge network hides them), its IPC namespace (the
 # data loaders' shared memory instead of Docker's 64 MB /dev/shm), and no limit on locked memory and a
 # large stack (what NVIDIA's PyTorch containers ask for; RDMA pins memory).
-CONTAINER_OPTIONS = "--network=host --ipc=host --ulimit memlock=-1 --ulimit stack=67108864"
+CONTAINER_OPTIONS_PHRASES = ("--network=host", "--ipc=host", "--ulimit memlock=-1", "--ulimit stack=67108864")
+CONTAINER_OPTIONS = " ".join(CONTAINER_OPTIONS_PHRASES)
 # The host's users, read-only. The agent's `useradd -m` in the container would give the job's owner
 # another uid than the host's (section 3): not one that may read the share mounted for the host's uid.
 # With these, that useradd fails (the agent ignores it) and `docker exec -u OWNER` runs as the host uid.
@@ -381,6 +382,43 @@ class AllowedShare:
         except ValueError as err:
             raise SpecError(f"hpcjob's execution filter would refuse this share: {err}") from None
         return entry
+
+
+@dataclass(frozen=True)
+class ContainerPolicy:
+    """What an administrator lets jobs run in containers on the nodes, applied by hpcjob's execution filter
+    to every task start that names an image (any job's, hpcjob's or not): images by prefix, the
+    `docker run` options (phrases of one or more words: `--ulimit memlock=-1`) and the volumes (host
+    folders, mounted at the same path; `PATH:ro` read-only only)."""
+
+    images: tuple[str, ...]
+    options: tuple[str, ...]
+    volumes: tuple[str, ...]
+
+    @classmethod
+    def checked(
+        cls, images: Sequence[str], options: Sequence[str], volumes: Sequence[str], mount_roots: Sequence[str]
+    ) -> ContainerPolicy:
+        """The policy, with hpcjob's own container options and volumes where none are named (the mount
+        roots, the host's users read-only, /home, the topology files), if the filter would take it."""
+        defaults = (*CONTAINER_OPTIONS_PHRASES, "--gpus=all")
+        own = (*mount_roots, *(v.split(":", 1)[0] + ":ro" for v in CONTAINER_USERS), "/home")
+        policy = cls(
+            tuple(images),
+            tuple(" ".join(o.split()) for o in options) or defaults,
+            tuple(volumes) or (*own, f"{TOPOLOGY_FOLDER}:ro"),
+        )
+        try:
+            mount_filter.check_policy(
+                {
+                    "images": list(policy.images),
+                    "options": list(policy.options),
+                    "volumes": list(policy.volumes),
+                }
+            )
+        except ValueError as err:
+            raise SpecError(f"hpcjob's execution filter would refuse this container policy: {err}") from None
+        return policy
 
 
 def user_mount_point(mount_root: str, owner: str) -> str:

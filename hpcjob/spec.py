@@ -410,18 +410,24 @@ class JobSpec:
                     f"--env {name}: looks like a secret, and job environment variables are stored in "
                     "clear in the job; read it from a file on the nodes instead"
                 )
-            if name.upper().startswith("CCP_DOCKER_"):
+            # The agent writes a container task's variables into a file, a line each, and reads its own
+            # back with unanchored greps (common.sh L157-173): a name that holds CCP_DOCKER_ anywhere, or a
+            # line break, would reach `docker run`, whether hpcjob or a cluster's template names the image.
+            if "CCP_DOCKER_" in name.upper():
                 raise SpecError(
-                    f"--env {name}: hpcjob sets the node agent's Docker variables: give --image (and the "
-                    "cluster profile's docker_options)"
+                    f"--env {name}: hpcjob sets the node agent's Docker variables, and no other name may "
+                    "hold CCP_DOCKER_: give --image (and the cluster profile's docker_options)"
+                )
+            if "\n" in value or "\r" in value:
+                raise SpecError(
+                    f"--env {name}: the value may hold no line break (the node agent reads a container's "
+                    "settings from a file of the variables, by line)"
                 )
             if self.image is not None:
-                # The agent writes the variables into a file, a line each, and reads its own back with an
-                # unanchored grep: a line break or its variables' names in a value would reach `docker run`.
-                if "\n" in value or "\r" in value or "CCP_DOCKER_" in value.upper():
+                if "CCP_DOCKER_" in value.upper():
                     raise SpecError(
-                        f"--env {name}: with --image the value may hold no line break and no CCP_DOCKER_ "
-                        "(the node agent reads its Docker settings from a file of the variables, by line)"
+                        f"--env {name}: with --image the value may hold no CCP_DOCKER_ (the node agent "
+                        "reads its Docker settings from a file of the variables, by line)"
                     )
                 if name in ("PATH", "LD_LIBRARY_PATH"):
                     raise SpecError(f"--env {name}: with --image the image's own {name} is the one to use")

@@ -116,7 +116,13 @@ def test_older_nodes_get_the_gpus_through_nvidia_docker_and_more_options_from_th
         ({"env": (("CCP_DOCKER_START_OPTION", "--privileged"),)}, "hpcjob sets the node agent's Docker"),
         # The agent reads its settings back from a file of the variables, by line, with an unanchored grep.
         ({"image": IMAGE, "env": (("X", "a\nCCP_DOCKER_START_OPTION=--privileged"),)}, "no line break"),
-        ({"image": IMAGE, "env": (("X", "CCP_DOCKER_IMAGE=evil"),)}, "and no CCP_DOCKER_"),
+        ({"env": (("X", "a\rCCP_DOCKER_START_OPTION=--privileged"),)}, "no line break"),  # a template's image
+        ({"env": (("A_CCP_DOCKER_IMAGE", "--privileged"),)}, "no other name may hold CCP_DOCKER_"),
+        (
+            {"image": IMAGE, "env": (("x_ccp_docker_volumes", "/:/host"),)},
+            "no other name may hold CCP_DOCKER_",
+        ),
+        ({"image": IMAGE, "env": (("X", "CCP_DOCKER_IMAGE=evil"),)}, "may hold no CCP_DOCKER_"),
         ({"image": IMAGE, "env": (("PATH", "/usr/bin"),)}, "with --image the image's own PATH"),
         ({"image": IMAGE, "requirements": "x\n", "node_env_dir": "/usr/lib/envs"}, "is a system folder"),
     ],

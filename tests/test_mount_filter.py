@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from hpcjob.node import mount_filter
-from hpcjob.plan import AllowedShare, user_mount_point
+from hpcjob.plan import CONTAINER_OPTIONS, AllowedShare, ContainerPolicy, user_mount_point
 from hpcjob.render.text import CHAINED_SUFFIX, filter_config, filter_install_command
 from hpcjob.spec import SpecError
 
@@ -80,7 +80,9 @@ class Node:
                 json.dumps({**config, "timeout_s": timeout_s})
             )
 
-    def start(self, request: bytes | str, event: str = "OnJobTaskStart", path: str | None = None) -> bytes:
+    def start(
+        self, request: bytes | str, event: str = "OnJobTaskStart", path: str | None = None, code: int = 0
+    ) -> bytes:
         """The agent's call: the whole merged output, which must be the JSON and nothing else. SIGPIPE
         ignored, as the agent leaves it where its daemon is a Python 2 program (CentOS 7's hpcagent)."""
         data = request.encode() if isinstance(request, str) else request
@@ -97,7 +99,7 @@ class Node:
             restore_signals=False,
             preexec_fn=lambda: signal.signal(signal.SIGPIPE, signal.SIG_IGN),
         )
-        assert done.returncode == 0, done.stdout
+        assert done.returncode == code, done.stdout
         return done.stdout
 
     def result(
@@ -600,3 +602,99 @@ def test_the_install_command_is_the_golden_one(golden: Callable[[str, str], None
     """The same text for every user and node of a cluster: it holds no secret, only the allowed share."""
     allowed = AllowedShare.checked(SHARE, "/app", "vers=3.0")
     golden("filter-install.sh", filter_install_command([allowed]) + "\n")
+
+
+# hpcjob's own container task, as plan.docker_env makes it for a user's mount point.
+def container_env(point: str, **changed: str) -> dict[str, str]:
+    volumes = f"{point}:{point},/etc/passwd:/etc/passwd:ro,/etc/group:/etc/group:ro,/home:/home"
+    env = {
+        "CCP_DOCKER_IMAGE": "nvcr.io/nvidia/pytorch:24.05-py3",
+        "CCP_DOCKER_START_OPTION": CONTAINER_OPTIONS + " --gpus=all",
+        "CCP_DOCKER_VOLUMES": volumes,
+        "CCP_DOCKER_SKIP_SSH_SETUP": "1",
+        "LABEL": "x",
+    }
+    return {**env, **changed}
+
+
+def with_policy(node: Node) -> None:
+    policy = ContainerPolicy.checked(["nvcr.io/nvidia/"], [], [], [str(node.mount_root)])
+    done = node.shell(filter_install_command([node.allowed], policy))
+    assert done.returncode == 0 and b"with a container policy" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("changed", "why"),
+    [
+        ({"CCP_DOCKER_IMAGE": "docker.io/evil/root:latest"}, "image docker.io/evil/root:latest is not one"),
+        ({"CCP_DOCKER_START_OPTION": "--network=host --privileged"}, "docker option --privileged is not one"),
+        ({"CCP_DOCKER_START_OPTION": "--ulimit --privileged"}, "docker option --ulimit is not one"),
+        ({"CCP_DOCKER_VOLUMES": "/:/host"}, "volume /:/host is not one"),
+        ({"CCP_DOCKER_VOLUMES": "/etc/passwd:/etc/passwd"}, "volume /etc/passwd:/etc/passwd is not one"),
+        ({"CCP_DOCKER_VOLUMES": "/home/../etc:/home/../etc"}, "volume /home/../etc:/home/../etc is not one"),
+        ({"A_CCP_DOCKER_IMAGE": "--privileged"}, "only the node agent's own names may hold CCP_DOCKER_"),
+        ({"LABEL": "a\nCCP_DOCKER_START_OPTION=--privileged"}, "a line break in a container's variables"),
+        ({"LABEL": "CCP_DOCKER_VOLUMES=/:/host"}, "its value names the node agent's Docker settings"),
+        ({"CCP_DOCKER_NVIDIA": "1 --privileged"}, "CCP_DOCKER_NVIDIA: a plain word"),
+    ],
+)
+def test_the_administrators_container_policy_refuses_what_it_does_not_allow(
+    node: Node, changed: dict[str, str], why: str
+) -> None:
+    """Any job's start, hpcjob's or not: the agent runs `docker run` as root with these, unquoted."""
+    with_policy(node)
+    hostile = task_start(container_env(node.point, **changed))
+    said = node.start(hostile, code=1).decode()
+    assert said.startswith("hpcjob's execution filter refused this task: ") and why in said, said
+    assert said.count("\n") == 1 and "refused a container" in node.log()
+    assert node.start(task_start(container_env(node.point)))  # hpcjob's own container passes
+    mounted = json.loads(node.start(task_start({**node.asking(), **container_env(node.point)})))
+    assert mounted["m_Item2"]["environmentVariables"][mount_filter.RESULT_VAR] == "mounted"
+    node.install()  # installed again with no policy: containers as the agent runs them
+    assert node.start(hostile) == hostile.encode()
+
+
+def test_a_container_policy_that_cannot_be_applied_fails_closed(node: Node, tmp_path: Path) -> None:
+    """The mount part fails open (a broken filter never stops every job on a node); the policy does not:
+    with no python3, or a filter that crashes, a start that may name a container is refused."""
+    with_policy(node)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("bash", "cat", "dirname", "basename", "date", "mkdir", "timeout", "grep"):
+        (bare / tool).symlink_to(shutil.which(tool) or tool)
+    container, plain = task_start(container_env(node.point)), task_start({"FOO": "1"})
+    said = node.start(container, path=str(bare), code=1).decode()
+    assert said == (
+        "hpcjob's execution filter could not apply the administrator's container policy (no python3): the "
+        "task is refused\n"
+    )
+    assert node.start(plain, path=str(bare)) == plain.encode()
+    (node.filters / "hpcjob_mount_filter.py").write_text("import sys\nsys.exit(1)\n")
+    assert "could not apply the administrator's container policy" in node.start(container, code=1).decode()
+    assert node.start(plain) == plain.encode()
+    assert "a container start refused" in node.log()
+
+
+def test_the_emulated_agent_reads_its_docker_settings_as_the_real_one_does(tmp_path: Path) -> None:
+    """common.sh's unanchored greps: another variable's line that holds CCP_DOCKER_IMAGE= reaches `docker
+    run`, here before the image (what the spec and the policy refuse)."""
+    from types import SimpleNamespace
+
+    from hpcjob.emulator.cluster import Cluster
+
+    log = tmp_path / "docker.log"
+    (tmp_path / "docker").write_text(
+        f'#!/bin/bash\necho "$*" >> {log}\n'
+        'if [ "$1" = run ]; then while [ $# -gt 0 ]; do\n'
+        '[ "$1" = --cidfile ] && echo c1 > "$2"; shift; done; fi\n'
+    )
+    (tmp_path / "docker").chmod(0o755)
+    job = SimpleNamespace(props={"Owner": "HPC\\alice"})
+    task = SimpleNamespace(system_id=5, props={"RequeueCount": "0"})
+    variables = {"A_CCP_DOCKER_IMAGE": "--privileged", "CCP_DOCKER_IMAGE": "img:1"}
+    script = Cluster._container_start(job, task, str(tmp_path), variables, 2)  # type: ignore[arg-type]
+    subprocess.run(
+        ["bash", script], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, check=True, capture_output=True
+    )
+    run = log.read_text().splitlines()[0]
+    assert run.startswith("run -id") and run.endswith("--privileged img:1"), run

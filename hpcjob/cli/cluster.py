@@ -451,6 +451,31 @@ def nodes(
     is_flag=True,
     help="First install hpcjob's execution filter on the nodes, as root (an HPC administrator, once).",
 )
+@click.option(
+    "--allow-image",
+    "allow_images",
+    multiple=True,
+    metavar="PREFIX",
+    help="With --install: a container policy for every job on the nodes; tasks may run only images that "
+    "start with PREFIX (repeatable, e.g. nvcr.io/nvidia/). Without it, containers run as the agent allows.",
+)
+@click.option(
+    "--allow-docker-option",
+    "allow_docker_options",
+    multiple=True,
+    metavar="OPTION",
+    help="With --allow-image: a `docker run` option tasks may use, written as one argument "
+    "(--allow-docker-option=--shm-size=16g, --allow-docker-option='--ulimit memlock=-1'); repeatable "
+    "[default: what hpcjob's own containers use].",
+)
+@click.option(
+    "--allow-volume",
+    "allow_volumes",
+    multiple=True,
+    metavar="PATH[:ro]",
+    help="With --allow-image: a host folder tasks may mount at the same path (and below it); :ro only "
+    "read-only; repeatable [default: the mount root, /home, the host's users and topology files read-only].",
+)
 @click.option("--dry-run", is_flag=True, help="Print what would run on the head node, and send nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print each node's result as JSON.")
 def mount(
@@ -462,6 +487,9 @@ def mount(
     mount_point: str | None,
     mount_options: str | None,
     install: bool,
+    allow_images: tuple[str, ...],
+    allow_docker_options: tuple[str, ...],
+    allow_volumes: tuple[str, ...],
     dry_run: bool,
     as_json: bool,
 ) -> None:
@@ -481,9 +509,12 @@ def mount(
     from hpcjob.runner import mount_request, mount_share
     from hpcjob.spec import SpecError
 
+    if (allow_images or allow_docker_options or allow_volumes) and not install:
+        raise SpecError("--allow-image, --allow-docker-option and --allow-volume go with --install")
     request = mount_request(
-        get_profile(cluster_name), share, mount_point, mount_options, node_group, node_names
-    )
+        get_profile(cluster_name), share, mount_point, mount_options, node_group, node_names,
+        allow_images, allow_docker_options, allow_volumes,
+    )  # fmt: skip
     if dry_run:
         nodes = request.nodes
         if not nodes:
@@ -491,7 +522,7 @@ def mount(
         step = mount_step(request.allowed.unc, request.point, request.allowed.options, nodes)
         if install:
             click.echo(f"# would run as root on {', '.join(nodes)} (clusrun /user:system or an admin job):")
-            click.echo(filter_install_command([request.allowed]))
+            click.echo(filter_install_command([request.allowed], request.containers))
         job = mount_check_job_xml(new_run_id("mount"), step, JobShape(nodes, request.group))
         click.echo(f"# would submit, as you, the mount job:\n{job}")
         return

@@ -1144,13 +1144,15 @@ class Cluster:
             f.write("\n".join(f"{name}={value}" for name, value in variables.items()))
         owner = job.props["Owner"].rsplit("\\", 1)[-1]  # the domain left out (no CCP_PRESERVE_DOMAIN)
         name = f"hpcTask_Task_{task.system_id}_{task.props['RequeueCount'] or 0}"
-        value = 'grep "^{0}=" {1} | sed "s/^{0}=//"'
+        # The agent's own reads of the file: unanchored greps, so a line of another variable that holds
+        # a name's text is read too (common.sh L141-173 @ f50e911; GetDockerEngine's cut -f 2 likewise).
         script = f"""#!/bin/bash
 
-image=$({value.format("CCP_DOCKER_IMAGE", env_file)})
-additionalOption=$({value.format("CCP_DOCKER_START_OPTION", env_file)})
-volumeOption=$({value.format("CCP_DOCKER_VOLUMES", env_file)} | sed -e 's/^/-v /' -e 's/,/ -v /g')
-nvidia=$({value.format("CCP_DOCKER_NVIDIA", env_file)})
+image=$(cat {env_file} | grep "CCP_DOCKER_IMAGE=" | cut -d '=' -f 2)
+additionalOption=$(cat {env_file} | grep "CCP_DOCKER_START_OPTION=" | sed 's/^CCP_DOCKER_START_OPTION=//')
+volumeOption=$(cat {env_file} | grep "CCP_DOCKER_VOLUMES=" \\
+    | sed -e 's/^CCP_DOCKER_VOLUMES=/-v /g' -e 's/,/ -v /g')
+nvidia=$(cat {env_file} | grep "CCP_DOCKER_NVIDIA=" | cut -d '=' -f 2)
 engine=docker
 if [ -n "$nvidia" ] && [ "$nvidia" != 0 ]; then engine=nvidia-docker; fi
 $engine run -id $additionalOption $volumeOption --name {name} --cpuset-cpus 0-{cores - 1} \\

@@ -28,8 +28,24 @@ for candidate in python3 /usr/libexec/platform-python; do
         break
     fi
 done
+code=
 if [ -n "$python" ]; then
-    out=$(printf '%s' "$start" | timeout -k 2 20 "$python" -I "$here/hpcjob_mount_filter.py" "$event") || out=
+    out=$(printf '%s' "$start" | timeout -k 2 20 "$python" -I "$here/hpcjob_mount_filter.py" "$event")
+    code=$?
+    # The administrator's container policy (a "containers" entry in the allowed shares' file) fails
+    # closed: a start it refused, or one that may name a container when the policy could not be
+    # applied, fails, and the agent tells the task these words.
+    if [ "$code" = 3 ]; then
+        printf '%s\n' "$out"
+        exit 1
+    fi
+    [ "$code" = 0 ] || out=
+fi
+if [ -z "$out" ] && grep -qF '"containers"' "$here/hpcjob-mounts.json" && [[ $start == *CCP_DOCKER_* ]]; then
+    echo "hpcjob's execution filter could not apply the administrator's container policy (${python:-no python3}): the task is refused"
+    (umask 077 && mkdir -p "${log%/*}" &&
+        echo "$(date +%Y-%m-%dT%H:%M:%S) $name: ${python:-no python3} failed: a container start refused" >>"$log")
+    exit 1
 fi
 if [ -z "$out" ]; then
     why=${python:+"$python $here/hpcjob_mount_filter.py failed"}

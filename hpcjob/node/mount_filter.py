@@ -74,7 +74,19 @@ SHOWN = 80  # characters of a job's own text quoted in a refusal, so the reason 
 UNC = re.compile(r"//[A-Za-z0-9][A-Za-z0-9.-]*(/[^/\\\x00-\x1f|,]+)+")
 
 
-Config = Dict[str, Any]  # {"shares": [{"unc", "mount_root", "options"}], "timeout_s": seconds}
+Config = Dict[str, Any]  # {"shares": [{"unc", "mount_root", "options"}], "timeout_s": seconds,
+#                          "containers": {"images": [prefix], "options": [phrase], "volumes": [path[:ro]]}}
+# The node agent's Docker variables (Azure/hpcpack-linux-agent @ f50e911 nodemanager/scripts/common.sh
+# L127-173, core/Process.cpp L151-152): a task runs in a container when CCP_DOCKER_IMAGE is not empty,
+# and its scripts read these back from the task's variables file, a line each, with unanchored greps.
+DOCKER_VARS = (
+    "CCP_DOCKER_IMAGE", "CCP_DOCKER_START_OPTION", "CCP_DOCKER_VOLUMES", "CCP_DOCKER_NVIDIA",
+    "CCP_DOCKER_SKIP_SSH_SETUP", "CCP_DOCKER_DEBUG",
+)  # fmt: skip
+CONTAINER_REFUSED = 3  # the filter's exit code for a start the container policy refuses (filter.sh)
+IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
+OPTION_WORD = re.compile(r"-{1,2}[A-Za-z0-9][A-Za-z0-9-]*(=[A-Za-z0-9._:/-]+)?|[A-Za-z0-9._:/=-]+")
+PLAIN_WORD = re.compile(r"[A-Za-z0-9]*")
 
 
 class Refused(Exception):
@@ -86,6 +98,11 @@ def main(argv: List[str]) -> int:
     if event == "check-install":
         return check_install(sys.stdin.buffer.read())
     raw = sys.stdin.buffer.read()
+    refusal = container_refusal(raw)
+    if refusal:
+        log("refused a container:", refusal)
+        sys.stdout.write("hpcjob's execution filter refused this task: " + refusal + "\n")
+        return CONTAINER_REFUSED
     try:
         # NaN, Infinity or a number past a double would come back out as text that is not JSON: such a
         # start is not one this filter reads, and passes on as the agent wrote it.
@@ -117,6 +134,85 @@ def main(argv: List[str]) -> int:
     # The agent's own compact form, ASCII (a lone surrogate in a job's text cannot break it).
     sys.stdout.buffer.write(json.dumps(request, separators=(",", ":")).encode("ascii"))
     return 0
+
+
+def container_refusal(raw: bytes) -> str:
+    """Why the administrator's container policy refuses this start ("" when it does not, or when there is
+    no policy): the image, the `docker run` options and the volumes the agent would use must be ones the
+    administrator allowed, and nothing may reach the agent's greps of the variables file but those."""
+    try:
+        policy = read_config().get("containers")
+    except Refused as why:
+        if not os.path.lexists(config_path()):
+            return ""  # nothing installed: no policy
+        return f"the container policy cannot be read ({why})" if b"CCP_DOCKER_" in raw else ""
+    if policy is None:
+        return ""
+    try:
+        request = json.loads(raw.decode("utf-8"), parse_constant=not_json)
+        env = request["m_Item2"]["environmentVariables"]
+        if not isinstance(env, dict):
+            raise TypeError("environmentVariables")
+    except (ValueError, KeyError, TypeError, RecursionError):
+        # Not a start this filter reads: refused only if it might name a container.
+        return "a task start the filter cannot read names a container" if b"CCP_DOCKER_" in raw else ""
+    image = env.get("CCP_DOCKER_IMAGE")
+    if not image:
+        return ""  # no container: the agent reads none of the variables file
+    for name, value in env.items():
+        if "CCP_DOCKER_" in str(name).upper() and name not in DOCKER_VARS:
+            return f"variable {shown(str(name))}: only the node agent's own names may hold CCP_DOCKER_"
+        if not isinstance(value, str) or "\n" in value or "\r" in value:
+            return f"variable {shown(str(name))}: a line break in a container's variables"
+        if name not in DOCKER_VARS and "CCP_DOCKER_" in value.upper():
+            return f"variable {shown(str(name))}: its value names the node agent's Docker settings"
+    if not IMAGE_NAME.fullmatch(image) or not any(image.startswith(p) for p in policy["images"]):
+        return f"image {shown(image)} is not one the administrator allowed ({', '.join(policy['images'])})"
+    left = env.get("CCP_DOCKER_START_OPTION", "").split()
+    phrases = sorted((p.split() for p in policy["options"]), key=len, reverse=True)
+    while left:
+        phrase = next((p for p in phrases if left[: len(p)] == p), None)
+        if phrase is None:
+            return f"docker option {shown(left[0])} is not one the administrator allowed"
+        left = left[len(phrase) :]
+    for volume in filter(None, env.get("CCP_DOCKER_VOLUMES", "").split(",")):
+        if not volume_allowed(volume, policy["volumes"]):
+            return f"volume {shown(volume)} is not one the administrator allowed"
+    for name in ("CCP_DOCKER_NVIDIA", "CCP_DOCKER_SKIP_SSH_SETUP", "CCP_DOCKER_DEBUG"):
+        if not PLAIN_WORD.fullmatch(env.get(name, "")):
+            return f"variable {name}: a plain word, as the node agent reads it unquoted"
+    return ""
+
+
+def volume_allowed(volume: str, allowed: List[str]) -> bool:
+    """SOURCE:SOURCE[:ro] where SOURCE is an allowed folder or below it; `PATH:ro` allows it read-only."""
+    source, _, rest = volume.partition(":")
+    target, _, mode = rest.partition(":")
+    if target != source or mode not in ("", "ro") or not PLAIN_PATH.fullmatch(source):
+        return False
+    if "/../" in source + "/" or "/./" in source + "/":
+        return False
+    for entry in allowed:
+        path, _, only = entry.partition(":")
+        if (source == path or source.startswith(path.rstrip("/") + "/")) and (mode == "ro" or only != "ro"):
+            return True
+    return False
+
+
+def check_policy(policy: Dict[str, List[str]]) -> None:
+    """An administrator's container policy, checked as the filter reads it (ValueError says what)."""
+    if not policy["images"]:
+        raise ValueError("a container policy names at least one image prefix")
+    for image in policy["images"]:
+        if not IMAGE_NAME.fullmatch(image):
+            raise ValueError(f"image prefix {image!r} is not a plain image name")
+    for phrase in policy["options"]:
+        if not phrase.split() or not all(OPTION_WORD.fullmatch(w) for w in phrase.split()):
+            raise ValueError(f"docker option {phrase!r} is not plain words (no quotes, globs or $)")
+    for entry in policy["volumes"]:
+        path, _, only = entry.partition(":")
+        if not PLAIN_PATH.fullmatch(path) or only not in ("", "ro") or "/../" in path + "/":
+            raise ValueError(f"volume {entry!r} is not an absolute folder, with :ro or nothing after it")
 
 
 def not_json(constant: str) -> None:
@@ -260,9 +356,13 @@ def allowed_share(config: Config, share: str, point: str, user: str) -> Dict[str
     raise Refused(f"not a share the administrator allowed on this node (allowed: {shares}): {shown(share)}")
 
 
+def config_path() -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), CONFIG_FILE)
+
+
 def read_config() -> Config:
     """The administrator's allowed shares: a file that only root can have written, checked again here."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), CONFIG_FILE)
+    path = config_path()
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as err:
@@ -278,6 +378,8 @@ def read_config() -> Config:
             config: Config = json.loads(f.read().decode("utf-8"))
             for entry in config["shares"]:
                 check_entry(entry)
+            if config.get("containers") is not None:
+                check_policy(config["containers"])
             timeout = config.get("timeout_s", BUDGET_S)
             if not isinstance(timeout, (int, float)) or not 1 <= timeout <= MAX_BUDGET_S:
                 raise ValueError(f"timeout_s must be a number of seconds from 1 to {MAX_BUDGET_S:.0f}")
@@ -481,6 +583,8 @@ def check_install(config_text: bytes) -> int:
         for entry in config["shares"]:
             check_entry(entry)
             safe_folder(entry["mount_root"], strict_last=True)
+        if config.get("containers") is not None:
+            check_policy(config["containers"])
     except (ValueError, KeyError, TypeError) as err:
         print(f"hpcjob: the allowed shares are not valid ({err})")
         return 1

@@ -20,7 +20,7 @@ import jinja2
 
 from hpcjob.node.mount_filter import CONFIG_FILE as FILTER_CONFIG
 from hpcjob.node.mount_filter import FILTERS_DIR, NODE_ROOT_VAR
-from hpcjob.plan import AllowedShare, JobPlan, MountStep
+from hpcjob.plan import AllowedShare, ContainerPolicy, JobPlan, MountStep
 from hpcjob.render.job_xml import job_xml
 from hpcjob.spec import SpecError
 
@@ -142,18 +142,22 @@ def _packed(data: bytes) -> str:
     return base64.b64encode(gzip.compress(data, mtime=0)).decode("ascii")
 
 
-def filter_config(shares: Sequence[AllowedShare]) -> str:
-    """FILTERS/hpcjob-mounts.json: the shares jobs may name, and nothing else a job can change."""
-    entries = [dataclasses.asdict(share) for share in shares]
-    return json.dumps({"shares": entries}, indent=2) + "\n"
+def filter_config(shares: Sequence[AllowedShare], containers: ContainerPolicy | None = None) -> str:
+    """FILTERS/hpcjob-mounts.json: the shares jobs may name, and nothing else a job can change; and the
+    administrator's container policy, when there is one."""
+    config: dict[str, object] = {"shares": [dataclasses.asdict(share) for share in shares]}
+    if containers is not None:
+        config["containers"] = {k: list(v) for k, v in dataclasses.asdict(containers).items()}
+    return json.dumps(config, indent=2) + "\n"
 
 
-def filter_install_command(shares: Sequence[AllowedShare]) -> str:
+def filter_install_command(shares: Sequence[AllowedShare], containers: ContainerPolicy | None = None) -> str:
     """Bash, run as root on each node (clusrun /user:system, or an administrator's job): install
     hpcjob's execution filter (hpcjob/node/mount_filter.py behind filter.sh, as OnJobTaskStart.sh and
-    OnTaskStart.sh) and the shares it may mount. A filter already there is kept and chained after
-    hpcjob's; installing again replaces hpcjob's files and the allowed shares, nothing else. No secret is
-    in it: the filter gets each job owner's credentials from the node agent."""
+    OnTaskStart.sh), the shares it may mount and the container policy it applies (none: containers as
+    the agent runs them). A filter already there is kept and chained after hpcjob's; installing again
+    replaces hpcjob's files, the allowed shares and the policy, nothing else. No secret is in it: the
+    filter gets each job owner's credentials from the node agent."""
     from importlib import resources
 
     if not shares:
@@ -161,7 +165,8 @@ def filter_install_command(shares: Sequence[AllowedShare]) -> str:
     node = resources.files("hpcjob") / "node"
     code = _packed((node / "mount_filter.py").read_bytes())
     entry = _packed((node / "filter.sh").read_bytes())
-    config = _packed(filter_config(shares).encode("utf-8"))
+    config = _packed(filter_config(shares, containers).encode("utf-8"))
+    policy = "with a container policy" if containers else "with no container policy"
     # Each file is written beside, then renamed over the old one: an agent starting a filter meanwhile
     # runs the old file or the new, never half of one.
     chain = " ".join(
@@ -185,5 +190,5 @@ def filter_install_command(shares: Sequence[AllowedShare]) -> str:
         f"echo {entry} | base64 -d | gunzip | put 755 {ENTRY_FILE} && "
         f"{chain} "
         f'mv -f "$d/.hpcjob-config" "$d/{FILTER_CONFIG}" && '
-        'echo "hpcjob: execution filter installed in $d on $(hostname)"'
+        f'echo "hpcjob: execution filter installed in $d on $(hostname), {policy}"'
     )

@@ -14,7 +14,7 @@ import re
 import secrets
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hpcjob.backends import Backend
     from hpcjob.config import ClusterProfile
     from hpcjob.onboard import SizeTable
-    from hpcjob.plan import AllowedShare, JobPlan
+    from hpcjob.plan import AllowedShare, ContainerPolicy, JobPlan
     from hpcjob.results import JobInfo, JobSummary, MountResult, Submission
     from hpcjob.runs import RunRecord
     from hpcjob.share import ShareFolder
@@ -874,6 +874,7 @@ class MountRequest:
     point: str
     group: str | None
     nodes: tuple[str, ...]
+    containers: ContainerPolicy | None = None  # with --install: the administrator's container policy
 
 
 def mount_request(
@@ -883,10 +884,14 @@ def mount_request(
     mount_options: str | None,
     node_group: str | None,
     node_names: Iterable[str],
+    allow_images: Sequence[str] = (),
+    allow_docker_options: Sequence[str] = (),
+    allow_volumes: Sequence[str] = (),
 ) -> MountRequest:
     """The mount as asked (the profile filling in), checked: the share, a mount point that is the user's
-    own folder of its mount root, the filter's options from its short list, the group's name."""
-    from hpcjob.plan import AllowedShare, user_mount_point
+    own folder of its mount root, the filter's options from its short list, the group's name; and the
+    container policy to install, when images are allowed."""
+    from hpcjob.plan import AllowedShare, ContainerPolicy, user_mount_point
     from hpcjob.spec import FILTER_MOUNT_OPTIONS, GROUP_NAME, parse_node_names, parse_share
 
     unc = share or profile.share
@@ -909,7 +914,12 @@ def mount_request(
     if group is not None and not GROUP_NAME.fullmatch(group):
         raise SpecError(f"--node-group {group!r} is not a valid node group name")
     names = tuple(node_names)
-    return MountRequest(allowed, point, group, parse_node_names(names) if names else ())
+    containers = None
+    if allow_images:
+        containers = ContainerPolicy.checked(allow_images, allow_docker_options, allow_volumes, [root])
+    elif allow_docker_options or allow_volumes:
+        raise SpecError("a container policy names its images: give --allow-image PREFIX")
+    return MountRequest(allowed, point, group, parse_node_names(names) if names else (), containers)
 
 
 def mount_share(
@@ -930,7 +940,8 @@ def mount_share(
         raise SpecError(f"no online, healthy node {f'in group {group}' if group else 'in the cluster'}")
     shape = JobShape(nodes, group, None, None)
     if install:
-        ok, said = backend.install_filter(filter_install_command([allowed]), shape, progress)
+        command = filter_install_command([allowed], request.containers)
+        ok, said = backend.install_filter(command, shape, progress)
         for line in said.splitlines():
             progress(line)
         if not ok:
