@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 import tomli_w
 
 from hpcjob.credentials import SMB_PASSWORD_ENV
+from hpcjob.extras import missing_extra
 from hpcjob.spec import (
     CLUSTER_BACKENDS,
     DEFAULT_DOCKER_GPUS,
@@ -558,9 +559,7 @@ def password_for(profile: ClusterProfile) -> str:
         try:
             import keyring
         except ImportError:
-            raise SpecError(
-                f"cluster {profile.name}: password = 'keyring' needs the keyring package"
-            ) from None
+            raise missing_extra("keyring", f"cluster {profile.name}: password = 'keyring'") from None
         stored = keyring.get_password(KEYRING_SERVICE, f"{profile.name}:{profile.user}")
         if stored is None:
             raise SpecError(f"cluster {profile.name}: no password for {profile.user} in the keyring")

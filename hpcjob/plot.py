@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcjob.extras import missing_extra
 from hpcjob.spec import SpecError
 
 # (the timeline's field, the panel's title); a panel no run has figures for is left out, not drawn flat.
@@ -50,7 +51,7 @@ def plot_runs(timelines: Mapping[str, Sequence[Mapping[str, Any]]], out: Path) -
         matplotlib.use("Agg")  # no display needed
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SpecError("runs plot needs matplotlib: pip install 'hpcjob[plot]'") from None
+        raise missing_extra("plot", "runs plot") from None
     runs = {run: series(lines) for run, lines in timelines.items()}
     if not any(runs.values()):
         raise SpecError(

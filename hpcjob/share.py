@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
-from hpcjob.spec import HpcjobError, Share, SpecError
+from hpcjob.spec import HpcjobError, Share
 
 COPY_CHUNK = 1 << 20
 
@@ -96,10 +96,8 @@ class SmbFolder:
         port: int = 445,
         encrypt: bool | None = None,
     ) -> None:
-        try:
-            import smbclient
-        except ImportError as exc:
-            raise SpecError("SMB needs the share extra: pip install 'hpcjob[share]'") from exc
+        import smbclient  # smbprotocol, a base dependency, imported here to keep the CLI's start-up light
+
         self._smb: Any = smbclient
         self.share = share
         self.server = server or share.host

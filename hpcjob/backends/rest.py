@@ -95,10 +95,8 @@ class RestClient:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        try:
-            import requests
-        except ImportError as exc:
-            raise SpecError("the REST API needs the rest extra: pip install 'hpcjob[rest]'") from exc
+        import requests  # a base dependency, imported here to keep the CLI's start-up light
+
         self._requests = requests
         self.base_url = base_url.rstrip("/")
         self.user = user

@@ -34,6 +34,7 @@ from hpcjob.backends.scheduler import (
     pin_certificate,
     recorded_job_id,
 )
+from hpcjob.extras import missing_extra
 from hpcjob.plan import mount_job_name
 from hpcjob.results import ENDED_JOB_STATES, JobInfo, NodeInfo, Submission, TaskInfo
 from hpcjob.spec import HpcjobError, SpecError
@@ -78,7 +79,7 @@ class WinRMSession:
         try:
             from winrm.protocol import Protocol
         except ImportError:
-            raise SpecError("the winrm backend needs pywinrm: pip install 'hpcjob[winrm]'") from None
+            raise missing_extra("winrm", "the winrm backend") from None
         self.url = profile.wsman_url
         self.user = profile.user
         transport = profile.winrm_transport or "ntlm"

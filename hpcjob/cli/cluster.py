@@ -23,6 +23,7 @@ from hpcjob.cli.options import (
     started_command,
     tag_option,
 )
+from hpcjob.extras import missing_extra
 from hpcjob.runner import (
     ClusterAccess,
     StoppedWaiting,
@@ -120,7 +121,7 @@ def cluster_add(
         try:
             import keyring
         except ImportError:
-            raise SpecError("--keyring needs the keyring package: pip install keyring") from None
+            raise missing_extra("keyring", "--keyring") from None
         keyring.set_password(
             KEYRING_SERVICE,
             f"{name}:{profile.user}",
