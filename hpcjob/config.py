@@ -71,6 +71,9 @@ AUTH_KEY_ENV = "HPCJOB_AUTH_KEY"
 # profile's user and password source, and reaches hpcjob through its environment, never its argv.
 CREDENTIAL_USER_ENV = "HPCJOB_CREDENTIAL_USER"
 CREDENTIAL_PASSWORD_ENV = "HPCJOB_CREDENTIAL_PASSWORD"
+# The profile's password variable as this module's docs and the README name it: kept out of local tasks
+# whether or not a profile names it.
+DOCUMENTED_PASSWORD_ENV = "HPCJOB_PASSWORD"
 
 # Profile names are TOML keys, keyring keys and command-line arguments: plain, and never an option.
 _PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -529,6 +532,7 @@ def secret_variables() -> frozenset[str]:
         ADMIN_PASSWORD_ENV,
         AUTH_KEY_ENV,
         CREDENTIAL_PASSWORD_ENV,
+        DOCUMENTED_PASSWORD_ENV,
     }
     with contextlib.suppress(Exception):  # scrubbing goes on whatever the file holds
         for table in _read(config_path()).get("clusters", {}).values():

@@ -405,6 +405,12 @@ class JobSpec:
                 raise SpecError(
                     f"--env {name!r}: a variable name is letters, digits and _, not first a digit"
                 )
+            if _URL_WITH_SECRET.search(value):
+                raise SpecError(
+                    f"--env {name}: a URL with a user or token would be stored in clear in the job and the "
+                    "run history; give the credentials in pip.conf or ~/.netrc on the nodes, readable by "
+                    "you only"
+                )
             if _SECRET_NAME.search(name):
                 raise SpecError(
                     f"--env {name}: looks like a secret, and job environment variables are stored in "

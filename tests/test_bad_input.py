@@ -197,6 +197,16 @@ CASES = [
     case("render-env-without-equals", f"render --env FOO --node A {S}"),
     case("render-env-secret-password", f"render --env DB_PASSWORD={SECRET} --node A {S}", secrets=(SECRET,)),
     case(
+        "render-env-url-with-credentials",
+        f"render --env PIP_INDEX_URL=https://alice:{SECRET}@pkgs.contoso.com/simple --node A {S}",
+        secrets=(SECRET,),
+    ),
+    case(  # nothing in the run history either
+        "run-local-env-url-with-token",
+        f"run --local --env PIP_EXTRA_INDEX_URL=https://{SECRET}@pkgs.contoso.com/simple {S}",
+        secrets=(SECRET,),
+    ),
+    case(
         "render-mount-options-password",
         f"render --mount-options vers=3.0,password={SECRET} --node A {S}",
         secrets=(SECRET,),

@@ -353,9 +353,10 @@ def test_secret_variables_name_every_password_variable_and_never_raise(config_fi
 
     fixed = {
         SMB_PASSWORD_ENV, PASSWORD_ENV, config.ADMIN_PASSWORD_ENV, config.AUTH_KEY_ENV,
-        config.CREDENTIAL_PASSWORD_ENV,
+        config.CREDENTIAL_PASSWORD_ENV, config.DOCUMENTED_PASSWORD_ENV,
     }  # fmt: skip
     assert fixed == {
+        "HPCJOB_PASSWORD",
         "HPCJOB_SMB_PASSWORD",
         "HPCJOB_EMULATOR_PASSWORD",
         "HPCJOB_ADMIN_PASSWORD",

@@ -507,3 +507,27 @@ def test_a_node_s_platform_takes_the_wheels_of_every_older_glibc() -> None:
     assert "manylinux2014_x86_64" in tags and "manylinux_2_29_x86_64" not in tags
     assert platform_tags("manylinux2014_aarch64")[0] == "manylinux_2_17_aarch64"
     assert platform_tags("musllinux_1_2_x86_64") == ["musllinux_1_2_x86_64"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="mounts a small disk: root")
+def test_a_full_disk_is_said_to_be_one_with_venv_s_own_words(tmp_path: Path, wheelhouse: Path) -> None:
+    """venv hides ensurepip's "No space left on device" behind "returned non-zero exit status 1": the
+    builder says the disk is full, and keeps venv's line."""
+    job_dir, envs = tmp_path / "job", tmp_path / "envs"
+    job_dir.mkdir()
+    envs.mkdir()
+    variables = {"PATH": os.environ["PATH"], REQUIREMENTS_VAR: requirements_file(requirements(wheelhouse))}
+    variables |= {ENVS_VAR: str(envs), "HPCJOB_LOG_DIR": str(job_dir), "HPCJOB_NODE": "N1"}
+    (job_dir / variables[REQUIREMENTS_VAR]).parent.mkdir(parents=True)
+    (job_dir / variables[REQUIREMENTS_VAR]).write_text(requirements(wheelhouse))
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=2m tmpfs "$0" && exec "$@"', str(envs),
+         sys.executable, str(ENV_BUILDER)],
+        cwd=job_dir, env=variables, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith("hpcjob: error: the job's environment did not build: the disk of ") and (
+        " is full (" in said and "-m venv said: Error: " in said
+    ), said
+    assert "python3-venv" not in said

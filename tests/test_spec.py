@@ -33,6 +33,8 @@ def test_defaults_follow_the_gpus_and_the_named_nodes() -> None:
         ({"env": (("1X", "v"),)}, "a variable name"),
         ({"env": (("HF_TOKEN", "abc"),)}, "looks like a secret"),
         ({"env": (("DB_PASSWORD", "abc"),)}, "looks like a secret"),
+        ({"env": (("PIP_INDEX_URL", "https://u:p@host/simple"),)}, "a URL with a user or token"),
+        ({"env": (("GIT_URL", "HTTP://ghp_x@github.com/a/b"),)}, "a URL with a user or token"),
         ({"env": (("A", "x" * 3000),)}, "more than HPC Pack's 2048"),
         ({"env": (("A", "bell\x07"),)}, "control character"),
         ({"script_args": ("ok", "nul\x00")}, "control character"),

@@ -39,6 +39,7 @@ Runs with any Python 3.6+ on the node; imports nothing from hpcjob.
 
 import binascii
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -214,13 +215,31 @@ def pip_reason(log_path: str) -> str:
     return found if len(found) <= 300 else found[:297] + "..."
 
 
+FULL_BELOW = 64 * 1024 * 1024  # bytes free under which a failed build is said to have met a full disk
+
+
+def full_disk(folder: str) -> str:
+    """ "the disk of FOLDER is full (N MB free)" when it nearly is, else "": venv hides ensurepip's own
+    ENOSPC behind "returned non-zero exit status 1", and pip's may be one line among many."""
+    try:
+        info = os.statvfs(folder)
+    except OSError:
+        return ""
+    free = info.f_bavail * info.f_frsize
+    if free >= FULL_BELOW:
+        return ""
+    return "the disk of %s is full (%.1f MB free)" % (folder, free / 1e6)
+
+
 def build(env: str, requirements_path: str, log_path: str) -> Optional[str]:
     """Build the environment at `env`; None, or the reason it could not be built."""
     with open(log_path, "w") as log:
         log.write("$ %s -m venv %s\n" % (sys.executable, env))
         log.flush()
         if subprocess.call([sys.executable, "-m", "venv", env], stdout=log, stderr=subprocess.STDOUT) != 0:
-            reason = pip_reason(log_path)
+            reason, full = pip_reason(log_path), full_disk(os.path.dirname(env))
+            if full:
+                return "%s: %s -m venv said: %s" % (full, sys.executable, reason)
             return "%s -m venv failed (on Debian and Ubuntu: install python3-venv): %s" % (
                 sys.executable,
                 reason,
@@ -241,7 +260,8 @@ def build(env: str, requirements_path: str, log_path: str) -> Optional[str]:
         log.write("$ %s\n" % " ".join(command))
         log.flush()
         if subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) != 0:
-            return pip_reason(log_path)
+            full = full_disk(os.path.dirname(env))
+            return "%s: pip said: %s" % (full, pip_reason(log_path)) if full else pip_reason(log_path)
     return None
 
 
@@ -275,8 +295,9 @@ def build_under_lock(lock: Lock, folder: str, key: str, requirements_path: str, 
     started = time.time()
     try:
         reason = build(env, requirements_path, log_path)
-    except OSError as exc:  # a folder or file the task may not write: one line, no traceback
-        reason = "%s: %s" % (exc.strerror, exc.filename)
+    except OSError as exc:  # a folder or file the task may not write, a full disk: one line, no traceback
+        full = full_disk(folder) if exc.errno == errno.ENOSPC else ""
+        reason = "%s: %s" % (full or exc.strerror, exc.filename or log_path)
     if not lock.held():
         shutil.rmtree(env, ignore_errors=True)
         say("another task took over building environment %s: waiting for it" % key)
