@@ -26,7 +26,7 @@ from hpcjob.hangs import (
     beat_interval,
     script_frame,
 )
-from hpcjob.plan import make_plan
+from hpcjob.plan import FLIGHT_RECORDER_FILE, make_plan
 from hpcjob.procs import marked_processes
 from hpcjob.render import job_xml, plan_json
 from hpcjob.runner.watch import DUMP_BEATS
@@ -243,6 +243,60 @@ def test_a_rank_beats_and_when_asked_says_where_its_script_is(tmp_path: Path, py
         rank.wait()
 
 
+def torchfrtrace(folder: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """The installed `torchfrtrace` (PyTorch's flight-recorder analyzer) on a folder, as the README says
+    to run it: its output, both streams (it reports through logging)."""
+    return subprocess.run(
+        [
+            str(Path(sys.executable).with_name("torchfrtrace")),
+            str(folder),
+            "-p",
+            FLIGHT_RECORDER_FILE,
+            *options,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
+
+
+# One rank, two process groups (the default one and one of its own), with gloo: the dump worker.py writes.
+DUMPING = """\
+import os, sys
+import torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import worker
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+own = dist.new_group([0], group_desc="own")
+tensor = torch.ones(8)
+dist.all_reduce(tensor)
+dist.all_reduce(tensor, group=own)
+worker._dump_flight_recorder("0")
+dist.destroy_process_group()
+"""
+
+
+def test_the_dumped_flight_recorder_opens_in_torch_s_own_analyzer(tmp_path: Path) -> None:
+    """torch 2.14.1's gloo dump keys `pg_config` by '' while its entries name ('0', 'default_pg'): worker.py
+    keys it by the groups' names, so that `torchfrtrace` reads it (KeyError: ('0', 0) before)."""
+    env = {
+        **os.environ,
+        "TORCH_FR_BUFFER_SIZE": "100",
+        "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / FLIGHT_RECORDER_FILE),
+    }
+    subprocess.run([sys.executable, "-c", DUMPING, str(NODE_FILES)], env=env, check=True, timeout=120)
+    trace = pickle.loads((tmp_path / f"{FLIGHT_RECORDER_FILE}0").read_bytes())
+    assert [entry["process_group"] for entry in trace["entries"]] == [("0", "default_pg"), ("1", "own")]
+    assert trace["pg_config"] == {
+        "0": {"name": "0", "desc": "default_pg", "ranks": "[0]"},
+        "1": {"name": "1", "desc": "own", "ranks": "[0]"},
+    }
+    analyzed = torchfrtrace(tmp_path)
+    assert analyzed.returncode == 0 and "Traceback" not in analyzed.stdout, analyzed.stdout
+
+
 # A DDP-like loop of all-reduces with gloo, in which one rank stops after 5 of them: it sleeps in
 # Python (HANG_MODE=sleep: it beats on, behind) or is stopped (HANG_MODE=stop: it stops beating).
 HANGING = """\
@@ -300,6 +354,13 @@ def test_a_rank_put_to_sleep_is_named_and_the_job_ended_within_the_bound(tmp_pat
     )
     assert run.summary is not None and run.summary.root_cause is not None
     assert run.summary.root_cause.reason.endswith("; it was at hang.py:11 in <module>")
+    # PyTorch's own analyzer, on the log folder as it is, names the rank and collective hpcjob named
+    # (rank 1, collective #6 gloo:all_reduce: asserted above).
+    analyzed = torchfrtrace(log_dir)
+    assert analyzed.returncode == 0, analyzed.stdout
+    assert "Not all ranks joining collective, sequence number: 6\n" in analyzed.stdout, analyzed.stdout
+    rank = run.summary.root_cause.rank
+    assert f"collective: {ALL_REDUCE}\nmissing ranks: {{{rank}}}\n" in analyzed.stdout, analyzed.stdout
     named_at, named = next((at, line) for at, line in said if "hung:" in line)
     # Ranks go to nodes in the order torchrun's rendezvous takes them, not by node: rank 1's beat says where.
     node = json.loads((log_dir / ".hpcjob-beats" / "rank-1.json").read_text())["node"]

@@ -23,7 +23,8 @@ its name, when it began). A rank that is stopped, or stuck holding the GIL, stop
 sleeps or loops in Python beats on but falls behind the others' collectives. hpcjob, following the job,
 tells these apart (hpcjob/hangs.py). When `$HPCJOB_BEAT_DIR/dump` appears (hpcjob found a hang), each
 rank that still beats writes, once, where its threads are in Python (`stacks-rank-<RANK>.txt` there) and
-its flight recorder, where the job's TORCH_FR_DUMP_TEMP_FILE says. The beat stops when the script ends.
+its flight recorder, where the job's TORCH_FR_DUMP_TEMP_FILE says, with its process groups named as torch's
+analyzer (`torchfrtrace`) looks them up. The beat stops when the script ends.
 Runs with any Python 3 on the node; imports nothing from hpcjob.
 """
 
@@ -179,18 +180,53 @@ def _dump_flight_recorder(rank: str) -> None:
     if not prefix or dist is None or not dist.is_initialized():
         return
     c10d = sys.modules["torch"]._C._distributed_c10d
-    best, most = None, -1
+    best: Optional[bytes] = None
+    most = -1
+    loaded: Dict[str, Any] = {}
     for name in ("_dump_nccl_trace", "_dump_fr_trace"):
         dump = getattr(c10d, name, None)
         try:  # without C++ stack traces: symbolising them takes seconds, and the job is being ended
             trace = dump(includeStackTraces=False) if dump is not None else None
-            entries = len(pickle.loads(trace).get("entries") or []) if trace else -1
+            content = pickle.loads(trace) if trace else {}
+            entries = len(content.get("entries") or []) if trace else -1
         except Exception:  # that recorder is not there, or says nothing we can read: the other one
             continue
         if entries > most:
-            best, most = trace, entries
-    if best is not None:
-        _write_whole(prefix + rank, best)
+            best, most, loaded = trace, entries, content
+    if best is None:
+        return
+    try:
+        groups = _named_groups(loaded.get("entries") or [], loaded.get("pg_config") or {})
+        if groups is not None:
+            # Protocol 2, as torch's own dump (its first bytes say so).
+            best = pickle.dumps(dict(loaded, pg_config=groups), protocol=2)
+    except Exception:  # the dump as torch wrote it is still worth more than none
+        pass
+    _write_whole(prefix + rank, best)
+
+
+def _named_groups(entries: List[Dict[str, Any]], config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The dump's `pg_config` as torch's analyzer (`torchfrtrace`) needs it, or None where it has it already:
+    keyed by each process group's name as its entries name it (`process_group`: (name, desc)), with the
+    group's global ranks. The analyzer looks each entry's group up by that name
+    (torch/distributed/flight_recorder/components/builder.py L108-116 and L211-212), and torch 2.14.1's
+    generic recorder, gloo's, writes one group under the name '' (its ranks: the newest group's, numbered
+    in it) while its entries name ('0', 'default_pg'): KeyError. The names, descs and ranks come from
+    torch.distributed's own table of this process's groups (distributed_c10d.py, _World.pg_names)."""
+    named = {str(e["process_group"][0]) for e in entries if e.get("process_group")}
+    if all(name in config for name in named) and "" not in config:
+        return None
+    world = sys.modules["torch.distributed.distributed_c10d"]._world
+    groups = {name: value for name, value in config.items() if name}  # '' names no group of torch's
+    for group, key in world.pg_names.items():
+        name = str(key)
+        if name in named and name not in groups:
+            groups[name] = {
+                "name": name,
+                "desc": str(getattr(group, "group_desc", "undefined")),
+                "ranks": str(sorted(world.pg_group_ranks[group])),  # global ranks, "[0, 1]" as torch writes
+            }
+    return groups
 
 
 def _dump_stacks(folder: str, rank: str) -> None:
