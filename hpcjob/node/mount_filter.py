@@ -251,8 +251,7 @@ def handle(event: str, wanted: str, request: Dict[str, Any], env: Dict[str, str]
     safe_folder(allowed["mount_root"], strict_last=True)
     with node_lock(started + 0.4 * budget):
         if is_mounted(point, deadline):
-            account = (0, 0) if as_root else local_account(user)
-            owned_by_owner(point, account[0])
+            owned_by_owner(point, 0 if as_root else account_uid(user))
             return ALREADY_MOUNTED
         if not first:
             raise Refused(
@@ -327,16 +326,29 @@ def recorded_owner(job: int) -> Tuple[str, bool]:
     return user, as_root
 
 
-def owned_by_owner(point: str, uid: int) -> None:
+def account_uid(user: str) -> Optional[int]:
+    """The uid of the account the agent runs `user`'s tasks as, None while it has none."""
+    try:
+        return local_account(user)[0]
+    except Refused:
+        return None
+
+
+def owned_by_owner(point: str, uid: Optional[int]) -> None:
     """Trust "already mounted" only for the owner's own folder: no link (`mountpoint` follows one, to a
-    mount of anyone's choosing), owned by root or the owner, and writable by nobody else."""
+    mount of anyone's choosing), owned by root or the owner (`uid`; None: root only), and writable by
+    nobody else."""
     try:
         info = os.lstat(point)
     except OSError as err:
         raise Refused(f"cannot look at {point}: {err.strerror}") from None
     if stat.S_ISLNK(info.st_mode):
         raise Refused(f"{point} is a symlink: the filter never mounts through one")
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, uid) or info.st_mode & 0o022:
+    if (
+        not stat.S_ISDIR(info.st_mode)
+        or info.st_uid not in (0, uid if uid is not None else 0)
+        or info.st_mode & 0o022
+    ):
         raise Refused(f"{point} is mounted, but not as the filter mounts it for its owner alone")
 
 
