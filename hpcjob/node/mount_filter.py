@@ -70,7 +70,7 @@ MAX_PASSWORD = 512  # bytes: mount.cifs's MOUNT_PASSWD_SIZE (cifs-utils mount.ci
 MAX_USER_NAME = 32  # characters: useradd's limit, and so the longest account the agent can make
 JOBS_DIR = RUN_DIR + "/jobs"  # who owns each job, as the agent named them at its first task here
 JOB_RECORD_DAYS = 30  # records of jobs started longer ago than this are dropped
-SHOWN = 80  # characters of a job's own text quoted in a refusal, so the reason always fits one line
+SHOWN = 160  # characters of a job's own text quoted in a refusal, so the reason always fits one line
 UNC = re.compile(r"//[A-Za-z0-9][A-Za-z0-9.-]*(/[^/\\\x00-\x1f|,]+)+")
 
 
