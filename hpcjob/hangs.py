@@ -62,17 +62,22 @@ class Beat:
     collectives: Mapping[str, Collective] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> Beat:
-        """A beat as worker.py writes it: groups as [seq, name, began, state, in flight]."""
+    def from_json(cls, data: object) -> Beat:
+        """A beat as worker.py writes it: groups as [seq, name, began, state, in flight]. ValueError,
+        KeyError, IndexError or TypeError where it is not one (anyone who can write the share could have
+        written it)."""
         if not isinstance(data, Mapping):
             raise ValueError("a beat is an object")
         groups = data.get("collectives") or {}
         if not isinstance(groups, Mapping):
             raise ValueError("collectives: not an object")
+        t = float(str(data["t"]))
+        if t != t or abs(t) == float("inf"):  # a time that never changes, or always does
+            raise ValueError("t: not a finite number")
         return cls(
             rank=int(str(data["rank"])),
             node=_printable(str(data.get("node") or "-")),
-            t=float(str(data["t"])),
+            t=t,
             collectives={
                 str(group): Collective(int(entry[0]), _printable(str(entry[1])), bool(entry[4]))
                 for group, entry in groups.items()
@@ -142,6 +147,8 @@ class HangWatch:
         """The hang, if the job has hung by `now` (the follower's clock), with the beats read now merged
         into those read before (a rank whose file could not be read this time keeps its last beat)."""
         for beat in beats:
+            if not 0 <= beat.rank < self.world_size:
+                continue  # no rank of this job: a file someone put among the beats
             if beat.rank not in self._latest or self._latest[beat.rank].t != beat.t:
                 self._changed[beat.rank] = now
             self._latest[beat.rank] = beat

@@ -3,13 +3,17 @@
 The log folder holds `<NODE>.out` and `<NODE>.err` (the tasks' StdOutFilePath/StdErrFilePath),
 `<NODE>.exit` ("<exit code> <time>") written by each task as it ends (hpcjob/node/node.sh), the worker
 shim's records of failed ranks in `.hpcjob-exits/`, and `summary.json` when the local backend ran the job.
+
+Every file there is read as untrusted input (whoever can write the share could have written it):
+through ShareFolder.read_capped, a bounded number of bytes each (a tail from the end), regular files
+only; one that cannot be read, or says nothing hpcjob can take, is skipped alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
+import errno
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -27,8 +31,9 @@ from hpcjob.results import (
     latest_gpu_use,
     parse_exit_records,
     signal_of_exit_code,
+    untrusted_json,
 )
-from hpcjob.share import ShareFolder
+from hpcjob.share import ShareFolder, UnreadableFile
 
 SUMMARY_FILE = "summary.json"
 # Where the training program writes each rank's metrics over time (training/timeline.py).
@@ -39,8 +44,20 @@ EXIT_RECORDS = ".hpcjob-exits"
 # the ranks to dump their flight recorders.
 BEATS_FOLDER = ".hpcjob-beats"
 DUMP_REQUEST = "dump"
-# How much of the end of a node's stderr is searched for the line that says why it failed.
+# How much of the end of a node's stderr is searched for the line that says why it failed, and of a
+# rank's stacks is read.
 REASON_BYTES = 64 * 1024
+# The most read of each other file: a beat (a line per process group), a `.exit` or a rank's exit record
+# (one line), the local backend's summary, the end of a node's stdout where the metrics and the GPUs'
+# latest figures are, a rank's timeline (its newest lines), and a followed output at each look.
+BEAT_BYTES = 1 << 20
+RECORD_BYTES = 4 * 1024
+SUMMARY_BYTES = 4 << 20
+OUTPUT_TAIL_BYTES = 8 << 20
+TIMELINE_BYTES = 16 << 20
+FOLLOW_BYTES = 4 << 20
+# A line longer than this is shown in pieces: what a Tail keeps between looks stays bounded.
+LINE_BYTES = 1 << 20
 # A Python exception line (`module.SomeError: message`), and torchrun's own wrapper of a worker's
 # failure, which says only that a worker failed.
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?")
@@ -58,15 +75,25 @@ class Tail:
     partial: bytes = b""
 
     def read(self, final: bool = False) -> list[str]:
-        try:
-            data = self.folder.read_bytes(self.relative, self.offset)
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = b"" if final else lines.pop()
-        if final and lines and lines[-1] == b"":
-            lines.pop()
+        """The new lines: at most FOLLOW_BYTES of them a look, and once `final`, all the rest."""
+        lines: list[bytes] = []
+        while True:
+            try:
+                data = self.folder.read_capped(self.relative, FOLLOW_BYTES, offset=self.offset)
+            except UnreadableFile:  # not there (yet), or not a file hpcjob reads
+                data = b""
+            self.offset += len(data)
+            pieces = (self.partial + data).split(b"\n")
+            self.partial = pieces.pop()
+            while len(self.partial) >= LINE_BYTES:
+                pieces.append(self.partial[:LINE_BYTES])
+                self.partial = self.partial[LINE_BYTES:]
+            lines += pieces
+            if not final or len(data) < FOLLOW_BYTES:
+                break
+        if final and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
         return [self.prefix + line.decode("utf-8", "replace") for line in lines]
 
 
@@ -116,9 +143,12 @@ class RunLogs:
         names are matched ignoring case: HPC Pack may spell them differently from the job file).
         """
         try:
-            summary = json.loads(self.folder.read_bytes(f"{self.log_folder}/{SUMMARY_FILE}"))
-            return int(summary["exit_code"])
-        except (FileNotFoundError, ValueError, KeyError):
+            summary = untrusted_json(
+                self.folder.read_capped(_join(self.log_folder, SUMMARY_FILE), SUMMARY_BYTES)
+            )
+            if isinstance(summary, dict):
+                return int(summary["exit_code"])
+        except (UnreadableFile, ValueError, KeyError, TypeError):
             pass
         codes = self.exit_codes()
         if self.nodes and all(node.upper() in codes for node in self.nodes):
@@ -135,18 +165,12 @@ class RunLogs:
 
     def gpu_use(self) -> list[GpuUse]:
         """Per node: the run's GPU use once the metrics line is there, else the ranks' latest figures."""
-        lines: list[str] = []
-        for node in self.nodes:
-            try:
-                data = self.folder.read_bytes(_join(self.log_folder, f"{node}.out"))
-            except FileNotFoundError:
-                continue
-            lines += data.decode("utf-8", "replace").splitlines()
+        lines = [line for node in self.nodes for line in output_tail(self.folder, self.log_folder, node)]
         return gpu_use_of_run(find_metrics(lines)) or latest_gpu_use(lines)
 
     def timeline(self) -> list[dict[str, Any]]:
-        """Every rank's metrics over time (metrics/*.jsonl, written by the training program), in time
-        order; a line cut short or not JSON is skipped."""
+        """Every rank's metrics over time (metrics/*.jsonl, written by the training program; of each, its
+        newest TIMELINE_BYTES), in time order; a line cut short or not JSON is skipped."""
         folder = _join(self.log_folder, TIMELINE_FOLDER)
         try:
             names = sorted(n for n in self.folder.listdir(folder) if n.endswith(".jsonl"))
@@ -155,12 +179,13 @@ class RunLogs:
         lines = []
         for name in names:
             try:
-                text = self.folder.read_bytes(f"{folder}/{name}").decode("utf-8", "replace")
-            except FileNotFoundError:
+                data = self.folder.read_capped(f"{folder}/{name}", TIMELINE_BYTES, from_end=True)
+            except UnreadableFile:
                 continue
-            for line in text.splitlines():
-                with contextlib.suppress(json.JSONDecodeError):
-                    clean = timeline_line(json.loads(line))
+            for line in _tail_lines(data, TIMELINE_BYTES):
+                with contextlib.suppress(ValueError):
+                    # A diverged step's NaN loss is dropped, its step kept (timeline_line).
+                    clean = timeline_line(untrusted_json(line, null_for_non_finite=True))
                     if clean is not None:
                         lines.append(clean)
         return sorted(lines, key=lambda d: float(d["t"]))
@@ -197,6 +222,23 @@ def _join(log_folder: str, name: str) -> str:
     return f"{log_folder}/{name}" if log_folder else name
 
 
+def _tail_lines(data: bytes, limit: int) -> list[str]:
+    """The lines of a file's last `limit` bytes: where the file was longer, the first is cut short and
+    dropped (a cut line may still read as JSON)."""
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[1:] if len(data) >= limit else lines
+
+
+def output_tail(folder: ShareFolder, log_folder: str, node: str) -> list[str]:
+    """The lines of the end of a node's stdout (its last OUTPUT_TAIL_BYTES), where the training program
+    prints its metrics and GPU figures; [] where it cannot be read."""
+    try:
+        data = folder.read_capped(_join(log_folder, f"{node}.out"), OUTPUT_TAIL_BYTES, from_end=True)
+    except UnreadableFile:
+        return []
+    return _tail_lines(data, OUTPUT_TAIL_BYTES)
+
+
 def read_task_ends(folder: ShareFolder, log_folder: str) -> list[TaskEnd]:
     """Each ended task's `<NODE>.exit`: its exit code and, when the node wrote it, its end time."""
     try:
@@ -208,21 +250,24 @@ def read_task_ends(folder: ShareFolder, log_folder: str) -> list[TaskEnd]:
         if not name.endswith(".exit"):
             continue
         try:
-            fields = folder.read_bytes(_join(log_folder, name)).split()
+            fields = folder.read_capped(_join(log_folder, name), RECORD_BYTES).split()
+            when = float(fields[1]) if len(fields) > 1 else math.inf
             ends.append(
                 TaskEnd(
                     node=name[: -len(".exit")],
                     exit_code=int(fields[0]),
-                    time=float(fields[1]) if len(fields) > 1 else float("inf"),
+                    time=when if math.isfinite(when) else math.inf,  # "nan" orders nothing: no time
                 )
             )
-        except (FileNotFoundError, ValueError, IndexError):
+        except (UnreadableFile, ValueError, IndexError):
             continue
     return ends
 
 
 def read_beats(folder: ShareFolder, log_folder: str) -> list[Beat]:
-    """Each rank's latest beat (none yet: []); a beat being replaced, or from another hpcjob, is skipped."""
+    """Each rank's latest beat (none yet: []). A beat that cannot be read or taken (being replaced, from
+    another hpcjob, or hostile: not a file, too long, NaN, nested too deep, another rank's) is skipped
+    alone: the watch keeps that rank's last beat, and goes on with the others'."""
     beats_folder = _join(log_folder, BEATS_FOLDER)
     try:
         names = folder.listdir(beats_folder)
@@ -232,8 +277,12 @@ def read_beats(folder: ShareFolder, log_folder: str) -> list[Beat]:
     for name in names:
         if not (name.startswith("rank-") and name.endswith(".json")):
             continue
-        with contextlib.suppress(FileNotFoundError, ValueError, KeyError, IndexError, TypeError):
-            beats.append(Beat.from_json(json.loads(folder.read_bytes(f"{beats_folder}/{name}"))))
+        try:
+            beat = Beat.from_json(untrusted_json(folder.read_capped(f"{beats_folder}/{name}", BEAT_BYTES)))
+        except (UnreadableFile, ValueError, KeyError, IndexError, TypeError, RecursionError):
+            continue  # RecursionError: what is nested just short of the parser's limit, in str()
+        if name == f"rank-{beat.rank}.json":  # a file never speaks for another rank
+            beats.append(beat)
     return beats
 
 
@@ -245,10 +294,10 @@ def request_dumps(folder: ShareFolder, log_folder: str) -> None:
 def read_stacks(folder: ShareFolder, log_folder: str, rank: int) -> str | None:
     """Where a rank's threads were when it was asked (None: it has not said)."""
     try:
-        data = folder.read_bytes(f"{_join(log_folder, BEATS_FOLDER)}/stacks-rank-{rank}.txt")
-    except FileNotFoundError:
+        data = folder.read_capped(f"{_join(log_folder, BEATS_FOLDER)}/stacks-rank-{rank}.txt", REASON_BYTES)
+    except UnreadableFile:
         return None
-    return data[:REASON_BYTES].decode("utf-8", "replace")
+    return data.decode("utf-8", "replace")
 
 
 def read_rank_ends(folder: ShareFolder, log_folder: str) -> list[RootCause]:
@@ -261,11 +310,10 @@ def read_rank_ends(folder: ShareFolder, log_folder: str) -> list[RootCause]:
     lines: list[str] = []
     for name in names:
         try:
-            lines.extend(
-                folder.read_bytes(f"{records_folder}/{name}").decode("utf-8", "replace").splitlines()
-            )
-        except FileNotFoundError:
+            data = folder.read_capped(f"{records_folder}/{name}", RECORD_BYTES)
+        except UnreadableFile:
             continue
+        lines.extend(data.decode("utf-8", "replace").splitlines())
     return parse_exit_records(lines)
 
 
@@ -273,15 +321,19 @@ def reason_line(folder: ShareFolder, log_folder: str, node: str) -> str:
     """The line of a node's stderr that says why it failed: the last exception that is not torchrun's
     wrapper, else the last line that is not decoration ('bash: ...: command not found')."""
     try:
-        data = folder.read_bytes(_join(log_folder, f"{node}.err"))
-    except FileNotFoundError:
+        data = folder.read_capped(_join(log_folder, f"{node}.err"), REASON_BYTES, from_end=True)
+    except UnreadableFile as exc:
+        if exc.errno != errno.ENOENT:
+            return ""
         # The node as HPC Pack spells it (CCP_NODES) may differ in case from the job file's name.
         try:
             names = [n for n in folder.listdir(log_folder) if n.upper() == f"{node}.ERR".upper()]
-            data = folder.read_bytes(_join(log_folder, names[0])) if names else b""
-        except FileNotFoundError:
+            data = (
+                folder.read_capped(_join(log_folder, names[0]), REASON_BYTES, from_end=True) if names else b""
+            )
+        except (FileNotFoundError, UnreadableFile):
             return ""
-    lines = [line.strip() for line in data[-REASON_BYTES:].decode("utf-8", "replace").splitlines()]
+    lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines()]
     lines = [line for line in lines if line and line.strip("=-* ") and not line.startswith("hpcjob: node ")]
     exceptions = [line for line in lines if _EXCEPTION.match(line) and not _WRAPPER.search(line)]
     found = (exceptions or lines or [""])[-1]

@@ -18,6 +18,34 @@ METRICS_PREFIX = "HPCJOB_METRICS "
 GPU_PREFIX = "HPCJOB_GPU "
 # The exit code of a canceled job, as a shell reports an interrupted command.
 CANCELED_EXIT_CODE = 130
+_INFINITY = float("inf")
+
+
+def untrusted_json(text: str | bytes, *, null_for_non_finite: bool = False) -> object:
+    """JSON from a file of the share (anyone who can write there may have written it): ValueError, and
+    no other exception, for what is not plain JSON, and for nesting deeper than Python's stack. NaN and
+    Infinity (they compare with nothing) and numbers beyond a float's range are refused too, or with
+    `null_for_non_finite` read as null (a diverged run's NaN loss, written by Python's json)."""
+
+    def non_finite(name: str) -> None:
+        if not null_for_non_finite:
+            raise ValueError(f"{name[:20]}: not a finite number")
+
+    def number(figure: str) -> float | None:
+        value = float(figure)
+        if value in (_INFINITY, -_INFINITY):  # 1e999
+            non_finite(figure)
+            return None
+        return value
+
+    try:
+        return json.loads(text, parse_constant=non_finite, parse_float=number)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
+def _finite(value: float) -> bool:
+    return value == value and value not in (_INFINITY, -_INFINITY)  # NaN is the one unequal to itself
 
 
 class State(StrEnum):
@@ -124,8 +152,8 @@ def latest_gpu_use(lines: Iterable[str]) -> list[GpuUse]:
     for line in lines:
         if line.startswith(GPU_PREFIX):
             try:
-                value = json.loads(line[len(GPU_PREFIX) :])
-            except json.JSONDecodeError:
+                value = untrusted_json(line[len(GPU_PREFIX) :])
+            except ValueError:
                 continue  # a line cut short by a dying node
             if isinstance(value, dict):
                 latest[(value.get("node"), value.get("rank"))] = value
@@ -218,6 +246,8 @@ def parse_exit_records(lines: Iterable[str]) -> list[RootCause]:
         parts = line.split()
         try:
             signal_name = parts[4] if len(parts) > 4 and parts[4].startswith("SIG") else None
+            if not _finite(float(parts[0])):
+                continue  # a time that orders nothing ("nan"): not written by the shim
             records.append(
                 RootCause(
                     time=float(parts[0]),
@@ -265,8 +295,8 @@ def find_metrics(lines: Iterable[str]) -> dict[str, object] | None:
     for line in lines:
         if line.startswith(METRICS_PREFIX):
             try:
-                value = json.loads(line[len(METRICS_PREFIX) :])
-            except json.JSONDecodeError:
+                value = untrusted_json(line[len(METRICS_PREFIX) :])
+            except ValueError:
                 continue
             if isinstance(value, dict):
                 found = value

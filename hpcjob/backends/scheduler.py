@@ -202,7 +202,7 @@ def job_summary(
     failed (the others it canceled, FailOnTaskFailure) is the first failure, and why is the agent's word
     in its Output (`task_outputs`, asked only then), else its error message.
     """
-    from hpcjob.logs import output_reason, read_root_cause
+    from hpcjob.logs import output_reason, output_tail, read_root_cause
 
     by_node = {task.node.upper(): task for task in info.tasks}
     nodes = []
@@ -231,13 +231,8 @@ def job_summary(
             reason = output_reason(said.get(first.node.upper(), "")) or " ".join(first.error.split())
             cause = RootCause(node=first.node, exit_code=first.exit_code or 1, time=0.0, reason=reason)
     lines: list[str] = []
-    if folder is not None:
-        for planned in plan.tasks:
-            try:
-                text = folder.read_bytes(f"{log_folder}/{planned.node}.out").decode("utf-8", "replace")
-            except FileNotFoundError:
-                continue
-            lines.extend(text.splitlines())
+    if folder is not None:  # the metrics line is at the end of the output: its end is read
+        lines = [line for planned in plan.tasks for line in output_tail(folder, log_folder, planned.node)]
     failed_codes = [t.exit_code for t in info.tasks if t.state == State.FAILED and t.exit_code]
     state, events = State(info.state), list[str]()
     if plan.min_nodes is not None and info.ended:
