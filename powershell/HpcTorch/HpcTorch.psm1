@@ -109,7 +109,8 @@ $script:Cli = @{
         Words     = @('mount', '--json')
         Options   = $script:ClusterOptions + @{
             Node = '--node'; NodeGroup = '--node-group'; Share = '--share'; MountPoint = '--mount-point'
-            MountOptions = '--mount-options'; Install = '--install'
+            MountOptions = '--mount-options'; Install = '--install'; AllowImage = '--allow-image'
+            AllowDockerOption = '--allow-docker-option'; AllowVolume = '--allow-volume'
         }
         Arguments = @()
         WhatIf    = '--dry-run'
@@ -673,6 +674,11 @@ function Mount-HpcTorchShare {
     Installs the execution filter once (an HPC administrator), then mounts.
 
     .EXAMPLE
+    Mount-HpcTorchShare -Install -NodeGroup GPUNodes -AllowImage nvcr.io/nvidia/
+    Installs the filter with a container policy: tasks on the nodes may run only images from that prefix,
+    with hpcjob's own docker options and volumes (-AllowDockerOption, -AllowVolume for more).
+
+    .EXAMPLE
     Mount-HpcTorchShare -Node GPU001 -WhatIf
     Shows what would run on the head node.
     #>
@@ -685,6 +691,9 @@ function Mount-HpcTorchShare {
         [string]$MountPoint,
         [string]$MountOptions,
         [switch]$Install,
+        [string[]]$AllowImage,
+        [string[]]$AllowDockerOption,
+        [string[]]$AllowVolume,
         [string]$Cluster,
         [ValidateSet('rest', 'winrm')][string]$Backend,
         [pscredential]$Credential
