@@ -17,7 +17,7 @@ from typing import Any
 from hpcjob.fabric import TOPOLOGY_FOLDER, nccl_env
 from hpcjob.hangs import beat_interval
 from hpcjob.node import mount_filter
-from hpcjob.spec import PLAIN_PATH, JobSpec, SpecError, check_run_id, parse_node_names
+from hpcjob.spec import ENVS_NAME, PLAIN_PATH, WHEELS_NAME, JobSpec, SpecError, check_run_id, parse_node_names
 from hpcjob.torchrun import NODE_DIR, TorchrunCommand, bash_join, bash_quote, command_line
 
 
@@ -68,7 +68,6 @@ MOUNT_RESULT_VAR = "HPCJOB_MOUNT_RESULT"
 REQUIREMENTS_VAR = "HPCJOB_REQUIREMENTS"
 ENVS_VAR = "HPCJOB_ENVS"
 ENV_ON_VAR = "HPCJOB_ENV_ON"  # node-local or share: env.py checks a node's own folder more strictly
-ENVS_FOLDER = "hpcjob/envs"
 # `--image`: the node agent runs each task in a container of the image when its environment names one.
 # What the agent does with these variables, and what it leaves out: docs/facts/hpcpack-linux-agent-docker.md.
 DOCKER_IMAGE_VAR = "CCP_DOCKER_IMAGE"
@@ -88,8 +87,6 @@ CONTAINER_OPTIONS = " ".join(CONTAINER_OPTIONS_PHRASES)
 # another uid than the host's (section 3): not one that may read the share mounted for the host's uid.
 # With these, that useradd fails (the agent ignores it) and `docker exec -u OWNER` runs as the host uid.
 CONTAINER_USERS = ("/etc/passwd:/etc/passwd:ro", "/etc/group:/etc/group:ro")
-# `--wheelhouse`: the requirements' wheels for the nodes, on the share, installed from there alone.
-WHEELS_FOLDER = "hpcjob/wheels"
 # Options that name where pip looks: the nodes look in the share's wheels alone.
 _INDEX_OPTION = re.compile(
     r"(-i|--index-url|--extra-index-url|-f|--find-links|--no-index|--trusted-host)(\s|=|$)"
@@ -253,11 +250,6 @@ def make_plan(
     if len(nodes) != spec.node_count:
         raise SpecError(f"{len(nodes)} node(s) chosen for a job of {spec.node_count} node(s)")
     check_run_id(run_id)
-    if f"{spec.job_folder}/".startswith(f"{ENVS_FOLDER}/"):
-        raise SpecError(
-            f"job folder {spec.job_folder} is where the jobs' environments live: choose another --name or "
-            "--job-folder"
-        )
     root = (mount_point or spec.mount_point).rstrip("/") or "/"
     job_dir = f"{root.rstrip('/')}/{spec.job_folder}"
     log_dir = f"{job_dir}/logs/{run_id}"
@@ -305,9 +297,13 @@ def make_plan(
     if spec.requirements is not None:
         text = spec.requirements
         if spec.wheelhouse is not None:
-            text = node_requirements(text, f"{root.rstrip('/')}/{WHEELS_FOLDER}")
+            text = node_requirements(text, f"{root.rstrip('/')}/{spec.user_folder}/{WHEELS_NAME}")
         files = ((requirements_file(text), text),)
-        envs = f"{root.rstrip('/')}/{ENVS_FOLDER}" if spec.env_on == "share" else spec.node_env_dir
+        envs = (
+            f"{root.rstrip('/')}/{spec.user_folder}/{ENVS_NAME}"
+            if spec.env_on == "share"
+            else spec.node_env_dir
+        )
         env = (*env, (REQUIREMENTS_VAR, files[0][0]), (ENVS_VAR, envs), (ENV_ON_VAR, spec.env_on))
     env = (*env, *docker_env(spec, root))
     if spec.hang_timeout_s is not None:

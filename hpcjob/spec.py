@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
 
 from hpcjob.hangs import MAX_HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
+from hpcjob.node.mount_filter import user_name
 
 # HPC Pack 2008 SDK: "CommandLine is limited to 480 Unicode characters"; unverified for 2016/2019,
 # hence configurable (facts/hpcpack-jobs.md section 1).
@@ -210,6 +211,23 @@ def parse_hang_timeout(text: str) -> int:
     return int(text) if text.isdigit() else parse_duration(text, "--hang-timeout")
 
 
+SHARE_FOLDER = "hpcjob"  # hpcjob's folder on the share
+ENVS_NAME, WHEELS_NAME = "envs", "wheels"  # in a user's folder: the environments and the wheels
+
+
+def share_user_folder(owner: str | None) -> str:
+    """The cluster user's own folder on the share, `hpcjob/<name>` (the account name as the node agent
+    takes it, the same as their mount point's), which holds their job folders, wheels and environments:
+    a folder of their own, so that nobody else's code or packages run in their jobs. No owner: `hpcjob`,
+    the layout of a share of one user's own (a local run's)."""
+    if owner is None:
+        return SHARE_FOLDER
+    name = user_name(owner)
+    if not name:
+        raise SpecError(f"user {owner!r} has no name a node can take (letters, digits, . _ -)")
+    return f"{SHARE_FOLDER}/{name}"
+
+
 def check_job_folder(job_folder: str) -> str:
     """A folder below the share's root: a relative path of plain names, never `..`."""
     parts = job_folder.split("/")
@@ -244,6 +262,9 @@ class JobSpec:
     mount_point: str = DEFAULT_MOUNT_POINT
     mount_options: str = DEFAULT_MOUNT_OPTIONS
     job_folder: str = ""
+    # The cluster user the job is for (DOMAIN\\name, as the profile names them): their folder on the share
+    # (share_user_folder) holds the job folder. None: a share of this machine's user alone.
+    owner: str | None = None
     rdzv_port: int = DEFAULT_RDZV_PORT
     rdzv_join_timeout: int | None = None
     # Elastic: how long the rendezvous waits for more nodes once it has the minimum (torchrun's 30 s).
@@ -287,12 +308,17 @@ class JobSpec:
         name = self.name or PurePosixPath(self.script_name).stem
         object.__setattr__(self, "name", name)
         if not self.job_folder:
-            object.__setattr__(self, "job_folder", f"hpcjob/{name}")
+            object.__setattr__(self, "job_folder", f"{self.user_folder}/{name}")
         if self.nproc_per_node is None:
             object.__setattr__(self, "nproc_per_node", self.gpus_per_node or 1)
         if self.nodes is None and self.node_names:
             object.__setattr__(self, "nodes", len(self.node_names))
         self._validate()
+
+    @property
+    def user_folder(self) -> str:
+        """The owner's folder on the share (share_user_folder)."""
+        return share_user_folder(self.owner)
 
     @property
     def script_name(self) -> str:
@@ -351,6 +377,18 @@ class JobSpec:
             raise SpecError(f"--job-template {self.job_template!r} is not a valid template name")
         check_mount(self.mount_point, self.mount_options)
         check_job_folder(self.job_folder)
+        user_folder = self.user_folder
+        if self.owner is not None and not self.job_folder.startswith(user_folder + "/"):
+            raise SpecError(
+                f"job folder {self.job_folder} is not in {user_folder}/, your own folder on the share: "
+                "nobody else's code may run in your jobs"
+            )
+        for kept in (ENVS_NAME, WHEELS_NAME):
+            if f"{self.job_folder}/".startswith(f"{user_folder}/{kept}/"):
+                raise SpecError(
+                    f"job folder {self.job_folder} is where your jobs' {kept} live: choose another --name "
+                    "or --job-folder"
+                )
         if not 1 <= self.rdzv_port <= 65535:
             raise SpecError(f"--rdzv-port {self.rdzv_port} must be between 1 and 65535")
         _positive("--rdzv-timeout", self.rdzv_join_timeout)

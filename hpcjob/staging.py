@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 
 from hpcjob.share import ShareFolder
+from hpcjob.spec import SHARE_FOLDER
 from hpcjob.torchrun import NODE_DIR
 
 IGNORE_FILE = ".hpcjobignore"
@@ -108,15 +109,16 @@ def stage_run(
     run_id: str,
     files: Sequence[tuple[str, str]] = (),
     wheels: Sequence[Path] = (),
+    user_folder: str = SHARE_FOLDER,
 ) -> str:
-    """Upload the code (and the plan's `files`, and `wheels` for the nodes) and make the run's log
-    folder, then close `folder`; returns what was done.
+    """Upload the code (and the plan's `files`, and `wheels` for the nodes, to `user_folder`'s wheels)
+    and make the run's log folder, then close `folder`; returns what was done.
 
     The tasks' stdout/stderr go to the log folder, and the agent checks it can write them before it
     starts a task, so the folder must exist before the job runs.
     """
     try:
-        report = upload(code_dir, folder, job_folder, files, wheels)
+        report = upload(code_dir, folder, job_folder, files, wheels, user_folder)
         folder.makedirs(f"{job_folder}/logs/{run_id}")
     finally:
         folder.close()
@@ -132,6 +134,7 @@ def upload(
     job_folder: str,
     files: Sequence[tuple[str, str]] = (),
     wheels: Sequence[Path] = (),
+    user_folder: str = SHARE_FOLDER,
 ) -> SyncReport:
     """Send the code, the node files and `files` (the plan's: path in the job folder, text) to
     `<job_folder>/` on the share, only what changed; and `wheels` to the share's wheels (hpcjob.wheelhouse).
@@ -168,7 +171,7 @@ def upload(
     if wheels:
         from hpcjob.wheelhouse import upload as upload_wheels
 
-        report = upload_wheels(wheels, folder)
+        report = upload_wheels(wheels, folder, user_folder)
         sent, sent_bytes, unchanged = (
             sent + report.sent,
             sent_bytes + report.bytes_sent,

@@ -22,11 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcjob.plan import WHEELS_FOLDER
 from hpcjob.share import ShareFolder
-from hpcjob.spec import SpecError
+from hpcjob.spec import WHEELS_NAME, SpecError
 
-MANIFEST = f"{WHEELS_FOLDER}/manifest.json"
+MANIFEST = "manifest.json"  # in the wheels folder
 
 
 @dataclass(frozen=True)
@@ -100,22 +99,24 @@ def _no_wheel(output: str, python: str, platform: str) -> str:
     return f"pip download failed for Python {python} on {platform}: {said}"
 
 
-def upload(wheels: Sequence[Path], folder: ShareFolder) -> WheelReport:
-    """Put the wheels in the share's wheel folder, only those it does not hold yet."""
+def upload(wheels: Sequence[Path], folder: ShareFolder, user_folder: str) -> WheelReport:
+    """Put the wheels in the user's wheel folder on the share (`user_folder`/wheels), only those it does
+    not hold yet."""
+    wheels_folder = f"{user_folder}/{WHEELS_NAME}"
     try:
-        known: dict[str, str] = json.loads(folder.read_bytes(MANIFEST))
+        known: dict[str, str] = json.loads(folder.read_bytes(f"{wheels_folder}/{MANIFEST}"))
     except (FileNotFoundError, ValueError):
         known = {}
     sent = sent_bytes = there = 0
-    folder.makedirs(WHEELS_FOLDER)
+    folder.makedirs(wheels_folder)
     for wheel in wheels:
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         if known.get(wheel.name) == digest:
             there += 1
             continue
-        folder.copy_file(f"{WHEELS_FOLDER}/{wheel.name}", wheel)
+        folder.copy_file(f"{wheels_folder}/{wheel.name}", wheel)
         known[wheel.name] = digest
         sent += 1
         sent_bytes += wheel.stat().st_size
-    folder.write_bytes(MANIFEST, json.dumps(known, indent=0, sort_keys=True).encode())
+    folder.write_bytes(f"{wheels_folder}/{MANIFEST}", json.dumps(known, indent=0, sort_keys=True).encode())
     return WheelReport(sent, sent_bytes, there)

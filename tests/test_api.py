@@ -160,6 +160,6 @@ def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster, 
             (node, stream) == ("NODE002", "stderr") and line.startswith("hpcjob: node NODE002, store host 0")
             for node, stream, line in lines
         )
-    checkpoint = emulated.share_dir / "hpcjob" / "train-rest" / "checkpoints" / "checkpoint.pt"
+    checkpoint = emulated.share_dir / "hpcjob" / "alice" / "train-rest" / "checkpoints" / "checkpoint.pt"
     assert checkpoint.is_file()  # the real training job's
     assert PASSWORD not in os.environ.get("HPCJOB_CONFIG", "")

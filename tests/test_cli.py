@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import shlex
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def test_render_xml_is_the_default_and_carries_the_options(script: Path) -> None
         "--rdzv_endpoint=gpu2:29555" in line and "--max_restarts=1" in line and "--nproc_per_node=2" in line
     )
     assert line.endswith("train.py --lr 0.1 --name not-an-option-of-hpcjob")
-    assert tasks[1].get("WorkDirectory") == "/mnt/app/hpcjob/exp1"
+    assert tasks[1].get("WorkDirectory") == f"/mnt/app/hpcjob/{getpass.getuser()}/exp1"  # the owner's folder
     values = [v.findtext("j:Value", namespaces=ns) for v in root.iter(f"{{{JOB_NAMESPACE}}}Variable")]
     assert values[-2:] == ["1", "x y"]  # the job's --env, after the flight recorder's
 
@@ -142,7 +143,7 @@ def test_render_copy_to_puts_code_and_node_files_in_the_job_folder(script: Path,
     mounted = tmp_path / "mounted-share"
     result = hpcjob("render", "--node", "A", "--copy-to", str(mounted), str(script))
     assert result.returncode == 0, result.stderr
-    job_dir = mounted / "hpcjob" / "train"
+    job_dir = mounted / "hpcjob" / getpass.getuser() / "train"
     assert sorted(p.relative_to(job_dir).as_posix() for p in job_dir.rglob("*") if p.is_file()) == [
         ".hpcjob/env.py",
         ".hpcjob/manifest.json",
@@ -165,11 +166,12 @@ def test_renders_of_one_job_folder_share_its_run_id_and_staging_starts_a_new_one
     staged = hpcjob("render", "--copy-to", str(tmp_path / "mounted"), *common)
     assert staged.returncode == 0, staged.stderr
     run_id = name_of(staged.stdout)
-    assert (tmp_path / "mounted" / "hpcjob" / "train" / "logs" / run_id).is_dir()
+    assert (tmp_path / "mounted" / "hpcjob" / getpass.getuser() / "train" / "logs" / run_id).is_dir()
     mount = hpcjob("render", "--format", "clusrun", *common)
     assert mount.returncode == 0, mount.stderr
     assert f"/logs/{run_id}" in mount.stdout  # the mount step makes this run's log folder
-    assert f"hpcjob: run {run_id}, the current run of job folder hpcjob/train" in mount.stderr
+    folder = f"hpcjob/{getpass.getuser()}/train"
+    assert f"hpcjob: run {run_id}, the current run of job folder {folder}" in mount.stderr
     again = hpcjob("render", "--copy-to", str(tmp_path / "mounted"), *common)
     assert name_of(again.stdout) != run_id  # staged code is a new run
     assert name_of(hpcjob("render", *common).stdout) == name_of(again.stdout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import getpass
 import hashlib
 import json
 import os
@@ -376,10 +377,32 @@ def test_requirements_may_name_absolute_paths_and_ssh_urls_on_the_nodes() -> Non
     assert cluster_spec(2, requirements=text).requirements == text
 
 
-def test_no_job_takes_the_environments_folder() -> None:
-    spec = cluster_spec(2, name="envs")  # its folder would be hpcjob/envs
-    with pytest.raises(SpecError, match="job folder hpcjob/envs is where the jobs' environments live"):
-        make_plan(spec, spec.node_names, RUN_ID)
+def test_no_job_takes_the_environments_or_wheels_folder() -> None:
+    with pytest.raises(SpecError, match="job folder hpcjob/envs is where your jobs' envs live"):
+        cluster_spec(2, name="envs")  # its folder would be hpcjob/envs
+    with pytest.raises(SpecError, match="job folder hpcjob/alice/wheels is where your jobs' wheels live"):
+        cluster_spec(2, name="wheels", owner="HPC\\alice")
+
+
+def test_a_cluster_users_jobs_wheels_and_environments_are_in_their_own_folder() -> None:
+    """Job folders on the share were one namespace for every user (hpcjob/<name>/), whose node files run
+    in every task: each user's are under hpcjob/<user>/ now, and a job folder elsewhere is refused."""
+    text = "tinya==1.0\n"
+    spec = cluster_spec(
+        2,
+        owner="CONTOSO\\alice",
+        requirements=text,
+        env_on="share",
+        wheelhouse=("3.10", "manylinux_2_28_x86_64"),
+    )
+    plan = make_plan(spec, spec.node_names, RUN_ID)
+    assert spec.job_folder == "hpcjob/alice/run_ddp" and plan.job_dir == "/app/hpcjob/alice/run_ddp"
+    env = dict(plan.env)
+    assert env[ENVS_VAR] == "/app/hpcjob/alice/envs"
+    assert "--find-links /app/hpcjob/alice/wheels\n" in dict(plan.files)[env[REQUIREMENTS_VAR]]
+    for elsewhere in ("hpcjob/bob/run_ddp", "hpcjob/run_ddp", "shared/run_ddp"):
+        with pytest.raises(SpecError, match=f"job folder {elsewhere} is not in hpcjob/alice/, your own"):
+            cluster_spec(2, owner="CONTOSO\\alice", job_folder=elsewhere)
 
 
 def test_requirements_beside_the_script_are_used_and_no_env_turns_them_off(tmp_path: Path) -> None:
@@ -450,13 +473,12 @@ def test_a_wheelhouse_puts_the_nodes_wheels_on_the_share_once_and_the_nodes_inst
     first = render_copy(tmp_path, "--wheelhouse", "3.10")
     assert first.returncode == 0, first.stderr
     assert "wheels for Python 3.10 on manylinux_2_28_x86_64: pip download" in first.stderr
-    wheels = tmp_path / "mounted" / "hpcjob" / "wheels"
+    mine = tmp_path / "mounted" / "hpcjob" / getpass.getuser()
+    wheels = mine / "wheels"
     assert sorted(p.name for p in wheels.iterdir()) == ["manifest.json", "tinya-1.0-py3-none-any.whl"]
-    staged = next(
-        (tmp_path / "mounted" / "hpcjob" / "train" / ".hpcjob").glob("requirements-*.txt")
-    ).read_text()
+    staged = next((mine / "train" / ".hpcjob").glob("requirements-*.txt")).read_text()
     assert (
-        staged == "--no-index\n--find-links /app/hpcjob/wheels\ntinya==1.0\n"
+        staged == f"--no-index\n--find-links /app/hpcjob/{getpass.getuser()}/wheels\ntinya==1.0\n"
     )  # the nodes' index: the share
     again = render_copy(tmp_path, "--wheelhouse", "3.10")
     assert again.returncode == 0, again.stderr

@@ -8,6 +8,7 @@ host's own name resolves to 127.0.1.1. The client reaches the share over SMB onl
 
 from __future__ import annotations
 
+import getpass
 import os
 import subprocess
 import sys
@@ -89,7 +90,7 @@ def wait_all(processes: list[subprocess.Popen[str]], log_dir: Path, timeout: flo
 def test_the_job_runs_across_hosts_with_code_and_logs_on_the_share(bed: TestBed, tmp_path: Path) -> None:
     run_id = "multihost-1"
     tasks = render_and_upload(bed, run_id, "--epochs", "2", *SMALL)
-    job_dir = bed.share_folder / "hpcjob" / "run_ddp"
+    job_dir = bed.share_folder / "hpcjob" / getpass.getuser() / "run_ddp"  # render's owner: this machine's
     assert (job_dir / "run_ddp.py").is_file() and (job_dir / ".hpcjob" / "node.sh").is_file()
     processes = start_job(bed, tasks, "101", tmp_path)
     codes = wait_all(processes, job_dir / "logs" / run_id, 240)
@@ -120,7 +121,7 @@ def test_a_dead_host_ends_the_other_task_instead_of_hanging(bed: TestBed, tmp_pa
         bed, run_id, "--epochs", "50", "--step-sleep", "0.02", "--pg-timeout", "60", *SMALL
     )
     processes = start_job(bed, tasks, "102", tmp_path)
-    out = bed.share_folder / "hpcjob" / "run_ddp" / "logs" / run_id
+    out = bed.share_folder / "hpcjob" / getpass.getuser() / "run_ddp" / "logs" / run_id
     deadline = time.monotonic() + 180
     while (
         "epoch 1/50" not in "".join(p.read_text() for p in out.glob("*.out")) and time.monotonic() < deadline

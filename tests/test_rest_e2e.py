@@ -186,7 +186,9 @@ def test_an_elastic_job_goes_on_when_a_node_becomes_unreachable(cluster: Cluster
          "--metrics-every", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env, stdin=subprocess.DEVNULL,
     )  # fmt: skip
-    timeline = cluster.share_dir / "hpcjob" / "run_ddp" / "logs" / run_id / "metrics" / "NODE003-0.jsonl"
+    timeline = (
+        cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "logs" / run_id / "metrics" / "NODE003-0.jsonl"
+    )
     deadline = time.monotonic() + 180
     while not (timeline.is_file() and '"epoch": 2, "step"' in timeline.read_text()):
         assert time.monotonic() < deadline and job.poll() is None, job.communicate()
@@ -387,5 +389,5 @@ def test_the_job_s_environment_is_built_on_the_share_through_either_front_door(
         logs = cluster.hpcjob("logs", str(status["job_id"]))
         assert logs.stdout.count(" a1") == 2, logs.stdout[-3000:]
         assert said in logs.stdout, logs.stdout[-3000:]
-    complete = list((cluster.share_dir / "hpcjob" / "envs").glob("*/*.ready"))
+    complete = list((cluster.share_dir / "hpcjob" / "alice" / "envs").glob("*/*.ready"))
     assert len(complete) == 1 and json.loads(complete[0].read_text())["node"] in ("LOCALHOST", "NODE002")

@@ -92,6 +92,7 @@ def test_the_client_commands_run_without_posix_only_modules(tmp_path: Path) -> N
         """
     )
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "state")}
+    env["USERNAME"] = "alice"  # Windows always sets it: render's owner, without a profile
     done = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120
     )

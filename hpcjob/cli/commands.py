@@ -58,11 +58,11 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     folder share its current run id, so that the job file, the mount step and the script agree;
     --upload and --copy-to start a new run (they stage its code), --run-id names one.
     """
-    from hpcjob.runner import render_run
+    from hpcjob.runner import render_owner, render_run
     from hpcjob.share import LocalFolder, ShareFolder
     from hpcjob.spec import SpecError
 
-    spec = build_spec(params)
+    spec = build_spec({**params, "owner": render_owner()})
     if upload_code and spec.share is None:
         raise SpecError("--upload needs --share //HEADNODE/CcpSpoolDir[/folder]")
     if upload_code and copy_to is not None:

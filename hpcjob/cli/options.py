@@ -364,6 +364,8 @@ def job_fields(params: dict[str, Any]) -> dict[str, Any]:
             fields[key] = params[key]
     if params["mount_point"]:
         fields["mount_point"] = params["mount_point"]
+    if params.get("owner"):  # a cluster user's (hpcjob.runner.with_profile, render_owner)
+        fields["owner"] = params["owner"]
     if params["rdzv_port"] is not None:
         fields["rdzv_port"] = params["rdzv_port"]
     return fields

@@ -65,6 +65,25 @@ def profile_mount_point(profile: ClusterProfile) -> str:
     return profile.mount_point or user_mount_point(DEFAULT_MOUNT_POINT, profile.user)
 
 
+def render_owner() -> str:
+    """Who a rendered job is for, to submit by hand: the default cluster profile's user, else this
+    machine's user name. Their folder on the share holds the job folder (hpcjob.spec.share_user_folder)."""
+    import getpass
+
+    from hpcjob.config import get_profile
+
+    try:
+        return get_profile(None).user
+    except HpcjobError:
+        pass
+    try:
+        return getpass.getuser()  # $LOGNAME, $USER, $USERNAME (Windows), else the account's
+    except (ImportError, KeyError, OSError):
+        raise SpecError(
+            "cannot tell who the job is for: add a cluster profile (hpcjob cluster add), or set USER"
+        ) from None
+
+
 def with_profile(options: dict[str, Any], profile: ClusterProfile) -> dict[str, Any]:
     """Job options (the CLI's names; the share as UNC text) with the profile filling in what they do not
     say: the share, node group and mount point (by default the job owner's folder of /app, where
@@ -72,6 +91,7 @@ def with_profile(options: dict[str, Any], profile: ClusterProfile) -> dict[str, 
     the rendezvous port, the nodes' VM size, and one process per GPU of the cluster's size."""
     filled = dict(options)
     filled["mount_point"] = filled.get("mount_point") or profile_mount_point(profile)
+    filled["owner"] = profile.user
     for key, value in (
         ("share", profile.share),
         ("node_group", profile.node_group),
@@ -364,7 +384,10 @@ def submit_run(
     if open_folder is not None:
         wheels = node_wheels(spec, progress)
         code_dir = Path(spec.script).resolve().parent
-        progress(stage_run(code_dir, open_folder(plan), spec.job_folder, plan.run_id, plan.files, wheels))
+        staged = stage_run(
+            code_dir, open_folder(plan), spec.job_folder, plan.run_id, plan.files, wheels, spec.user_folder
+        )
+        progress(staged)
     else:
         progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
     first = RunRecord.of(plan, spec.job_folder, backend.kind, **where(plan))
@@ -681,7 +704,9 @@ def render_run(
     if stage_into is not None:
         wheels = node_wheels(spec, progress)
         code_dir = Path(spec.script).resolve().parent
-        staged = stage_run(code_dir, stage_into(), spec.job_folder, plan.run_id, plan.files, wheels)
+        staged = stage_run(
+            code_dir, stage_into(), spec.job_folder, plan.run_id, plan.files, wheels, spec.user_folder
+        )
         progress(f"hpcjob: run {chosen}: {staged}")
         save_run(record)
     elif current is None and not run_id:

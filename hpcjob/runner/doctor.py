@@ -180,6 +180,7 @@ def _allreduce_spec(
         node_group=fields.get("node_group"),
         share=parse_share(fields["share"]) if fields.get("share") else None,
         mount_point=fields["mount_point"],
+        owner=fields["owner"],
         nproc_per_node=1,
         runtime_s=600 if requirements or image else 300,  # building the environment takes its time
         env=env,
