@@ -12,6 +12,7 @@ import errno
 import os
 import shutil
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
@@ -34,6 +35,8 @@ _UNTRUSTED_OPEN = (
 # smbprotocol's CreateOptions.FILE_OPEN_REPARSE_POINT: open a link rather than what it names.
 _SMB_NOT_PLAIN = 0x400 | 0x40
 _SMB_OPEN_REPARSE_POINT = 0x00200000
+_SMB_DELETE_ON_CLOSE = 0x00001000
+_ACCESS_DENIED = "0xc0000022"  # STATUS_ACCESS_DENIED, as smbprotocol's errors name it
 NOT_PLAIN = "not a regular file (a link, a FIFO, a device): not read"
 
 
@@ -68,6 +71,16 @@ class ShareFolder(Protocol):
 
     def listdir(self, relative: str) -> list[str]:
         """Names in the folder; FileNotFoundError when it does not exist."""
+        ...
+
+    def ensure_private(self, relative: str) -> None:
+        """The folder (a user's own on the share, hpcjob/<user>), made if missing so that only this user
+        may write in it; a ShareError when someone else may write in it, or move it away."""
+        ...
+
+    def prepare_common(self, relative: str) -> None:
+        """An administrator's: the folder of every user's folders (hpcjob/), where each may make their
+        own and nobody may move another's."""
         ...
 
     def close(self) -> None: ...
@@ -139,6 +152,26 @@ class LocalFolder:
     def listdir(self, relative: str) -> list[str]:
         return sorted(p.name for p in self._path(relative).iterdir())
 
+    def prepare_common(self, relative: str) -> None:
+        """Made, as the mount's own permissions allow: a local folder shows no other user's rights."""
+        self._path(relative).mkdir(parents=True, exist_ok=True)
+
+    def ensure_private(self, relative: str) -> None:
+        """Mode 0700, this user's, never through a link. On Windows (a mapped drive), and on a CIFS mount
+        that shows every file as the mounting user's, the server's own permissions decide: not seen here."""
+        path = self._path(relative)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        if sys.platform == "win32":  # mypy's check for Windows reads this test, not os.name's
+            return
+        info = path.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise ShareError(
+                f"{path} is not a folder of yours that only you may write in: nothing was copied (remove "
+                "it, or make it yours alone)"
+            )
+
     def close(self) -> None:
         pass
 
@@ -166,9 +199,13 @@ class SmbFolder:
         self.server = server or share.host
         self.port = port
         self._base = "\\\\" + "\\".join((self.server, share.name, *share.folder))
+        # A connection of this folder's own: smbclient's shared cache would give one process's two users
+        # (a test's, an administrator's beside a user's) whichever session was registered first.
+        self._cache: dict[str, Any] = {}
+        self._on = {"port": port, "connection_cache": self._cache}
         try:
             smbclient.register_session(
-                self.server, username=username, password=password, port=port, encrypt=encrypt
+                self.server, username=username, password=password, encrypt=encrypt, **self._on
             )
         except Exception as exc:  # smbprotocol raises many types; one line is what the user needs
             raise ShareError(f"cannot log on to {share.unc} as {username}: {_reason(exc)}") from None
@@ -181,7 +218,7 @@ class SmbFolder:
         return "\\".join([self._base, *parts])
 
     def read_bytes(self, relative: str, offset: int = 0) -> bytes:
-        with _not_found(relative), self._smb.open_file(self._path(relative), mode="rb", port=self.port) as f:
+        with _not_found(relative), self._smb.open_file(self._path(relative), mode="rb", **self._on) as f:
             f.seek(offset)
             data: bytes = f.read()
             return data
@@ -196,7 +233,7 @@ class SmbFolder:
             with self._smb.open_file(
                 self._path(relative),
                 mode="rb",
-                port=self.port,
+                **self._on,
                 share_access="rwd",
                 create_options=_SMB_OPEN_REPARSE_POINT,
             ) as f:
@@ -215,29 +252,124 @@ class SmbFolder:
 
     def write_bytes(self, relative: str, data: bytes) -> None:
         self.makedirs(str(PurePosixPath(relative).parent))
-        with self._smb.open_file(self._path(relative), mode="wb", port=self.port) as f:
+        with self._smb.open_file(self._path(relative), mode="wb", **self._on) as f:
             f.write(data)
 
     def copy_file(self, relative: str, source: Path) -> None:
         self.makedirs(str(PurePosixPath(relative).parent))
         with (
             source.open("rb") as src,
-            self._smb.open_file(self._path(relative), mode="wb", port=self.port) as dst,
+            self._smb.open_file(self._path(relative), mode="wb", **self._on) as dst,
         ):
             shutil.copyfileobj(src, dst, COPY_CHUNK)
 
     def makedirs(self, relative: str) -> None:
         if relative not in ("", "."):
-            self._smb.makedirs(self._path(relative), exist_ok=True, port=self.port)
+            self._smb.makedirs(self._path(relative), exist_ok=True, **self._on)
 
     def listdir(self, relative: str) -> list[str]:
         with _not_found(relative):
-            names: list[str] = self._smb.listdir(self._path(relative), port=self.port)
+            names: list[str] = self._smb.listdir(self._path(relative), **self._on)
         return sorted(names)
+
+    def ensure_private(self, relative: str) -> None:
+        """Made with a DACL of its owner's alone (hpcjob.smb_acl), and checked, with the folder above,
+        at every upload: the server's own security descriptors, read over SMB."""
+        from hpcjob import smb_acl
+
+        above = str(PurePosixPath(relative).parent)
+        where = f"{self.describe()}/{relative}"
+        made = None
+        try:
+            self.makedirs(above)
+            me = self._my_sid(above)
+            made = self._make_folder(relative)
+            with self._open_folder(relative, smb_acl.READ_CONTROL | (smb_acl.WRITE_DAC if made else 0)) as f:
+                if made:
+                    smb_acl.set_dacl(f.fd, smb_acl.owner_only(me))
+                mine = smb_acl.read_security(f.fd)
+            with self._open_folder(above, smb_acl.READ_CONTROL) as f:
+                common = smb_acl.read_security(f.fd)
+            with self._open_folder("", smb_acl.READ_CONTROL) as f:
+                share_owner = smb_acl.read_security(f.fd).owner
+            # Between its making and its DACL, the folder had the rights of the one above: it must be
+            # empty, nobody having put anything in it meanwhile.
+            planted = made and bool(self.listdir(relative))
+        except Exception as exc:  # smbprotocol's refusals are of many types: one line
+            if made is False and _ACCESS_DENIED in str(exc):  # another user's, closed to this one
+                raise ShareError(
+                    f"{where} is not yours alone (another user's: you may not read who may write in it): "
+                    "nothing was uploaded; an HPC administrator removes it"
+                ) from None
+            raise ShareError(f"cannot make {where} yours alone: {_reason(exc)}") from None
+        problems = smb_acl.others_who_may_write(mine, me) + (["something was put in it"] if planted else [])
+        if problems:
+            raise ShareError(
+                f"{where} is not yours alone ({problems[0]}): nothing was uploaded; remove it or make it "
+                "yours alone, then try again"
+            )
+        moved = smb_acl.others_who_may_move(common, me, share_owner)
+        if moved:
+            raise ShareError(
+                f"{self.describe()}/{above} lets another user move your folder away ({moved[0]}): nothing "
+                "was uploaded; an HPC administrator makes it theirs with `hpcjob mount --install`"
+            )
+
+    def prepare_common(self, relative: str) -> None:
+        """An administrator's: `relative` (hpcjob/) made, and given a DACL in which every cluster user may
+        make a folder of their own and nobody else may remove or rename it (hpcjob.smb_acl)."""
+        from hpcjob import smb_acl
+
+        try:
+            self.makedirs(relative)
+            me = self._my_sid(relative)
+            access = smb_acl.READ_CONTROL | smb_acl.WRITE_DAC | smb_acl.WRITE_OWNER
+            with self._open_folder(relative, access) as f:
+                smb_acl.set_dacl(f.fd, smb_acl.common_folder(me))
+                # The Administrators' rather than this administrator's own: users check that hpcjob/ is
+                # an administrator's, and a domain account's SID does not say so. Where the server will
+                # not (UNVERIFIED on a Windows head node), the owner of the share's folder is one too.
+                with contextlib.suppress(Exception):
+                    smb_acl.set_owner(f.fd, smb_acl.ADMINISTRATORS)
+        except Exception as exc:  # smbprotocol's refusals are of many types: one line
+            raise ShareError(f"cannot prepare {self.describe()}/{relative}: {_reason(exc)}") from None
+
+    def _make_folder(self, relative: str) -> bool:
+        """Make the folder; False when it was there."""
+        try:
+            self._smb.mkdir(self._path(relative), **self._on)
+            return True
+        except OSError as exc:  # smbprotocol's SMBOSError: FileExistsError's errno, not its class
+            if exc.errno != errno.EEXIST:
+                raise
+            return False
+
+    def _my_sid(self, folder: str) -> str:
+        """This user's SID as the server knows it: the owner of a folder made in `folder` (gone on close)."""
+        import secrets
+
+        from hpcjob import smb_acl
+
+        probe = f"{folder}/.hpcjob-probe-{secrets.token_hex(8)}"
+        with self._smb.open_file(
+            self._path(probe), mode="xb", buffering=0, file_type="dir", **self._on, share_access="rwd",
+            desired_access=smb_acl.READ_CONTROL | smb_acl.DELETE, create_options=_SMB_DELETE_ON_CLOSE,
+        ) as f:  # fmt: skip
+            owner = smb_acl.read_security(f.fd).owner
+        if owner is None:
+            raise ValueError("the server names no owner of what you make")
+        return owner
+
+    def _open_folder(self, relative: str, access: int) -> Any:
+        """The folder opened for its security descriptor (its smbprotocol Open is `.fd`)."""
+        return self._smb.open_file(
+            self._path(relative), mode="rb", buffering=0, file_type="dir", **self._on, share_access="rwd",
+            desired_access=access,
+        )  # fmt: skip
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self._smb.delete_session(self.server, port=self.port)
+            self._smb.reset_connection_cache(connection_cache=self._cache)
 
 
 @contextlib.contextmanager

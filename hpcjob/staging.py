@@ -118,6 +118,8 @@ def stage_run(
     starts a task, so the folder must exist before the job runs.
     """
     try:
+        if user_folder != SHARE_FOLDER:  # a cluster user's own folder: theirs alone, or nothing is sent
+            folder.ensure_private(user_folder)
         report = upload(code_dir, folder, job_folder, files, wheels, user_folder)
         folder.makedirs(f"{job_folder}/logs/{run_id}")
     finally:

@@ -123,6 +123,8 @@ def emulated_cluster(tmp_path: Path) -> Iterator[Cluster]:
             nodes = [f"--node={n}" for n in ("LOCALHOST", "NODE002", "NODE003")]
             installed = cluster.hpcjob("mount", "--install", "--backend", "winrm", *nodes)
             assert installed.returncode == 0, installed.stderr
+            # and hpcjob/ on the share made the administrator's, each user's folder theirs (issue 31)
+            assert "hpcjob/ on the share is an administrator's" in installed.stderr, installed.stderr
             yield cluster
             assert cluster.leftovers() == []
     finally:

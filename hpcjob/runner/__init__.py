@@ -947,6 +947,31 @@ def mount_request(
     return MountRequest(allowed, point, group, parse_node_names(names) if names else (), containers)
 
 
+def prepare_share(cluster: ClusterAccess, unc: str) -> str:
+    """An administrator's: hpcjob/ on the share made theirs, with every cluster user allowed to make a
+    folder of their own in it and nobody else to move it (hpcjob.share.SmbFolder.prepare_common). What
+    was done, in a line; a share that cannot be reached is said, not raised: the filter is installed."""
+    from hpcjob.share import ShareError
+    from hpcjob.spec import SHARE_FOLDER, parse_share
+
+    profile = cluster.profile
+    try:
+        folder = cluster.share(parse_share(unc), None, profile.smb_server, profile.smb_port)
+        try:
+            folder.prepare_common(SHARE_FOLDER)
+        finally:
+            folder.close()
+    except (ShareError, SpecError) as exc:
+        return (
+            f"hpcjob: warning: {SHARE_FOLDER}/ on the share was not prepared ({exc}): until it is, users' "
+            "uploads are refused once another user owns it"
+        )
+    return (
+        f"hpcjob: {SHARE_FOLDER}/ on the share is an administrator's: each user makes a folder of their own "
+        "there"
+    )
+
+
 def mount_share(
     cluster: ClusterAccess, request: MountRequest, *, install: bool, progress: Progress
 ) -> list[MountResult]:
@@ -974,6 +999,7 @@ def mount_share(
                 "installing hpcjob's execution filter failed on some node (see above): it needs an HPC "
                 "administrator"
             )
+        progress(prepare_share(cluster, allowed.unc))
     # The job's name is unique: a lost answer is recovered by looking the job up by name.
     step = mount_step(allowed.unc, request.point, allowed.options, nodes)
     results = backend.mount(new_run_id("mount"), step, shape, progress)

@@ -10,7 +10,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from .system import PREFIX, Service, closed, kill_all, on_exit, pids_with_arg, sh, sweep_leftovers
 
@@ -38,6 +40,11 @@ _CONF = """\
 [{share_name}]
   path = {share_path}
   read only = no
+  # Windows ACLs, stored and enforced by smbd itself, as a Windows head node's NTFS does: the security
+  # descriptors hpcjob sets and checks on a user's folder (hpcjob/smb_acl.py), and smbd then refuses
+  # another user's write there. The POSIX modes on disk stay open (0777 folders): smbd alone decides.
+  vfs objects = acl_xattr
+  acl_xattr:ignore system acls = yes
 """
 
 
@@ -52,7 +59,8 @@ class SmbServer(Service):
 
     The share `share_name` is the parent of `share_folder`, so `folder_unc` (//ADDRESS/CcpSpoolDir/app)
     is the share folder itself. Log in as `username`/`password`, or with `credentials_file`
-    (`username=...`/`password=...`, read by both `smbclient -A` and `mount.cifs credentials=`).
+    (`username=...`/`password=...`, read by both `smbclient -A` and `mount.cifs credentials=`), which
+    is root's identity on the share (an administrator's); `users` log in as themselves.
     """
 
     def __init__(
@@ -65,6 +73,7 @@ class SmbServer(Service):
         share_name: str = "CcpSpoolDir",
         username: str = "hpcuser",
         timeout: float = 20.0,
+        users: Mapping[str, str] = MappingProxyType({}),
     ) -> None:
         self.share_folder = Path(share_folder).resolve()
         self.address, self.netns, self.share_name, self.username = address, netns, share_name, username
@@ -75,6 +84,7 @@ class SmbServer(Service):
         self.unc = f"//{address}/{share_name}"
         self.folder_unc = f"{self.unc}/{self.share_folder.name}"
         self.timeout = timeout
+        self.users = dict(users)  # more logins: this machine's own accounts, by name, and their passwords
         self.credentials_file = self.log_file = Path()
         self._tmp: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -102,6 +112,8 @@ class SmbServer(Service):
         # private passdb and the username map lets clients log in as `username`.
         (tmp / "users.map").write_text(f"root = {self.username}\n")
         sh("smbpasswd", "-c", str(conf), "-s", "-a", "root", input=f"{self.password}\n{self.password}\n")
+        for name, password in self.users.items():  # each its own identity (SID) on the share
+            sh("smbpasswd", "-c", str(conf), "-s", "-a", name, input=f"{password}\n{password}\n")
         self.credentials_file = tmp / "credentials"
         self.credentials_file.touch(mode=0o600)
         self.credentials_file.write_text(f"username={self.username}\npassword={self.password}\n")
