@@ -93,6 +93,21 @@ _INDEX_OPTION = re.compile(
 )
 
 
+def wheel_lock(wheels: Sequence[tuple[str, str]]) -> str:
+    """Requirements that name exactly these wheels (file name, SHA-256), each `name==version` with its
+    digest: pip's hash-checking mode then installs these files or nothing (another user's replaced wheel,
+    or an added higher version, is refused on the node by pip itself). The file name's first two fields
+    are the name and version (PEP 427)."""
+    pins: dict[str, list[str]] = {}
+    for filename, digest in sorted(wheels):
+        name, version = filename.split("-")[:2]
+        pins.setdefault(f"{name}=={version}", []).append(digest)
+    pinned = (
+        pin + "".join(f" --hash=sha256:{digest}" for digest in digests) for pin, digests in pins.items()
+    )
+    return "\n".join(["--require-hashes", *pinned]) + "\n"
+
+
 def node_requirements(text: str, wheels: str) -> str:
     """The requirements as the nodes install them from the share's wheels: with no index at all."""
     kept = [line for line in text.splitlines() if not _INDEX_OPTION.match(line.strip())]

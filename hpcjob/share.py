@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import stat
@@ -71,6 +72,14 @@ class ShareFolder(Protocol):
 
     def listdir(self, relative: str) -> list[str]:
         """Names in the folder; FileNotFoundError when it does not exist."""
+        ...
+
+    def stat(self, relative: str) -> tuple[int, int] | None:
+        """The file's size and modification time (ns); None when it is not there."""
+        ...
+
+    def sha256(self, relative: str) -> str:
+        """The SHA-256 of the file's bytes, read in pieces."""
         ...
 
     def ensure_private(self, relative: str) -> None:
@@ -151,6 +160,17 @@ class LocalFolder:
 
     def listdir(self, relative: str) -> list[str]:
         return sorted(p.name for p in self._path(relative).iterdir())
+
+    def stat(self, relative: str) -> tuple[int, int] | None:
+        try:
+            info = self._path(relative).stat()
+        except FileNotFoundError:
+            return None
+        return info.st_size, info.st_mtime_ns
+
+    def sha256(self, relative: str) -> str:
+        with self._path(relative).open("rb") as f:
+            return _sha256(f)
 
     def prepare_common(self, relative: str) -> None:
         """Made, as the mount's own permissions allow: a local folder shows no other user's rights."""
@@ -272,6 +292,18 @@ class SmbFolder:
             names: list[str] = self._smb.listdir(self._path(relative), **self._on)
         return sorted(names)
 
+    def stat(self, relative: str) -> tuple[int, int] | None:
+        try:
+            with _not_found(relative):
+                info = self._smb.stat(self._path(relative), **self._on)
+        except FileNotFoundError:
+            return None
+        return int(info.st_size), int(info.st_mtime_ns)
+
+    def sha256(self, relative: str) -> str:
+        with _not_found(relative), self._smb.open_file(self._path(relative), mode="rb", **self._on) as f:
+            return _sha256(f)
+
     def ensure_private(self, relative: str) -> None:
         """Made with a DACL of its owner's alone (hpcjob.smb_acl), and checked, with the folder above,
         at every upload: the server's own security descriptors, read over SMB."""
@@ -370,6 +402,13 @@ class SmbFolder:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._smb.reset_connection_cache(connection_cache=self._cache)
+
+
+def _sha256(f: Any) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: f.read(COPY_CHUNK), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 @contextlib.contextmanager

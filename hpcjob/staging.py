@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path, PurePosixPath
 
+from hpcjob.results import untrusted_json
 from hpcjob.share import ShareFolder
 from hpcjob.spec import SHARE_FOLDER
 from hpcjob.torchrun import NODE_DIR
@@ -39,6 +40,7 @@ DEFAULT_IGNORE = (
 )
 NODE_FILES = ("node.sh", "worker.py", "env.py")
 MANIFEST = f"{NODE_DIR}/manifest.json"
+MANIFEST_LIMIT = 64 << 20  # bytes: one line per file of the code
 
 
 @dataclass(frozen=True)
@@ -145,10 +147,12 @@ def upload(
     file); it is written last, so an interrupted upload is completed by the next one.
     """
     manifest_path = f"{job_folder}/{MANIFEST}"
-    try:
-        previous = json.loads(folder.read_bytes(manifest_path)).get("files", {})
-    except (FileNotFoundError, ValueError):
+    try:  # read as what anyone who could write the folder may have put there: capped, plain JSON
+        read = untrusted_json(folder.read_capped(manifest_path, MANIFEST_LIMIT))
+        previous = read.get("files", {}) if isinstance(read, dict) else {}
+    except (OSError, ValueError):
         previous = {}
+    previous = previous if isinstance(previous, dict) else {}
     # Code files are known by size and time; hpcjob's node files, which come from the package, by digest.
     current: dict[str, list[int | str]] = {}
     sent = unchanged = sent_bytes = 0

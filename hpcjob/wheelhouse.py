@@ -21,11 +21,14 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from hpcjob.results import untrusted_json
 from hpcjob.share import ShareFolder
 from hpcjob.spec import WHEELS_NAME, SpecError
 
 MANIFEST = "manifest.json"  # in the wheels folder
+MANIFEST_LIMIT = 16 << 20  # bytes of the manifest read: it names one line per wheel
 
 
 @dataclass(frozen=True)
@@ -99,24 +102,48 @@ def _no_wheel(output: str, python: str, platform: str) -> str:
     return f"pip download failed for Python {python} on {platform}: {said}"
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def upload(wheels: Sequence[Path], folder: ShareFolder, user_folder: str) -> WheelReport:
     """Put the wheels in the user's wheel folder on the share (`user_folder`/wheels), only those it does
-    not hold yet."""
+    not hold yet. The manifest names each wheel's SHA-256 and its size and time on the share: a wheel
+    whose size and time are as recorded is taken as there; where they differ, its digest on the share
+    decides (the nodes' pip checks every wheel against the job's lock anyway)."""
     wheels_folder = f"{user_folder}/{WHEELS_NAME}"
     try:
-        known: dict[str, str] = json.loads(folder.read_bytes(f"{wheels_folder}/{MANIFEST}"))
-    except (FileNotFoundError, ValueError):
-        known = {}
+        read = untrusted_json(folder.read_capped(f"{wheels_folder}/{MANIFEST}", MANIFEST_LIMIT))
+    except (OSError, ValueError):
+        read = {}
+    known: dict[str, Any] = read if isinstance(read, dict) else {}
     sent = sent_bytes = there = 0
     folder.makedirs(wheels_folder)
     for wheel in wheels:
-        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        if known.get(wheel.name) == digest:
+        digest, path = sha256_of(wheel), f"{wheels_folder}/{wheel.name}"
+        on_share = folder.stat(path)
+        entry = known.get(wheel.name)
+        recorded = (
+            [entry.get("sha256"), entry.get("size"), entry.get("mtime_ns")] if isinstance(entry, dict) else []
+        )
+        # As recorded; else, the size being the same, the digest of what the share holds.
+        same = on_share is not None and (
+            recorded == [digest, *on_share]
+            or (on_share[0] == wheel.stat().st_size and folder.sha256(path) == digest)
+        )
+        if same:
             there += 1
-            continue
-        folder.copy_file(f"{wheels_folder}/{wheel.name}", wheel)
-        known[wheel.name] = digest
-        sent += 1
-        sent_bytes += wheel.stat().st_size
-    folder.write_bytes(f"{wheels_folder}/{MANIFEST}", json.dumps(known, indent=0, sort_keys=True).encode())
+        else:
+            folder.copy_file(path, wheel)
+            on_share = folder.stat(path)
+            sent += 1
+            sent_bytes += wheel.stat().st_size
+        size, mtime = on_share or (0, 0)
+        known[wheel.name] = {"sha256": digest, "size": size, "mtime_ns": mtime}
+    manifest = json.dumps(known, indent=0, sort_keys=True).encode()
+    folder.write_bytes(f"{wheels_folder}/{MANIFEST}", manifest)
     return WheelReport(sent, sent_bytes, there)

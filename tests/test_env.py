@@ -24,7 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.plan import ENVS_VAR, REQUIREMENTS_VAR, make_plan, requirements_file
+from hpcjob.plan import (
+    ENVS_VAR,
+    REQUIREMENTS_VAR,
+    make_plan,
+    node_requirements,
+    requirements_file,
+    wheel_lock,
+)
 from hpcjob.render import job_xml
 from hpcjob.spec import SpecError
 from hpcjob.staging import node_files
@@ -477,9 +484,11 @@ def test_a_wheelhouse_puts_the_nodes_wheels_on_the_share_once_and_the_nodes_inst
     wheels = mine / "wheels"
     assert sorted(p.name for p in wheels.iterdir()) == ["manifest.json", "tinya-1.0-py3-none-any.whl"]
     staged = next((mine / "train" / ".hpcjob").glob("requirements-*.txt")).read_text()
-    assert (
-        staged == f"--no-index\n--find-links /app/hpcjob/{getpass.getuser()}/wheels\ntinya==1.0\n"
-    )  # the nodes' index: the share
+    digest = hashlib.sha256((wheels / "tinya-1.0-py3-none-any.whl").read_bytes()).hexdigest()
+    assert staged == (
+        f"--no-index\n--find-links /app/hpcjob/{getpass.getuser()}/wheels\n--require-hashes\n"
+        f"tinya==1.0 --hash=sha256:{digest}\n"
+    )  # the nodes' index: the share; what they install: the lock of what was downloaded here
     again = render_copy(tmp_path, "--wheelhouse", "3.10")
     assert again.returncode == 0, again.stderr
     assert "sent 0 file(s)" in again.stderr  # the wheel and the code, all there already
@@ -498,7 +507,8 @@ def test_a_package_without_a_wheel_for_the_nodes_is_named_before_anything_is_upl
         "hpcjob: error: no wheel of tinyc==1.0 for Python 3.10 on manylinux_2_28_aarch64: nothing was "
         "uploaded (build one, or install that package on the nodes another way)"
     )
-    assert not (tmp_path / "mounted" / "hpcjob" / "train" / "logs" / "r-2").exists()
+    assert not (tmp_path / "mounted" / "hpcjob" / getpass.getuser() / "train" / "logs" / "r-2").exists()
+    assert (tmp_path / "mounted" / "hpcjob" / getpass.getuser() / "train" / "logs").is_dir()  # r-1's
 
 
 @pytest.mark.slow
@@ -553,3 +563,63 @@ def test_a_full_disk_is_said_to_be_one_with_venv_s_own_words(tmp_path: Path, whe
         " is full (" in said and "-m venv said: Error: " in said
     ), said
     assert "python3-venv" not in said
+
+
+@pytest.mark.slow  # builds virtual environments with pip: seconds each
+def test_the_nodes_install_the_lock_and_refuse_a_replaced_or_added_wheel(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    """The wheels' folder is the user's own, and the nodes' pip is the guard besides: with the lock
+    (every wheel name==version with its SHA-256, --require-hashes), a replaced tinya-1.0 is refused by pip
+    itself, and an added tinya-99.0 is never taken."""
+    wheel = wheelhouse / "tinya-1.0-py3-none-any.whl"
+    lock = wheel_lock([(wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest())])
+    text = node_requirements(lock, str(wheelhouse))
+    make_wheel(wheelhouse, "tinya", "99.0", "VALUE = 'evil'\n")  # added by someone else: never taken
+    code, python, err = finish(run_builder(tmp_path / "a", tmp_path / "envs-a", text))
+    assert code == 0, err
+    done = subprocess.run([python, "-c", "import tinya; print(tinya.VALUE)"], capture_output=True, text=True)
+    assert done.stdout.strip() == "a1", done.stderr
+    make_wheel(wheelhouse, "tinya", "1.0", "VALUE = 'replaced'\n")  # the same name, other bytes
+    code, _, err = finish(run_builder(tmp_path / "b", tmp_path / "envs-b", text))
+    assert code != 0 and "THESE PACKAGES DO NOT MATCH THE HASHES" in err, err
+
+
+@pytest.mark.slow  # builds virtual environments with pip: seconds each
+def test_an_environment_that_changed_after_its_build_is_built_again(tmp_path: Path, wheelhouse: Path) -> None:
+    text = requirements(wheelhouse, "tinya==1.0")
+    envs = tmp_path / "envs"
+    code, python, err = finish(run_builder(tmp_path, envs, text))
+    assert code == 0, err
+    owner = envs / next(p.name for p in envs.iterdir())
+    ready = json.loads(next(owner.glob("*.ready")).read_text())
+    assert len(ready["digest"]) == 64
+    code, again, err = finish(run_builder(tmp_path, envs, text))
+    assert (code, again) == (0, python) and "built before" in err  # the digest holds
+    planted = next(Path(python).parents[1].glob("lib/python*/site-packages/tinya")) / "__init__.py"
+    planted.write_text("VALUE = 'changed'\n")  # what pip installed, changed after the build
+    code, rebuilt, err = finish(run_builder(tmp_path, envs, text))
+    assert code == 0 and "changed since it was built: building it again" in err, err
+    done = subprocess.run([rebuilt, "-c", "import tinya; print(tinya.VALUE)"], capture_output=True, text=True)
+    assert done.stdout.strip() == "a1" and rebuilt != python
+
+
+def test_the_wheels_on_the_share_are_compared_by_digest_only_where_size_or_time_differ(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    """The manifest names each wheel's SHA-256, size and time on the share: trusted while they hold."""
+    from hpcjob.share import LocalFolder
+    from hpcjob.wheelhouse import upload
+
+    share = LocalFolder(tmp_path / "share")
+    wheels = sorted(wheelhouse.glob("*.whl"))
+    assert upload(wheels, share, "hpcjob/alice").sent == 2
+    assert (
+        upload(wheels, share, "hpcjob/alice").sent,
+        upload(wheels, share, "hpcjob/alice").already_there,
+    ) == (0, 2)
+    on_share = tmp_path / "share" / "hpcjob" / "alice" / "wheels" / wheels[0].name
+    os.utime(on_share, (1, 1))  # the time differs, the bytes do not: read and compared, not sent
+    assert upload(wheels, share, "hpcjob/alice").sent == 0
+    on_share.write_bytes(bytes(len(wheels[0].read_bytes())))  # the same size, other bytes: sent again
+    assert upload(wheels, share, "hpcjob/alice").sent == 1 and on_share.read_bytes() == wheels[0].read_bytes()

@@ -13,7 +13,9 @@ below, so nodes with another Python get their own:
 
     <key>.lock/           held by the task that builds: `owner` (a random token), `beat` (touched every 5 s)
     <key>-<token>/        one build (a virtual environment), named by its builder's token
-    <key>.ready           written last, atomically: the finished build's folder. Nothing else is used.
+    <key>.ready           written last, atomically: the finished build's folder and the digest of what it
+                          holds (each file's path, size and time), checked before each use: a build that
+                          changed since is built again. Nothing else is used.
     <key>.failed          why the last build failed, and in which run
 
 The first task to take the lock (a folder made with mkdir: atomic on any file system, SMB included) builds;
@@ -53,7 +55,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Set, Tuple
 
 if TYPE_CHECKING:
     from typing import NoReturn  # not in Python 3.6.0 and 3.6.1
@@ -265,15 +267,43 @@ def build(env: str, requirements_path: str, log_path: str) -> Optional[str]:
     return None
 
 
+def contents_digest(env: str) -> str:
+    """A digest of what the environment holds: every file's path, size and modification time (not its
+    bytes: a stat each keeps the check of an environment on the share to a second). The .pyc files that
+    imports add later are left out."""
+    listing = hashlib.sha256()
+    for here, folders, files in os.walk(env):
+        folders[:] = sorted(f for f in folders if f != "__pycache__")
+        for name in sorted(files):
+            path = os.path.join(here, name)
+            info = os.lstat(path)
+            listing.update(
+                ("%s %d %d\n" % (os.path.relpath(path, env), info.st_size, info.st_mtime)).encode()
+            )
+    return listing.hexdigest()
+
+
+CHANGED: Set[str] = set()  # environments said to have changed, said once
+
+
 def ready_python(folder: str, key: str) -> Optional[str]:
-    """The Python of the finished build, if there is one."""
+    """The Python of the finished build, if there is one and it holds what it held when it was built."""
     try:
         with open(os.path.join(folder, key + ".ready")) as ready:
-            build_folder = json.load(ready)["build"]
+            record = json.load(ready)
+        build_folder, digest = record["build"], record["digest"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    python = os.path.join(folder, os.path.basename(str(build_folder)), "bin", "python")
-    return python if os.path.exists(python) else None
+    env = os.path.join(folder, os.path.basename(str(build_folder)))
+    python = os.path.join(env, "bin", "python")
+    if not os.path.exists(python):
+        return None
+    if contents_digest(env) != digest:
+        if key not in CHANGED:
+            say("environment %s changed since it was built: building it again" % key)
+            CHANGED.add(key)
+        return None
+    return python
 
 
 def build_under_lock(lock: Lock, folder: str, key: str, requirements_path: str, run: str) -> Optional[str]:
@@ -310,7 +340,8 @@ def build_under_lock(lock: Lock, folder: str, key: str, requirements_path: str, 
         )
         fail("the job's environment did not build: %s (whole log: %s)" % (reason, log_path))
     record = {"build": os.path.basename(env), "requirements": requirements_path, "python": sys.executable,
-              "node": node, "run": run, "seconds": round(time.time() - started, 1)}  # fmt: skip
+              "node": node, "run": run, "seconds": round(time.time() - started, 1),
+              "digest": contents_digest(env)}  # fmt: skip
     write_atomically(os.path.join(folder, key + ".ready"), json.dumps(record))
     with contextlib.suppress(OSError):
         os.remove(os.path.join(folder, key + ".failed"))

@@ -240,14 +240,19 @@ def run_of(job: str, cluster_name: str | None = None, backend_kind: str | None =
     )
 
 
-def node_wheels(spec: JobSpec, progress: Progress) -> list[Path]:
-    """The wheels the nodes install from when the job has a wheelhouse (downloaded here, before anything
-    is uploaded: a package without a wheel for the nodes stops the job first)."""
+def locked_wheels(spec: JobSpec, progress: Progress) -> tuple[JobSpec, list[Path]]:
+    """With a wheelhouse: the wheels the nodes install from (downloaded here, before anything is planned
+    or uploaded: a package without a wheel for the nodes stops the job first), and the spec whose
+    requirements are their lock, each wheel pinned with its SHA-256 (hpcjob.plan.wheel_lock): the nodes'
+    pip installs exactly these files or nothing, whatever the share holds. Else the spec as it is."""
     if spec.wheelhouse is None or spec.requirements is None:
-        return []
-    from hpcjob.wheelhouse import download
+        return spec, []
+    from hpcjob.plan import wheel_lock
+    from hpcjob.wheelhouse import download, sha256_of
 
-    return download(spec.requirements, *spec.wheelhouse, progress)
+    wheels = download(spec.requirements, *spec.wheelhouse, progress)
+    lock = wheel_lock([(wheel.name, sha256_of(wheel)) for wheel in wheels])
+    return replace(spec, requirements=lock), wheels
 
 
 def submit_and_follow(
@@ -380,9 +385,9 @@ def submit_run(
     from hpcjob.runs import RunRecord, check_new_run_id, save_run
     from hpcjob.staging import stage_run
 
+    spec, wheels = locked_wheels(spec, progress)
     plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
     if open_folder is not None:
-        wheels = node_wheels(spec, progress)
         code_dir = Path(spec.script).resolve().parent
         staged = stage_run(
             code_dir, open_folder(plan), spec.job_folder, plan.run_id, plan.files, wheels, spec.user_folder
@@ -694,15 +699,20 @@ def render_run(
     if not spec.node_names:
         raise SpecError("render needs the nodes: name each with --node (render contacts no cluster)")
     staging = stage_into is not None
+    if spec.wheelhouse is not None and not staging:
+        raise SpecError(
+            "render --wheelhouse needs --upload or --copy-to: the nodes install a lock of the wheels, made "
+            "as they are uploaded"
+        )
     current = None if staging or run_id else current_manual_run(spec.job_folder, where.get("share"))
     chosen = run_id or (current.run_id if current else new_run_id(spec.name))
     if staging:
         check_new_run_id(chosen)
+    spec, wheels = locked_wheels(spec, progress)
     plan = make_plan(spec, spec.node_names, chosen)
     texts = rendered(plan, formats)  # before anything is recorded or staged: a text may be refused
     record = RunRecord.of(plan, spec.job_folder, "manual", **where)
     if stage_into is not None:
-        wheels = node_wheels(spec, progress)
         code_dir = Path(spec.script).resolve().parent
         staged = stage_run(
             code_dir, stage_into(), spec.job_folder, plan.run_id, plan.files, wheels, spec.user_folder
