@@ -170,7 +170,7 @@ class LocalFolder:
 
     def sha256(self, relative: str) -> str:
         with self._path(relative).open("rb") as f:
-            return _sha256(f)
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     def prepare_common(self, relative: str) -> None:
         """Made, as the mount's own permissions allow: a local folder shows no other user's rights."""
@@ -302,7 +302,7 @@ class SmbFolder:
 
     def sha256(self, relative: str) -> str:
         with _not_found(relative), self._smb.open_file(self._path(relative), mode="rb", **self._on) as f:
-            return _sha256(f)
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     def ensure_private(self, relative: str) -> None:
         """Made with a DACL of its owner's alone (hpcjob.smb_acl), and checked, with the folder above,
@@ -323,7 +323,7 @@ class SmbFolder:
             with self._open_folder(above, smb_acl.READ_CONTROL) as f:
                 common = smb_acl.read_security(f.fd)
             with self._open_folder("", smb_acl.READ_CONTROL) as f:
-                share_owner = smb_acl.read_security(f.fd).owner
+                share_folder = smb_acl.read_security(f.fd)
             # Between its making and its DACL, the folder had the rights of the one above: it must be
             # empty, nobody having put anything in it meanwhile.
             planted = made and bool(self.listdir(relative))
@@ -340,12 +340,16 @@ class SmbFolder:
                 f"{where} is not yours alone ({problems[0]}): nothing was uploaded; remove it or make it "
                 "yours alone, then try again"
             )
-        moved = smb_acl.others_who_may_move(common, me, share_owner)
-        if moved:
-            raise ShareError(
-                f"{self.describe()}/{above} lets another user move your folder away ({moved[0]}): nothing "
-                "was uploaded; an HPC administrator makes it theirs with `hpcjob mount --install`"
-            )
+        # The folders above: whoever may rename hpcjob/ (or the user's folder in it) could put their own
+        # in its place. The share's own folder is an administrator's by definition: its owner is trusted.
+        for folder, security in ((above, common), ("", share_folder)):
+            moved = smb_acl.others_who_may_move(security, me, share_folder.owner)
+            if moved:
+                raise ShareError(
+                    f"{self.describe()}/{folder} lets another user move your folder away ({moved[0]}): "
+                    "nothing was uploaded; an HPC administrator makes hpcjob/ theirs with "
+                    "`hpcjob mount --install`"
+                )
 
     def prepare_common(self, relative: str) -> None:
         """An administrator's: `relative` (hpcjob/) made, and given a DACL in which every cluster user may
@@ -354,17 +358,25 @@ class SmbFolder:
 
         try:
             self.makedirs(relative)
-            me = self._my_sid(relative)
             access = smb_acl.READ_CONTROL | smb_acl.WRITE_DAC | smb_acl.WRITE_OWNER
             with self._open_folder(relative, access) as f:
-                smb_acl.set_dacl(f.fd, smb_acl.common_folder(me))
+                smb_acl.set_dacl(f.fd, smb_acl.common_folder())
                 # The Administrators' rather than this administrator's own: users check that hpcjob/ is
                 # an administrator's, and a domain account's SID does not say so. Where the server will
                 # not (UNVERIFIED on a Windows head node), the owner of the share's folder is one too.
                 with contextlib.suppress(Exception):
                     smb_acl.set_owner(f.fd, smb_acl.ADMINISTRATORS)
+                prepared = smb_acl.read_security(f.fd)
+            with self._open_folder("", smb_acl.READ_CONTROL) as f:
+                share_owner = smb_acl.read_security(f.fd).owner
         except Exception as exc:  # smbprotocol's refusals are of many types: one line
             raise ShareError(f"cannot prepare {self.describe()}/{relative}: {_reason(exc)}") from None
+        left = smb_acl.others_who_may_move(prepared, "", share_owner)  # as every user will judge it
+        if left:
+            raise ShareError(
+                f"{self.describe()}/{relative} is prepared, but users' uploads will be refused ({left[0]}): "
+                "make BUILTIN\\Administrators its owner on the head node"
+            )
 
     def _make_folder(self, relative: str) -> bool:
         """Make the folder; False when it was there."""
@@ -402,13 +414,6 @@ class SmbFolder:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._smb.reset_connection_cache(connection_cache=self._cache)
-
-
-def _sha256(f: Any) -> str:
-    digest = hashlib.sha256()
-    for chunk in iter(lambda: f.read(COPY_CHUNK), b""):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 @contextlib.contextmanager

@@ -182,12 +182,13 @@ def owner_only(me: str) -> tuple[tuple[str, int, int], ...]:
     return tuple((sid, FULL_CONTROL, inherit) for sid in (me, SYSTEM, ADMINISTRATORS))
 
 
-def common_folder(me: str) -> tuple[tuple[str, int, int], ...]:
+def common_folder() -> tuple[tuple[str, int, int], ...]:
     """The DACL of hpcjob/ itself, set by an administrator: every cluster user may make their own folder
-    there (and has full control of what they make), and nobody else may remove or rename it."""
+    there (and has full control of what they make), and nobody but SYSTEM and the Administrators may
+    remove or rename it (not even the administrator's own account, which users cannot tell from theirs)."""
     inherit = OBJECT_INHERIT | CONTAINER_INHERIT
     return (
-        *((sid, FULL_CONTROL, inherit) for sid in (me, SYSTEM, ADMINISTRATORS)),
+        *((sid, FULL_CONTROL, inherit) for sid in (SYSTEM, ADMINISTRATORS)),
         (AUTHENTICATED_USERS, MAKE_FOLDERS, 0),
         (CREATOR_OWNER, FULL_CONTROL, inherit | INHERIT_ONLY),
     )

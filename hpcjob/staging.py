@@ -141,7 +141,8 @@ def upload(
     user_folder: str = SHARE_FOLDER,
 ) -> SyncReport:
     """Send the code, the node files and `files` (the plan's: path in the job folder, text) to
-    `<job_folder>/` on the share, only what changed; and `wheels` to the share's wheels (hpcjob.wheelhouse).
+    `<job_folder>/` on the share, only what changed; and `wheels` to the user's wheels, `user_folder`/wheels
+    (hpcjob.wheelhouse).
 
     What was sent is remembered in a manifest in the job folder (size and modification time of each
     file); it is written last, so an interrupted upload is completed by the next one.

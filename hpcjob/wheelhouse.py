@@ -1,12 +1,15 @@
 """A job's packages for a cluster without internet (`--wheelhouse PYTHON[:PLATFORM]`): every wheel the
-requirements need, for the nodes' Python and platform, downloaded here and put on the share once.
+requirements need, for the nodes' Python and platform, downloaded here and put on the user's share folder
+once, and the lock the nodes install from.
 
 `pip download --only-binary=:all: --platform P --python-version V` runs on this machine (which reaches
 the index, or the file's own --find-links) into a cache, `~/.cache/hpcjob/wheels/<python>-<platform>/`.
 A package without a wheel for the nodes is named in one line before anything is uploaded. The wheels go
-to `<share>/hpcjob/wheels/`, each once: what is there is listed in `manifest.json` (name and SHA-256),
-written after the wheels, so a wheel whose upload was cut off is sent again. The nodes then install with
-`--no-index --find-links <mount point>/hpcjob/wheels` (hpcjob.plan.node_requirements).
+to `<share>/hpcjob/<user>/wheels/`, each once: what is there is listed in `manifest.json` (each wheel's
+SHA-256, size and time on the share), written after the wheels, so a wheel whose upload was cut off is
+sent again. The nodes then install the lock of these wheels (hpcjob.plan.wheel_lock: name==version with
+its SHA-256, --require-hashes) with `--no-index --find-links <mount point>/hpcjob/<user>/wheels`
+(hpcjob.plan.node_requirements).
 """
 
 from __future__ import annotations
@@ -103,11 +106,8 @@ def _no_wheel(output: str, python: str, platform: str) -> str:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def upload(wheels: Sequence[Path], folder: ShareFolder, user_folder: str) -> WheelReport:

@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ET
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -611,15 +612,21 @@ def test_the_wheels_on_the_share_are_compared_by_digest_only_where_size_or_time_
     from hpcjob.share import LocalFolder
     from hpcjob.wheelhouse import upload
 
-    share = LocalFolder(tmp_path / "share")
+    class Counting(LocalFolder):
+        digests: ClassVar[list[str]] = []
+
+        def sha256(self, relative: str) -> str:
+            self.digests.append(relative)
+            return super().sha256(relative)
+
+    share = Counting(tmp_path / "share")
     wheels = sorted(wheelhouse.glob("*.whl"))
     assert upload(wheels, share, "hpcjob/alice").sent == 2
-    assert (
-        upload(wheels, share, "hpcjob/alice").sent,
-        upload(wheels, share, "hpcjob/alice").already_there,
-    ) == (0, 2)
+    report = upload(wheels, share, "hpcjob/alice")
+    assert (report.sent, report.already_there, share.digests) == (0, 2, [])  # size and time hold: not read
     on_share = tmp_path / "share" / "hpcjob" / "alice" / "wheels" / wheels[0].name
     os.utime(on_share, (1, 1))  # the time differs, the bytes do not: read and compared, not sent
     assert upload(wheels, share, "hpcjob/alice").sent == 0
+    assert share.digests == [f"hpcjob/alice/wheels/{wheels[0].name}"]
     on_share.write_bytes(bytes(len(wheels[0].read_bytes())))  # the same size, other bytes: sent again
     assert upload(wheels, share, "hpcjob/alice").sent == 1 and on_share.read_bytes() == wheels[0].read_bytes()

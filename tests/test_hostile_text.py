@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hpcjob.plan import JobPlan, make_plan
 from hpcjob.render import clusrun_text, job_xml, powershell_text
 from hpcjob.render.text import ps_quote
+from hpcjob.runner import render_owner
 from hpcjob.spec import JobSpec, SpecError, parse_share
 
 from .artefact_checks import (
@@ -159,8 +160,15 @@ def test_the_red_team_exploit_is_inert(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     text = result.stdout.decode("ascii")  # bytes: text mode would turn the CRs it must not hold into LF
     assert "PWNED" not in text and "\r" not in text
-    spec = JobSpec(script=str(script), script_args=(EXPLOIT,), node_names=("A",), env=(("FOO", "x"),))
+    spec = JobSpec(
+        script=str(script),
+        script_args=(EXPLOIT,),
+        node_names=("A",),
+        env=(("FOO", "x"),),
+        owner=render_owner(),
+    )
     plan = make_plan(spec, spec.node_names, RUN_ID)
+    assert text == powershell_text(plan)  # what the command line rendered, exactly
     check_powershell(plan, powershell_text(plan), powershell_text(plain(spec)))
     check_job_xml(plan, ("script.py", EXPLOIT), job_xml(plan))
     past = dataclasses.replace(plan, env=(("FOO", EXPLOIT),))

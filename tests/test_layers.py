@@ -109,3 +109,14 @@ def test_the_python_api_reaches_the_work_through_the_runner_alone() -> None:
     below = {t for t in GRAPH["hpcjob.api"] if t.startswith("hpcjob.")}
     assert sorted(t for t in below if t.startswith(("hpcjob.backends", "hpcjob.cli"))) == []
     assert "hpcjob.runner" in below
+
+
+def test_the_client_never_unpickles_a_file() -> None:
+    """Files on the share are anyone's who may write there (issue 31): only the nodes' own worker.py,
+    in a rank's process, touches a pickle (its own flight-recorder trace)."""
+    known = modules()
+    users = [
+        name for name, path in known.items()
+        if not name.startswith("hpcjob.node.") and any("pickle" in i for i in imports(path, known))
+    ]  # fmt: skip
+    assert users == []

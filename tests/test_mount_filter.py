@@ -636,6 +636,8 @@ def with_policy(node: Node) -> None:
         ({"LABEL": "a\nCCP_DOCKER_START_OPTION=--privileged"}, "a line break in a container's variables"),
         ({"LABEL": "CCP_DOCKER_VOLUMES=/:/host"}, "its value names the node agent's Docker settings"),
         ({"CCP_DOCKER_NVIDIA": "1 --privileged"}, "CCP_DOCKER_NVIDIA: a plain word"),
+        ({"CCP_DOCKER_VOLUMES": "/home:/home,,/:/host"}, "volume  is not one"),  # a bare -v takes a word
+        ({"CCP_DOCKER_IMAGE": "nvcr.io/nvidia-evil/x:1"}, "image nvcr.io/nvidia-evil/x:1 is not one"),
     ],
 )
 def test_the_administrators_container_policy_refuses_what_it_does_not_allow(
@@ -698,3 +700,10 @@ def test_the_emulated_agent_reads_its_docker_settings_as_the_real_one_does(tmp_p
     )
     run = log.read_text().splitlines()[0]
     assert run.startswith("run -id") and run.endswith("--privileged img:1"), run
+
+
+@pytest.mark.parametrize("prefix", ["registry.corp", "nvcr.io/nvidia", "a b/", "$(x)/"])
+def test_an_image_prefix_is_a_whole_registry_or_repository(prefix: str) -> None:
+    """`registry.corp` would allow registry.corp.evil.com/x; `nvcr.io/nvidia` nvcr.io/nvidia-evil/x."""
+    with pytest.raises(SpecError, match="would refuse this container policy"):
+        ContainerPolicy.checked([prefix], [], [], ["/app"])

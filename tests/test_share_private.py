@@ -107,6 +107,7 @@ def test_a_users_folder_is_theirs_alone_and_the_server_refuses_anyone_else(
         lambda: mallory._smb.rename(  # move alice's folder away, to put one of her own in its place
             mallory._path("hpcjob/alice"), mallory._path("hpcjob/gone"), **mallory._on
         ),
+        lambda: mallory._smb.rename(mallory._path("hpcjob"), mallory._path("gone"), **mallory._on),  # all
     ):
         assert "0xc0000022" in refused(action).lower()  # STATUS_ACCESS_DENIED, from the server
     assert (share.folder / node_sh).read_bytes() == before
@@ -177,3 +178,20 @@ def test_render_upload_refuses_a_folder_that_is_not_yours_alone(share: Share, tm
     assert done.returncode != 0 and not done.stdout
     assert done.stderr.count("\n") == 1 and "hpcjob/hpcjob-alice is not yours alone" in done.stderr
     assert not (share.folder / "hpcjob/hpcjob-alice/train").exists()
+
+
+def test_a_share_folder_that_lets_others_move_hpcjob_away_is_refused(share: Share, tmp_path: Path) -> None:
+    """Whoever may remove entries of the share's own folder could rename hpcjob/ and make their own."""
+    admin = share.as_user("hpcuser")
+    admin.prepare_common("hpcjob")
+    with admin._open_folder("", smb_acl.READ_CONTROL | smb_acl.WRITE_DAC) as f:
+        owner = smb_acl.read_security(f.fd).owner
+        assert owner is not None
+        smb_acl.set_dacl(f.fd, ((owner, smb_acl.FULL_CONTROL, 3), ("S-1-1-0", smb_acl.FULL_CONTROL, 0)))
+    with pytest.raises(ShareError) as caught:
+        stage_run(
+            code(tmp_path), share.as_user("hpcjob-alice"), "hpcjob/alice/t", "r-1", user_folder="hpcjob/alice"
+        )
+    assert str(caught.value).startswith(
+        f"{share.smb.folder_unc}/ lets another user move your folder away (S-1-1-0 may remove or rename"
+    )

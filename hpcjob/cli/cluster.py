@@ -458,7 +458,8 @@ def nodes(
     multiple=True,
     metavar="PREFIX",
     help="With --install: a container policy for every job on the nodes; tasks may run only images that "
-    "start with PREFIX (repeatable, e.g. nvcr.io/nvidia/). Without it, containers run as the agent allows.",
+    "start with PREFIX, a registry or repository ending in / (repeatable, e.g. nvcr.io/nvidia/). Without "
+    "it, containers run as the agent allows.",
 )
 @click.option(
     "--allow-docker-option",
@@ -466,8 +467,9 @@ def nodes(
     multiple=True,
     metavar="OPTION",
     help="With --allow-image: a `docker run` option tasks may use, written as one argument "
-    "(--allow-docker-option=--shm-size=16g, --allow-docker-option='--ulimit memlock=-1'); repeatable "
-    "[default: what hpcjob's own containers use].",
+    "(--allow-docker-option=--shm-size=16g, --allow-docker-option='--ulimit memlock=-1'); repeatable; "
+    "given, the list replaces hpcjob's own, which then must be named too [default: what hpcjob's own "
+    "containers use].",
 )
 @click.option(
     "--allow-volume",
@@ -475,7 +477,8 @@ def nodes(
     multiple=True,
     metavar="PATH[:ro]",
     help="With --allow-image: a host folder tasks may mount at the same path (and below it); :ro only "
-    "read-only; repeatable [default: the mount root, /home, the host's users and topology files read-only].",
+    "read-only; repeatable; given, the list replaces the default [default: the mount root, /home, the "
+    "host's users and topology files read-only].",
 )
 @click.option("--dry-run", is_flag=True, help="Print what would run on the head node, and send nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print each node's result as JSON.")

@@ -125,7 +125,8 @@ def job_options(command: F) -> F:
             "--job-folder",
             type=TEXT,
             metavar="PATH",
-            help="The job's folder under the mount point [default: hpcjob/NAME].",
+            help="The job's folder under the mount point, in your own folder hpcjob/USER/ on a cluster's "
+            "share [default: hpcjob/USER/NAME; a local run's: hpcjob/NAME].",
         ),
         click.option("--rdzv-port", type=PORT, help="Rendezvous port on the first node [default: 29400]."),
         click.option(

@@ -276,14 +276,18 @@ def contents_digest(env: str) -> str:
         folders[:] = sorted(f for f in folders if f != "__pycache__")
         for name in sorted(files):
             path = os.path.join(here, name)
-            info = os.lstat(path)
+            try:
+                info = os.lstat(path)
+            except OSError:  # gone meanwhile: not what was built
+                return ""
             listing.update(
                 ("%s %d %d\n" % (os.path.relpath(path, env), info.st_size, info.st_mtime)).encode()
             )
     return listing.hexdigest()
 
 
-CHANGED: Set[str] = set()  # environments said to have changed, said once
+# Builds found changed: not walked again while their .ready still names them (another task rebuilds).
+CHANGED: Set[str] = set()
 
 
 def ready_python(folder: str, key: str) -> Optional[str]:
@@ -298,10 +302,11 @@ def ready_python(folder: str, key: str) -> Optional[str]:
     python = os.path.join(env, "bin", "python")
     if not os.path.exists(python):
         return None
+    if env in CHANGED:
+        return None
     if contents_digest(env) != digest:
-        if key not in CHANGED:
-            say("environment %s changed since it was built: building it again" % key)
-            CHANGED.add(key)
+        say("environment %s changed since it was built: building it again" % key)
+        CHANGED.add(env)
         return None
     return python
 

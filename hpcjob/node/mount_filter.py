@@ -175,7 +175,8 @@ def container_refusal(raw: bytes) -> str:
         if phrase is None:
             return f"docker option {shown(left[0])} is not one the administrator allowed"
         left = left[len(phrase) :]
-    for volume in filter(None, env.get("CCP_DOCKER_VOLUMES", "").split(",")):
+    volumes = env.get("CCP_DOCKER_VOLUMES", "")
+    for volume in volumes.split(",") if volumes else ():  # an empty one is a bare -v: it takes the next word
         if not volume_allowed(volume, policy["volumes"]):
             return f"volume {shown(volume)} is not one the administrator allowed"
     for name in ("CCP_DOCKER_NVIDIA", "CCP_DOCKER_SKIP_SSH_SETUP", "CCP_DOCKER_DEBUG"):
@@ -204,8 +205,11 @@ def check_policy(policy: Dict[str, List[str]]) -> None:
     if not policy["images"]:
         raise ValueError("a container policy names at least one image prefix")
     for image in policy["images"]:
-        if not IMAGE_NAME.fullmatch(image):
-            raise ValueError(f"image prefix {image!r} is not a plain image name")
+        # Whole registries or repositories: `registry.corp` would allow `registry.corp.evil.com/x`.
+        if not IMAGE_NAME.fullmatch(image) or image[-1] not in "/:@":
+            raise ValueError(
+                f"image prefix {image!r} must be a registry or repository ending in / (or : or @)"
+            )
     for phrase in policy["options"]:
         if not phrase.split() or not all(OPTION_WORD.fullmatch(w) for w in phrase.split()):
             raise ValueError(f"docker option {phrase!r} is not plain words (no quotes, globs or $)")
@@ -302,10 +306,11 @@ def record_owner(job: int, user: str, as_root: bool) -> None:
         except OSError:
             pass
     path = os.path.join(folder, f"{job}.json")
-    fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    new = f"{path}.{os.getpid()}"  # a requeued first task may record the same job at once
+    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({"user": user, "root": as_root}, f)
-    os.rename(path + ".new", path)
+    os.rename(new, path)
 
 
 def recorded_owner(job: int) -> Tuple[str, bool]:

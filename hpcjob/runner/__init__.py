@@ -385,6 +385,8 @@ def submit_run(
     from hpcjob.runs import RunRecord, check_new_run_id, save_run
     from hpcjob.staging import stage_run
 
+    if spec.wheelhouse is not None and open_folder is None:
+        raise SpecError("--wheelhouse needs --share: the nodes install its wheels from there")
     spec, wheels = locked_wheels(spec, progress)
     plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
     if open_folder is not None:

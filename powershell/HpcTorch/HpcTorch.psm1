@@ -676,7 +676,8 @@ function Mount-HpcTorchShare {
     .EXAMPLE
     Mount-HpcTorchShare -Install -NodeGroup GPUNodes -AllowImage nvcr.io/nvidia/
     Installs the filter with a container policy: tasks on the nodes may run only images from that prefix,
-    with hpcjob's own docker options and volumes (-AllowDockerOption, -AllowVolume for more).
+    with hpcjob's own docker options and volumes (-AllowDockerOption, -AllowVolume name the whole list
+    instead, hpcjob's own included).
 
     .EXAMPLE
     Mount-HpcTorchShare -Node GPU001 -WhatIf
