@@ -16,7 +16,7 @@ import dataclasses
 import errno
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,9 +74,9 @@ class Tail:
     offset: int = 0
     partial: bytes = b""
 
-    def read(self, final: bool = False) -> list[str]:
-        """The new lines: at most FOLLOW_BYTES of them a look, and once `final`, all the rest."""
-        lines: list[bytes] = []
+    def read(self, final: bool = False) -> Iterator[str]:
+        """The new lines: at most FOLLOW_BYTES of them a look, and once `final`, all the rest, handed on
+        a piece at a time (a node's output of any size costs FOLLOW_BYTES here, not its size)."""
         while True:
             try:
                 data = self.folder.read_capped(self.relative, FOLLOW_BYTES, offset=self.offset)
@@ -88,13 +88,12 @@ class Tail:
             while len(self.partial) >= LINE_BYTES:
                 pieces.append(self.partial[:LINE_BYTES])
                 self.partial = self.partial[LINE_BYTES:]
-            lines += pieces
+            yield from (self.prefix + line.decode("utf-8", "replace") for line in pieces)
             if not final or len(data) < FOLLOW_BYTES:
                 break
         if final and self.partial:
-            lines.append(self.partial)
-            self.partial = b""
-        return [self.prefix + line.decode("utf-8", "replace") for line in lines]
+            line, self.partial = self.partial, b""
+            yield self.prefix + line.decode("utf-8", "replace")
 
 
 def node_tails(folder: ShareFolder, log_folder: str, node: str) -> list[Tail]:
@@ -132,9 +131,9 @@ class RunLogs:
             return []
         return sorted({n.rsplit(".", 1)[0] for n in names if n.endswith((".out", ".err"))})
 
-    def lines(self, final: bool = False) -> list[tuple[str, str, str]]:
+    def lines(self, final: bool = False) -> Iterator[tuple[str, str, str]]:
         """The lines written since the last look, as (node, "stdout" or "stderr", line), node by node."""
-        return [(node, stream, line) for node, stream, tail in self._streams for line in tail.read(final)]
+        return ((node, stream, line) for node, stream, tail in self._streams for line in tail.read(final))
 
     def ended(self) -> int | None:
         """The run's exit code once it has ended, else None.

@@ -47,12 +47,12 @@ def share(tmp_path: Path) -> Path:
 def test_tail_shows_complete_lines_and_the_rest_at_the_end(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"a\nb")
     tail = Tail(LocalFolder(tmp_path), "f", "> ")
-    assert tail.read() == ["> a"]
+    assert list(tail.read()) == ["> a"]
     with (tmp_path / "f").open("ab") as f:
         f.write("c\nd\u00e9\n".encode())
-    assert tail.read() == ["> bc", "> d\u00e9"]
-    assert tail.read(final=True) == []
-    assert Tail(LocalFolder(tmp_path), "missing", "").read() == []
+    assert list(tail.read()) == ["> bc", "> d\u00e9"]
+    assert list(tail.read(final=True)) == []
+    assert list(Tail(LocalFolder(tmp_path), "missing", "").read()) == []
 
 
 def test_logs_prints_each_node_in_order(share: Path) -> None:

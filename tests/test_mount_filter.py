@@ -677,6 +677,19 @@ def test_a_container_policy_that_cannot_be_applied_fails_closed(node: Node, tmp_
     assert "a container start refused" in node.log()
 
 
+@pytest.mark.slow  # waits out the entry script's 20 s bound
+def test_a_container_policy_fails_closed_on_a_filter_that_hangs(node: Node, tmp_path: Path) -> None:
+    with_policy(node)
+    hung = tmp_path / "hung"
+    hung.mkdir()
+    (hung / "python3").write_text("#!/bin/bash\nsleep 60\n")
+    (hung / "python3").chmod(0o755)
+    began = time.monotonic()
+    said = node.start(task_start(container_env(node.point)), path=f"{hung}:{node.path}", code=1).decode()
+    assert said.startswith("hpcjob's execution filter could not apply the administrator's container policy")
+    assert 20 <= time.monotonic() - began < 30
+
+
 def test_the_emulated_agent_reads_its_docker_settings_as_the_real_one_does(tmp_path: Path) -> None:
     """common.sh's unanchored greps: another variable's line that holds CCP_DOCKER_IMAGE= reaches `docker
     run`, here before the image (what the spec and the policy refuse)."""

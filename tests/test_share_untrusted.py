@@ -206,7 +206,7 @@ EVERY_READER = """{
     "beats": [b.rank for b in read_beats(folder, log)],
     "stacks": read_stacks(folder, log, 1),
     "ended": logs.ended(),
-    "lines": logs.lines(final=True),
+    "lines": list(logs.lines(final=True)),
     "timeline": [t["step"] for t in logs.timeline()],
     "gpu_use": logs.gpu_use(),
     "cause": dataclasses.asdict(read_root_cause(folder, log)),
@@ -279,6 +279,18 @@ def test_the_last_line_of_a_1_5_gb_stderr_costs_its_end_alone(tmp_path: Path) ->
     said = in_a_child(str(tmp_path), HUGE_READERS)
     assert said["said"] == ["RuntimeError: CUDA out of memory", [GPU_USE]]
     assert float(str(said["seconds"])) < 5  # a whole read of it takes longer (and 1.5 GB)
+    assert float(str(said["grew_mib"])) < 64
+
+
+def test_a_whole_output_read_to_its_end_is_handed_on_a_piece_at_a_time(tmp_path: Path) -> None:
+    """`hpcjob logs` (final: every line left) of a node that wrote 200 MB: counted as it goes by, the
+    reader holds a piece of it, not all of it."""
+    log = tmp_path / LOG
+    log.mkdir(parents=True)
+    with (log / "NODE0.out").open("wb") as out:
+        out.write((b"x" * 1023 + b"\n") * (200 << 10))
+    said = in_a_child(str(tmp_path), "sum(1 for _ in logs.lines(final=True))")
+    assert said["said"] == 200 << 10
     assert float(str(said["grew_mib"])) < 64
 
 
