@@ -455,6 +455,16 @@ def _records_newest_first() -> Iterator[RunRecord]:
             yield _record_of(record)
 
 
+def newest_run() -> RunRecord:
+    """The run this machine started last (for status, logs and cancel without a run named)."""
+    with _history(write=False) as connection:
+        rows = connection.execute("SELECT record FROM runs ORDER BY started DESC, rowid DESC").fetchall()
+    for (record,) in rows:
+        with contextlib.suppress(ValueError):
+            return _record_of(record)
+    raise SpecError("no run in this machine's history yet: start one with `hpcjob run` or `hpcjob submit`")
+
+
 def find_run(run_id: str, cluster: str | None = None) -> RunRecord:
     """Where the run's files are: its latest record (also by the job id a backend gave it, on
     `cluster` if named)."""

@@ -116,9 +116,49 @@ def test_run_local_bad_input_starts_nothing(script: Path, tmp_path: Path) -> Non
     assert not share.exists()
 
 
-def test_run_without_a_backend_says_what_exists(script: Path) -> None:
+def test_run_without_a_cluster_says_how_to_add_one_or_run_here(script: Path) -> None:
+    """Without --local, run is `submit --wait` on the default cluster (tests/test_rest_e2e.py)."""
     result = hpcjob("run", "-n", "1", str(script))
-    assert result.returncode == 2 and "run needs --local" in result.stderr
+    assert result.returncode == 2 and result.stderr == (
+        "hpcjob: error: run without --local runs on your default cluster, and none is configured: add one "
+        "with `hpcjob cluster add NAME --url https://HEADNODE ...`, or run here with --local\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("--nodse", "--nodes"), ("--gpus-per-nod", "--gpus-per-node"), ("--lcoal", "--local"), ("-m", "-n"),
+     ("--hang-timout=5m", "--hang-timeout"), ("--zzzzzzzz", None)],
+)  # fmt: skip
+def test_an_unknown_option_before_the_script_is_named_with_the_nearest(
+    script: Path, typo: str, meant: str | None, tmp_path: Path
+) -> None:
+    """Before the script's name every word is hpcjob's: `--nodse 2 train.py` used to be "script --nodse
+    does not exist". After it, everything is the script's."""
+    share = tmp_path / "share"
+    result = hpcjob("run", "--local", "--mount-point", str(share), typo, "2", str(script))
+    name = typo.split("=")[0]
+    hint = f" (did you mean {meant}?)" if meant else ""
+    assert result.returncode == 2 and not share.exists()
+    assert result.stderr == f"hpcjob: error: no such option {name}{hint}: see hpcjob run --help\n"
+
+
+def test_status_logs_and_cancel_without_a_run_take_this_machines_newest(tmp_path: Path) -> None:
+    from .conftest import empty_script, run_local, stand_in_python
+
+    python = stand_in_python(tmp_path, "echo said $HPCJOB_NODE")
+    where = ["--python", str(python), "--mount-point", str(tmp_path / "share")]
+    for run_id in ("older-1", "newer-1"):
+        done = run_local("--quiet", "--run-id", run_id, *where, str(empty_script(tmp_path)))
+        assert done.returncode == 0, done.stderr
+    for command, said in (
+        ("status", "Finished"),
+        ("logs", "[LOCAL1] said LOCAL1"),
+        ("cancel", "had already"),
+    ):
+        result = hpcjob(command)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == "hpcjob: run newer-1, the newest of this machine\n" and said in result.stdout
 
 
 def test_help_lists_the_commands() -> None:

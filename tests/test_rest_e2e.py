@@ -173,6 +173,18 @@ def test_submit_wait_prints_the_summary_its_progress_and_then_logs_and_status(
     assert shown.stdout.startswith(f"job {job_id} (train-") and "Finished, exit code 0" in shown.stdout
 
 
+def test_run_without_local_is_submit_wait_on_the_default_cluster(cluster: Cluster, tmp_path: Path) -> None:
+    python = stand_in_python(tmp_path, REPORTING)
+    result = cluster.hpcjob(
+        "run", "--json", "-n", "1", "--python", str(python), "--rdzv-port", str(free_port()),
+        str(empty_script(tmp_path)),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert (summary["state"], summary["exit_code"]) == ("Finished", 0) and summary["job_id"]
+    assert f"mounting the share at {cluster.mount_point} on the nodes" in result.stderr
+
+
 def test_an_elastic_job_goes_on_when_a_node_becomes_unreachable(cluster: Cluster) -> None:
     """`--min-nodes 2` of 3: mid-epoch 2 the head node loses NODE003 (health Error: its task is killed and
     fails); the other two re-form and finish from epoch 1's checkpoint, and the summary says so, although

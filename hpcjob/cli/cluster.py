@@ -19,6 +19,7 @@ from hpcjob.cli.options import (
     build_spec,
     cluster_option,
     job_options,
+    named_or_newest,
     smb_options,
     started_command,
     tag_option,
@@ -277,16 +278,16 @@ def submit(
 
 
 @cli.command()
-@click.argument("job", metavar="JOB")
+@click.argument("job", metavar="[JOB]", required=False)
 @cluster_option
 @backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-def status(job: str, cluster_name: str | None, backend_kind: str | None, as_json: bool) -> None:
+def status(job: str | None, cluster_name: str | None, backend_kind: str | None, as_json: bool) -> None:
     """The state of JOB and of each of its tasks: an HPC Pack job id, or a run id (of a job submitted
-    from this machine, or of a `run --local` in another shell)."""
+    from this machine, or of a `run --local` in another shell) [default: this machine's newest run]."""
     from hpcjob.runner import run_status
 
-    record = run_of(job, cluster_name, backend_kind)
+    record = run_of(named_or_newest(job), cluster_name, backend_kind)
     info, latest = run_status(record, cluster_name, backend_kind)
     # A bare job id (not submitted from here) has no record: its name is hpcjob's run id.
     _print_status(info, record.run_id if record.job_folder else info.name, as_json, latest)
@@ -346,14 +347,14 @@ def _print_status(info: JobInfo, run_id: str, as_json: bool, latest: dict[str, A
 
 
 @cli.command()
-@click.argument("job", metavar="JOB")
+@click.argument("job", metavar="[JOB]", required=False)
 @cluster_option
 @backend_option
 @click.option("--force", is_flag=True, help="Kill the tasks at once, without the grace period.")
-def cancel(job: str, cluster_name: str | None, backend_kind: str | None, force: bool) -> None:
-    """Cancel JOB (a job id, or a run id, also of a `run --local` in another shell). Canceling a job
-    that has already ended, or is being canceled, is not an error."""
-    record = run_of(job, cluster_name, backend_kind)
+def cancel(job: str | None, cluster_name: str | None, backend_kind: str | None, force: bool) -> None:
+    """Cancel JOB (a job id, or a run id, also of a `run --local` in another shell) [default: this
+    machine's newest run]. Canceling a job that has already ended, or is being canceled, is not an error."""
+    record = run_of(named_or_newest(job), cluster_name, backend_kind)
     backend = backend_for_run(record, cluster_name, backend_kind)
     shown = f"job {record.job_id}" if record.cluster and record.job_id else f"run {record.run_id}"
     already = backend.cancel(record, force=force)

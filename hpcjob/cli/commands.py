@@ -19,6 +19,7 @@ from hpcjob.cli.options import (
     job_fields,
     job_options,
     local_folder,
+    named_or_newest,
     smb_options,
     started_command,
     tag_option,
@@ -121,7 +122,8 @@ def run(
 ) -> None:
     """Run SCRIPT as a distributed job and wait for it; exit with the job's exit code.
 
-    With --local, each node is a real `python3 -m torch.distributed.run` started the way HPC Pack
+    Without --local, on the default cluster: `hpcjob submit --wait` (the cluster's profile fills in
+    the rest). With --local, each node is a real `python3 -m torch.distributed.run` started the way HPC Pack
     starts a task, with the rendezvous on loopback and a local folder as the share (one per project
     folder unless --mount-point). Ctrl-C, SIGTERM and SIGHUP cancel the job; no process of it outlives
     hpcjob. The exit code is 0 when the job finished, the exit code of what failed first when it
@@ -131,8 +133,25 @@ def run(
     from hpcjob.runner import LocalOptions, run_local
     from hpcjob.spec import SpecError, parse_tags
 
-    if not local:
-        raise SpecError("run needs --local: this version runs jobs on this machine only")
+    if not local:  # on the default cluster, and followed: `submit --wait`
+        from hpcjob.config import get_profile
+
+        try:
+            get_profile(None)
+        except SpecError:
+            raise SpecError(
+                "run without --local runs on your default cluster, and none is configured: add one with "
+                "`hpcjob cluster add NAME --url https://HEADNODE ...`, or run here with --local"
+            ) from None
+        smb = {"smb_user": None, "smb_server": None, "smb_port": 445}
+        context = click.get_current_context()
+        submit = cli.get_command(context, "submit")  # through the group: commands import no other command
+        assert submit is not None
+        context.invoke(
+            submit, cluster_name=None, backend_kind=None, wait=True, dry_run=False, mount_step=True,
+            as_json=as_json, tag_items=tag_items, **smb, **params,
+        )  # fmt: skip
+        return
     tags = parse_tags(tag_items)
     share_root = local_folder(params["mount_point"], "--mount-point") if params["mount_point"] else None
 
@@ -155,7 +174,7 @@ def run(
 
 
 @cli.command()
-@click.argument("run_id", metavar="RUN")
+@click.argument("run_id", metavar="[RUN]", required=False)
 @click.option("--node", "only_node", type=TEXT, metavar="NAME", help="Only this node's output.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
 @click.option(
@@ -194,7 +213,7 @@ def run(
 )
 @smb_options
 def logs(
-    run_id: str,
+    run_id: str | None,
     only_node: str | None,
     follow: bool,
     cluster_name: str | None,
@@ -207,16 +226,20 @@ def logs(
 ) -> None:
     """Print a run's per-node stdout and stderr, prefixed by node, from the share.
 
-    RUN is the run id that render, run and submit print, or the HPC Pack job id of a submitted job.
-    Without --follow, each node's output is printed whole, in node order; with it, new lines are
-    printed as they come, and hpcjob exits with the job's exit code when it has ended. When the share
-    cannot be reached, a submitted job's output comes from the scheduler, which keeps only its start.
+    RUN is the run id that render, run and submit print, or the HPC Pack job id of a submitted job
+    [default: this machine's newest run]. Without --follow, each node's output is printed whole, in
+    node order; with it, new lines are printed as they come, and hpcjob exits with the job's exit code
+    when it has ended. When the share cannot be reached, a submitted job's output comes from the
+    scheduler, which keeps only its start.
     """
     from hpcjob.logs import output_line
     from hpcjob.runner import RunOutput, run_of
     from hpcjob.runs import RunRecord
     from hpcjob.spec import SpecError, check_job_folder, check_run_id
 
+    if run_id is None and (share or mount_point):
+        raise SpecError("name the run with --share or --mount-point: this machine's history knows no other")
+    run_id = named_or_newest(run_id)
     check_run_id(run_id)
     if job_folder is not None:
         check_job_folder(job_folder)

@@ -307,6 +307,45 @@ def local_folder(path: str, option: str) -> Path:
     return folder
 
 
+def unknown_option(word: str) -> str:
+    """An option the command does not have, in one line, with the nearest one it has (the words after
+    the script's name are the script's: only a word before it gets here)."""
+    context = click.get_current_context()
+    known = [
+        o for p in context.command.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)
+    ]
+    name = word.split("=", 1)[0]
+    # Fewest edits (two letters swapped is one), then the same length: --nodse is --nodes, not --node.
+    (edits, _), nearest = min(((_edits(name, o), abs(len(o) - len(name))), o) for o in known)
+    hint = f" (did you mean {nearest}?)" if edits <= max(1, len(name) // 4) else ""
+    return f"no such option {name}{hint}: see hpcjob {context.info_name} --help"
+
+
+def _edits(a: str, b: str) -> int:
+    """Letters to insert, delete, change or swap with their neighbour to make `a` into `b`."""
+    before: list[int] = []
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(row[j] + 1, current[j - 1] + 1, row[j - 1] + (x != y)))
+            if i > 1 and j > 1 and x == b[j - 2] and a[i - 2] == y:
+                current[j] = min(current[j], before[j - 2] + 1)
+        before, row = row, current
+    return row[-1]
+
+
+def named_or_newest(run: str | None) -> str:
+    """The run a command was given, else this machine's newest, said on stderr."""
+    if run is not None:
+        return run
+    from hpcjob.runs import newest_run
+
+    newest = newest_run().run_id
+    click.echo(f"hpcjob: run {newest}, the newest of this machine", err=True)
+    return newest
+
+
 def build_spec(params: dict[str, Any]) -> JobSpec:
     """The JobSpec from the job options; checks that the script exists."""
     from hpcjob.runner import job_spec
@@ -327,6 +366,8 @@ def job_fields(params: dict[str, Any]) -> dict[str, Any]:
 
     script = Path(params["script"])
     if not script.is_file():  # before its requirements.txt is looked for beside it
+        if params["script"].startswith("-"):  # before the script, every word is hpcjob's: a typo
+            raise SpecError(unknown_option(params["script"]))
         raise SpecError(f"script {params['script']} does not exist")
     fields: dict[str, Any] = {
         "script": str(script),
