@@ -397,3 +397,39 @@ def test_a_stopped_rank_on_the_cluster_is_named_over_smb_and_its_job_canceled(
         "collective #6 gloo:all_reduce for ",
     )
     assert run.status().state == "Canceled"  # the scheduler's word: hpcjob canceled it
+
+
+@pytest.mark.parametrize(
+    ("header", "left"),
+    [
+        (
+            b'getCvarInt({"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000)',
+            "TORCH_FR_BUFFER_SIZE",
+        ),
+        (b'getCvarInt({"TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000)', "TORCH_NCCL_TRACE_BUFFER_SIZE"),  # older
+        (None, "both"),  # no header shipped: both, as the job set them
+    ],
+)
+def test_a_rank_keeps_the_buffer_size_name_its_torch_reads(
+    tmp_path: Path, header: bytes | None, left: str
+) -> None:
+    """Every run printed torch 2.14's `TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated` on each node; an older
+    torch reads only that name. worker.py looks in the task's own torch, without importing it."""
+    torch = tmp_path / "torch"
+    torch.mkdir()
+    (torch / "__init__.py").write_text("raise SystemExit('worker.py must not import torch for this')\n")
+    if header is not None:
+        folder = torch / "include" / "torch" / "csrc" / "distributed" / "c10d"
+        folder.mkdir(parents=True)
+        (folder / "FlightRecorder.hpp").write_bytes(header)
+    script = tmp_path / "show.py"
+    script.write_text("import os; print(sorted(k for k in os.environ if k.endswith('BUFFER_SIZE')))\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path)}
+    env |= {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "hpcjob" / "node" / "worker.py"), str(script)],
+        capture_output=True, text=True, env=env, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    both = ["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"]
+    assert done.stdout.strip() == str(both if left == "both" else [left])

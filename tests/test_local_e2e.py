@@ -81,6 +81,7 @@ def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     outputs = [(job_dir / "logs" / run_id / f"LOCAL{i}.out").read_text() for i in (1, 2)]
     assert sum(out.count("HPCJOB_METRICS") for out in outputs) == 1  # rank 0's, on either node
     assert "] epoch 2/2" in result.stderr  # live progress, prefixed by node
+    assert "is deprecated" not in result.stderr  # the flight recorder's size under the name torch reads
     assert leftover_processes(run_id) == []
     logs = subprocess.run(
         [sys.executable, "-m", "hpcjob.cli", "logs", run_id, "--follow"],

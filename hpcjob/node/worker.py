@@ -314,9 +314,37 @@ def _report(reports: Optional[int], code: int) -> None:
             os.write(reports, f"{time.time():.6f} {code}\n".encode())
 
 
+# The flight recorder's size: torch 2.14 reads TORCH_FR_BUFFER_SIZE, and warns once a rank that
+# TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated when that is set too; an older torch reads only the older
+# name (torch/include/torch/csrc/distributed/c10d/FlightRecorder.hpp L111 in 2.14.1: getCvarInt of both,
+# the new first). The job sets both; the rank keeps the one its own torch reads.
+BUFFER_NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+RECORDER_HEADER = ("include", "torch", "csrc", "distributed", "c10d", "FlightRecorder.hpp")
+
+
+def _one_buffer_name() -> None:
+    """Leave set only the buffer size name the torch this task imports reads, judged from its own
+    FlightRecorder.hpp (without importing torch); both where it cannot be told."""
+    if not all(name in os.environ for name in BUFFER_NAMES):
+        return
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("torch")
+        origin = found.origin if found else None
+        if not origin:
+            return
+        with open(os.path.join(os.path.dirname(origin), *RECORDER_HEADER), "rb") as header:
+            knows_new = BUFFER_NAMES[0].encode() in header.read()
+    except (OSError, ImportError, ValueError):
+        return
+    del os.environ[BUFFER_NAMES[1] if knows_new else BUFFER_NAMES[0]]
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: worker.py SCRIPT [ARGS...]")
+    _one_buffer_name()
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
