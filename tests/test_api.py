@@ -157,7 +157,7 @@ def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster, 
         assert {node for node, _, _ in lines} == {"LOCALHOST", "NODE002"}
         assert any(stream == "stdout" and "epoch 1/1" in line for _, stream, line in lines)
         assert any(
-            (node, stream) == ("NODE002", "stderr") and line.startswith("hpcjob: node NODE002, store host 0")
+            (node, stream) == ("NODE002", "stderr") and line.startswith("hpcjob: NODE002 joins from ")
             for node, stream, line in lines
         )
     checkpoint = emulated.share_dir / "hpcjob" / "alice" / "train-rest" / "checkpoints" / "checkpoint.pt"

@@ -82,6 +82,8 @@ def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     assert sum(out.count("HPCJOB_METRICS") for out in outputs) == 1  # rank 0's, on either node
     assert "] epoch 2/2" in result.stderr  # live progress, prefixed by node
     assert "is deprecated" not in result.stderr  # the flight recorder's size under the name torch reads
+    assert "HPCJOB_METRICS" not in result.stderr  # the summary shows them once, the log keeps the line
+    assert "LOCAL1 hosts the rendezvous, at 127.0.0.1 (lo)" in result.stderr
     assert leftover_processes(run_id) == []
     logs = subprocess.run(
         [sys.executable, "-m", "hpcjob.cli", "logs", run_id, "--follow"],

@@ -96,8 +96,8 @@ def test_the_job_runs_across_hosts_with_code_and_logs_on_the_share(bed: TestBed,
     codes = wait_all(processes, job_dir / "logs" / run_id, 240)
     err = {n: (job_dir / "logs" / run_id / f"{n}.err").read_text() for n in ("NODE1", "NODE2")}
     assert codes == [0, 0], err
-    assert "store host 1, address" in err["NODE1"] and "store host 0, address" in err["NODE2"]
-    assert f"address {bed['node2'].address} on eth0" in err["NODE2"]  # not 127.0.1.1
+    assert "NODE1 hosts the rendezvous, at " in err["NODE1"] and "NODE2 joins from " in err["NODE2"]
+    assert f"joins from {bed['node2'].address} (eth0)" in err["NODE2"]  # not 127.0.1.1
     assert (job_dir / "checkpoints" / "checkpoint.pt").is_file()
     assert (job_dir / "logs" / run_id / "NODE1.exit").read_text().split()[0] == "0"  # and its end time
 
@@ -112,7 +112,7 @@ def test_the_job_runs_across_hosts_with_code_and_logs_on_the_share(bed: TestBed,
     lines = logs.stdout.splitlines()
     assert "[NODE1] epoch 2/2" in "\n".join(lines) or "[NODE2] epoch 2/2" in "\n".join(lines)
     assert sum(line.startswith(("[NODE1] HPCJOB_METRICS", "[NODE2] HPCJOB_METRICS")) for line in lines) == 1
-    assert any(line.startswith("[NODE2 err] hpcjob: node NODE2") for line in lines)
+    assert any(line.startswith("[NODE2 err] hpcjob: NODE2 joins from ") for line in lines)
 
 
 def test_a_dead_host_ends_the_other_task_instead_of_hanging(bed: TestBed, tmp_path: Path) -> None:

@@ -168,7 +168,7 @@ def test_submit_wait_prints_the_summary_its_progress_and_then_logs_and_status(
     logs = cluster.hpcjob("logs", job_id)
     assert logs.returncode == 0, logs.stderr
     assert "[NODE002 err] rank of NODE002" in logs.stdout and "[LOCALHOST] HPCJOB_METRICS" in logs.stdout
-    assert "[NODE002 err] hpcjob: node NODE002, store host 0" in logs.stdout
+    assert "[NODE002 err] hpcjob: NODE002 joins from " in logs.stdout
     shown = cluster.hpcjob("status", job_id)
     assert shown.stdout.startswith(f"job {job_id} (train-") and "Finished, exit code 0" in shown.stdout
 

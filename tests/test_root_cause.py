@@ -63,7 +63,7 @@ def test_records_of_the_older_four_field_form_and_torn_ones() -> None:
 
 
 TORCHRUN_ERR = """\
-hpcjob: node LOCAL1, store host 1, address 127.0.0.1 on lo
+hpcjob: LOCAL1 hosts the rendezvous, at 127.0.0.1 (lo)
 Traceback (most recent call last):
   File "train.py", line 3, in <module>
     raise ValueError("bad shape (3, 4)")
@@ -82,7 +82,7 @@ train.py FAILED
     [
         (TORCHRUN_ERR, "ValueError: bad shape (3, 4)"),
         (
-            "hpcjob: node A, store host 1, address 1.2.3.4 on eth0\n"
+            "hpcjob: A hosts the rendezvous, at 1.2.3.4 (eth0)\n"
             "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the "
             "C10d store has failed.\n",
             "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the "

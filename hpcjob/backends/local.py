@@ -49,6 +49,7 @@ from hpcjob.procs import (
 )
 from hpcjob.results import (
     ALREADY_MOUNTED,
+    METRICS_PREFIX,
     JobInfo,
     JobSummary,
     MountResult,
@@ -617,10 +618,13 @@ def _cancel_when_starter_ends() -> None:
 
 
 def _echo(nodes: Sequence[_Node], progress: Printer, final: bool = False) -> None:
+    """The nodes' new lines, but the metrics line, which the summary shows in a person's units (the log
+    keeps it, for `hpcjob logs` and the history)."""
     for node in nodes:
         for tail in node.tails:
             for line in tail.read(final):
-                progress(line)
+                if not line[len(tail.prefix) :].startswith(METRICS_PREFIX):
+                    progress(line)
 
 
 if __name__ == "__main__":

@@ -56,4 +56,9 @@ hpcjob_exit() {
     exit "$rc"
 }
 trap hpcjob_exit EXIT
-echo "hpcjob: node $HPCJOB_NODE, store host $HPCJOB_IS_HOST, address $HPCJOB_ADDR on $HPCJOB_IFNAME" >&2
+# Where this node is on the job's network, in a person's words: the one that hosts the rendezvous says so.
+if [ "$HPCJOB_IS_HOST" = 1 ]; then
+    echo "hpcjob: $HPCJOB_NODE hosts the rendezvous, at $HPCJOB_ADDR ($HPCJOB_IFNAME)" >&2
+else
+    echo "hpcjob: $HPCJOB_NODE joins from $HPCJOB_ADDR ($HPCJOB_IFNAME)" >&2
+fi
