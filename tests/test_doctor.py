@@ -274,3 +274,28 @@ def test_doctor_runs_its_all_reduce_in_the_image_and_names_docker_s_reason_when_
     result, detail, fix = container_check("contoso/missing:1")
     assert result == "fail" and "pull access denied for contoso/missing" in detail, detail
     assert "NVIDIA container toolkit" in fix
+
+
+@pytest.mark.slow  # a real 2-node local run of the all-reduce
+def test_doctor_local_checks_this_machine_for_a_local_run(tmp_path: Path) -> None:
+    """`hpcjob doctor --local`: the lines of the cluster doctor, for this machine."""
+    import subprocess
+
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "doctor", "--local", "--json"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    report = json.loads(done.stdout)
+    results = {c["check"]: c["result"] for c in report["checks"]}
+    assert (report["cluster"], report["backend"]) == ("this machine", "local")
+    assert [results[k] for k in ("Python", "torch", "all-reduce gloo", "disk")] == ["pass"] * 4, done.stdout
+    assert set(results) >= {"GPUs", "rendezvous port", "docker"}
+    gloo = next(c for c in report["checks"] if c["check"] == "all-reduce gloo")
+    assert gloo["figures"][0]["bus_gbps"] > 0
+    assert done.returncode == (1 if "fail" in results.values() else 0)
+    mixed = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "doctor", "--local", "--image", IMAGE],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert mixed.returncode == 2 and "--local checks this machine" in mixed.stderr

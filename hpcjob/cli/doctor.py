@@ -27,18 +27,25 @@ from hpcjob.runner import ClusterAccess
     metavar="IMAGE",
     help="Run the all-reduce in containers of IMAGE, as `--image` jobs run (Docker, GPUs, the image).",
 )
+@click.option(
+    "--local",
+    is_flag=True,
+    help="Check this machine for `run --local` instead: Python and torch, CUDA and the GPUs, a 2-node "
+    "all-reduce on loopback, the rendezvous port, disk for environments, Docker.",
+)
 def doctor(
     cluster_name: str | None,
     backend_kind: str | None,
     as_json: bool,
     requirements: Path | None,
     image: str | None,
+    local: bool,
 ) -> None:
     """Check a cluster before the first job: the head node and its version, the credentials, the node
     group's nodes, each node's GPUs, Python, torch and CUDA and its mount of the share (one short job, a
     task per node), an all-reduce between two nodes (in the environment of --requirements FILE, in
-    containers of --image IMAGE, when given), and the share from this machine. Exits 1 when a check
-    fails."""
+    containers of --image IMAGE, when given), and the share from this machine. With --local, this
+    machine instead, for `run --local`. Exits 1 when a check fails."""
     from hpcjob.runner import read_requirements
     from hpcjob.runner.doctor import checkup
     from hpcjob.spec import DEFAULT_DOCKER_GPUS, check_docker
@@ -55,13 +62,23 @@ def doctor(
         if not as_json:
             click.echo(line, err=True)
 
-    report = checkup(
-        ClusterAccess(cluster_name, backend_kind),
-        requirements=wanted,
-        image=image,
-        progress=progress,
-        command=started_command(),
-    )
+    if local:
+        from hpcjob.runner.doctor import local_checkup
+        from hpcjob.spec import SpecError
+
+        if cluster_name or backend_kind or requirements or image:
+            raise SpecError(
+                "--local checks this machine: --cluster, --backend, --requirements, --image are a cluster's"
+            )
+        report = local_checkup(progress)
+    else:
+        report = checkup(
+            ClusterAccess(cluster_name, backend_kind),
+            requirements=wanted,
+            image=image,
+            progress=progress,
+            command=started_command(),
+        )
     if as_json:
         rows = [
             {"check": c.name, "result": c.result, "detail": c.detail, "fix": c.fix}

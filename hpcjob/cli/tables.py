@@ -114,7 +114,8 @@ def checkup_lines(report: Checkup) -> list[str]:
 
     checks, failed = report.checks, report.failed
     width = max(len(check.name) for check in checks)
-    lines = [f"cluster {report.cluster} ({report.backend}, {report.endpoint})"]
+    where = f"cluster {report.cluster} ({report.backend}, " if report.backend != "local" else "this machine ("
+    lines = [f"{where}{report.endpoint})"]
     for check in checks:
         lines.append(f"  {check.result.upper():4}  {check.name.ljust(width)}  {check.detail}")
         if check.fix and check.failed:

@@ -320,3 +320,168 @@ def _share_error(access: ClusterAccess) -> str | None:
     except (HpcjobError, OSError) as exc:
         return " ".join(str(exc).split())
     return None
+
+
+# `doctor --local`: what a local run needs, on this machine.
+ENV_SPACE_GB = 10.0  # free space for a job's environments below which the check fails: torch's is ~5 GB
+
+
+def local_checkup(progress: Progress, share_root: Path | None = None) -> Checkup:
+    """Is this machine fit for `hpcjob run --local`: its Python and torch, CUDA and the GPUs, a 2-node
+    all-reduce on loopback (gloo; NCCL too with two GPUs or more) through a real local run, the rendezvous
+    port, the disk for environments, and Docker with its runtimes where it is installed."""
+    import socket
+
+    from hpcjob.doctor import PASS, SKIP
+    from hpcjob.spec import DEFAULT_RDZV_PORT
+
+    checks: list[Check] = []
+    python, torch_check, cuda = _local_python()
+    checks += [python, torch_check]
+    gpus = _local_gpus(cuda)
+    checks.append(gpus)
+    if torch_check.failed:
+        checks.append(Check("all-reduce gloo", SKIP, "cannot run: no torch"))
+    else:
+        checks.append(_local_allreduce("gloo", progress, share_root))
+        if cuda is not None and cuda >= 2:
+            checks.append(_local_allreduce("nccl", progress, share_root))
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", DEFAULT_RDZV_PORT))
+            checks.append(
+                Check("rendezvous port", PASS, f"{DEFAULT_RDZV_PORT} free (a local run takes any free one)")
+            )
+        except OSError as exc:
+            taken = f"{DEFAULT_RDZV_PORT} in use ({exc.strerror}): a local run takes another free one"
+            checks.append(Check("rendezvous port", SKIP, taken))
+    checks.append(_local_disk())
+    checks.append(_local_docker(cuda))
+    import platform
+
+    return Checkup("this machine", "local", platform.node(), checks)
+
+
+def _local_python() -> tuple[Check, Check, int | None]:
+    """The Python local nodes run (this one: its folder leads their PATH), and its torch: (Python's
+    check, torch's, the GPUs torch sees or None without CUDA)."""
+    import subprocess
+    import sys
+
+    from hpcjob.doctor import FAIL, NODE_PROBE, PASS
+
+    done = subprocess.run([sys.executable, "-c", NODE_PROBE], capture_output=True, text=True, timeout=120)
+    words = done.stdout.split()
+    version = ".".join(map(str, sys.version_info[:3]))
+    if done.returncode != 0 or len(words) < 5:
+        said = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+        python = Check("Python", PASS, f"{version} ({sys.executable})")
+        fix = "pip install 'hpcjob[train]' (torch==2.14.1, as scripts/bootstrap.sh installs)"
+        return python, Check("torch", FAIL, said, fix), None
+    venv = "venv for a job's environment" if words[-1] == "venv" else "no venv (install python3-venv)"
+    python = Check("Python", PASS if words[-1] == "venv" else FAIL, f"{version} ({sys.executable}), {venv}")
+    cuda = int(words[4]) if words[3] == "True" else None
+    detail = f"{words[2]}, " + (
+        f"CUDA with {cuda} GPU(s)" if cuda is not None else "no CUDA: ranks run on the CPU"
+    )
+    return python, Check("torch", PASS, detail), cuda
+
+
+def _local_gpus(cuda: int | None) -> Check:
+    import shutil
+    import subprocess
+
+    from hpcjob.doctor import FAIL, PASS, SKIP
+
+    if shutil.which("nvidia-smi") is None:
+        return Check(
+            "GPUs", SKIP, "no nvidia-smi: none to check" + ("" if cuda is None else f" (torch sees {cuda})")
+        )
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    count = sum(line.startswith("GPU") for line in listed.stdout.splitlines())
+    if listed.returncode != 0 or (cuda or 0) != count:
+        said = (listed.stderr.strip().splitlines() or [f"nvidia-smi lists {count}, torch sees {cuda or 0}"])[
+            -1
+        ]
+        return Check("GPUs", FAIL, said, "a CUDA build of torch that matches the driver (nvidia-smi's CUDA)")
+    return Check("GPUs", PASS, f"{count} (`nvidia-smi -L`), all seen by torch")
+
+
+def _local_allreduce(backend: str, progress: Progress, share_root: Path | None) -> Check:
+    """hpcjob's all-reduce probe as a real 2-node local run (torchrun, the rendezvous on loopback)."""
+    progress(f"all-reduce over {backend}: a 2-node local run")
+    import os
+    import tempfile
+
+    from hpcjob.doctor import FAIL, PASS
+    from hpcjob.runner import LocalOptions, run_local
+
+    probe = Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"
+    fields = {"script": str(probe), "nodes": 2, "nproc_per_node": 1, "name": "doctor-local"}
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if backend == "gloo":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the probe takes NCCL wherever it sees CUDA
+    try:
+        with tempfile.TemporaryDirectory(prefix="hpcjob-doctor-") as scratch:
+            summary = run_local(
+                fields, new_run_id("doctor-local"), LocalOptions(share_root or Path(scratch)),
+                progress=lambda line: None, command="hpcjob doctor --local",
+            )  # fmt: skip
+    finally:
+        if hidden is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+    metrics = summary.metrics or {}
+    name = f"all-reduce {backend}"
+    if summary.exit_code != 0 or not metrics.get("allreduce_correct"):
+        cause = summary.root_cause.reason if summary.root_cause else f"exit code {summary.exit_code}"
+        return Check(name, FAIL, cause, "hpcjob run --local -n 2 hpcjob/probes/allreduce.py shows it whole")
+    figure = {"backend": backend, "bus_gbps": metrics.get("allreduce_bus_gbps")}
+    detail = (
+        f"2 nodes on loopback, {metrics.get('allreduce_mb')} MB: {metrics.get('allreduce_bus_gbps')} GB/s bus"
+    )
+    return Check(name, PASS, detail, figures=(figure,))
+
+
+def _local_disk() -> Check:
+    import shutil
+
+    from hpcjob.doctor import FAIL, PASS
+    from hpcjob.spec import DEFAULT_NODE_ENV_DIR
+
+    folder = Path(DEFAULT_NODE_ENV_DIR).expanduser()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    free = shutil.disk_usage(existing).free / 1e9
+    detail = f"{free:.1f} GB free for environments in {folder}"
+    if free < ENV_SPACE_GB:
+        return Check("disk", FAIL, detail, f"at least {ENV_SPACE_GB:.0f} GB: a torch environment takes ~5 GB")
+    return Check("disk", PASS, detail)
+
+
+def _local_docker(cuda: int | None) -> Check:
+    import json
+    import shutil
+    import subprocess
+
+    from hpcjob.doctor import FAIL, PASS, SKIP
+
+    if shutil.which("docker") is None:
+        return Check("docker", SKIP, "not installed: only `run --local --image` needs it")
+    info = subprocess.run(
+        ["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True, timeout=60
+    )
+    if info.returncode != 0:  # installed, not reachable: only --image runs need it
+        said = (info.stderr.strip().splitlines() or ["no answer"])[-1]
+        return Check(
+            "docker", SKIP, f"installed, its daemon not reachable ({said}): `run --local --image` needs it"
+        )
+    try:
+        runtimes = sorted(json.loads(info.stdout or "{}"))
+    except ValueError:
+        runtimes = []
+    if cuda and "nvidia" not in runtimes:
+        return Check(
+            "docker", FAIL, f"runtimes {', '.join(runtimes)}: no nvidia", "the NVIDIA container toolkit"
+        )
+    return Check("docker", PASS, f"runtimes {', '.join(runtimes) or 'none listed'}")

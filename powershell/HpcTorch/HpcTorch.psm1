@@ -118,7 +118,7 @@ $script:Cli = @{
     }
     'Test-HpcTorchCluster'     = @{
         Words     = @('doctor', '--json')
-        Options   = $script:ClusterOptions + @{ Requirements = '--requirements'; Image = '--image' }
+        Options   = $script:ClusterOptions + @{ Requirements = '--requirements'; Image = '--image'; Local = '--local' }
         Arguments = @()
         Unexposed = @()
     }
@@ -718,7 +718,9 @@ function Test-HpcTorchCluster {
     .DESCRIPTION
     The head node and its version, the credentials, the group's nodes, each node's GPUs, torch and
     CUDA, the share on every node and from here, and a 2-node all-reduce (in the environment of
-    -Requirements, in containers of -Image). A failed check is also an error.
+    -Requirements, in containers of -Image). A failed check is also an error. With -Local, this machine
+    instead, for local runs: Python and torch, CUDA and the GPUs, a 2-node all-reduce on loopback, the
+    rendezvous port, disk for environments, Docker (local runs need Linux: in WSL on Windows).
 
     .EXAMPLE
     Test-HpcTorchCluster -Cluster prod | Where-Object result -ne 'pass'
@@ -730,6 +732,7 @@ function Test-HpcTorchCluster {
         [ValidateSet('rest', 'winrm')][string]$Backend,
         [string]$Requirements,
         [string]$Image,
+        [switch]$Local,
         [pscredential]$Credential
     )
     # doctor --json is one report: {cluster, backend, checks}; the checks are what a user filters.
