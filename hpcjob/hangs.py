@@ -17,6 +17,7 @@ from the follower's. Pure: the reading is done by the caller (hpcjob.logs.read_b
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -72,7 +73,7 @@ class Beat:
         if not isinstance(groups, Mapping):
             raise ValueError("collectives: not an object")
         t = float(str(data["t"]))
-        if t != t or abs(t) == float("inf"):  # a time that never changes, or always does
+        if not math.isfinite(t):  # a time that never changes, or always does
             raise ValueError("t: not a finite number")
         return cls(
             rank=int(str(data["rank"])),

@@ -17,7 +17,16 @@ from typing import Any
 from hpcjob.fabric import TOPOLOGY_FOLDER, nccl_env
 from hpcjob.hangs import beat_interval
 from hpcjob.node import mount_filter
-from hpcjob.spec import ENVS_NAME, PLAIN_PATH, WHEELS_NAME, JobSpec, SpecError, check_run_id, parse_node_names
+from hpcjob.spec import (
+    ENVS_NAME,
+    PLAIN_PATH,
+    WHEELS_NAME,
+    JobSpec,
+    SpecError,
+    account_name,
+    check_run_id,
+    parse_node_names,
+)
 from hpcjob.torchrun import NODE_DIR, TorchrunCommand, bash_join, bash_quote, command_line
 
 
@@ -436,10 +445,7 @@ def user_mount_point(mount_root: str, owner: str) -> str:
     """Where hpcjob's execution filter mounts the share for the job owner `owner` (DOMAIN\\name): a
     folder of their own under the administrator's mount root, so each user reaches the share with their
     own SMB identity (hpcjob/node/mount_filter.py applies the same rule on the node)."""
-    name = mount_filter.user_name(owner)
-    if not name:
-        raise SpecError(f"user {owner!r} has no name a node can take (letters, digits, . _ -)")
-    return f"{mount_root.rstrip('/')}/{name}"
+    return f"{mount_root.rstrip('/')}/{account_name(owner)}"
 
 
 def mount_command(share_unc: str, mount_point: str, options: str, log_dir: str | None = None) -> str:

@@ -6,6 +6,7 @@ Shared by the backends, the logs and the CLI, below all of them: it imports noth
 from __future__ import annotations
 
 import json
+import math
 import signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -18,7 +19,6 @@ METRICS_PREFIX = "HPCJOB_METRICS "
 GPU_PREFIX = "HPCJOB_GPU "
 # The exit code of a canceled job, as a shell reports an interrupted command.
 CANCELED_EXIT_CODE = 130
-_INFINITY = float("inf")
 
 
 def untrusted_json(text: str | bytes, *, null_for_non_finite: bool = False) -> object:
@@ -33,7 +33,7 @@ def untrusted_json(text: str | bytes, *, null_for_non_finite: bool = False) -> o
 
     def number(figure: str) -> float | None:
         value = float(figure)
-        if value in (_INFINITY, -_INFINITY):  # 1e999
+        if math.isinf(value):  # 1e999
             non_finite(figure)
             return None
         return value
@@ -42,10 +42,6 @@ def untrusted_json(text: str | bytes, *, null_for_non_finite: bool = False) -> o
         return json.loads(text, parse_constant=non_finite, parse_float=number)
     except RecursionError:
         raise ValueError("JSON nested too deep") from None
-
-
-def _finite(value: float) -> bool:
-    return value == value and value not in (_INFINITY, -_INFINITY)  # NaN is the one unequal to itself
 
 
 class State(StrEnum):
@@ -246,7 +242,7 @@ def parse_exit_records(lines: Iterable[str]) -> list[RootCause]:
         parts = line.split()
         try:
             signal_name = parts[4] if len(parts) > 4 and parts[4].startswith("SIG") else None
-            if not _finite(float(parts[0])):
+            if not math.isfinite(float(parts[0])):
                 continue  # a time that orders nothing ("nan"): not written by the shim
             records.append(
                 RootCause(

@@ -215,17 +215,20 @@ SHARE_FOLDER = "hpcjob"  # hpcjob's folder on the share
 ENVS_NAME, WHEELS_NAME = "envs", "wheels"  # in a user's folder: the environments and the wheels
 
 
-def share_user_folder(owner: str | None) -> str:
-    """The cluster user's own folder on the share, `hpcjob/<name>` (the account name as the node agent
-    takes it, the same as their mount point's), which holds their job folders, wheels and environments:
-    a folder of their own, so that nobody else's code or packages run in their jobs. No owner: `hpcjob`,
-    the layout of a share of one user's own (a local run's)."""
-    if owner is None:
-        return SHARE_FOLDER
+def account_name(owner: str) -> str:
+    """The cluster user's account on the nodes, as the node agent and hpcjob's filter take it
+    (DOMAIN\\name is name): their mount point's last folder and their folder on the share."""
     name = user_name(owner)
     if not name:
         raise SpecError(f"user {owner!r} has no name a node can take (letters, digits, . _ -)")
-    return f"{SHARE_FOLDER}/{name}"
+    return name
+
+
+def share_user_folder(owner: str | None) -> str:
+    """The cluster user's own folder on the share, `hpcjob/<account>`, which holds their job folders,
+    wheels and environments: a folder of their own, so that nobody else's code or packages run in their
+    jobs. No owner: `hpcjob`, the layout of a share of one user's own (a local run's)."""
+    return SHARE_FOLDER if owner is None else f"{SHARE_FOLDER}/{account_name(owner)}"
 
 
 def check_job_folder(job_folder: str) -> str:

@@ -14,7 +14,7 @@ CORE = {"hpcjob.spec", "hpcjob.plan", "hpcjob.torchrun", "hpcjob.render", "hpcjo
         "hpcjob.render.text", "hpcjob.results", "hpcjob.fabric", "hpcjob.hangs"}  # fmt: skip
 CORE_MAY_IMPORT = {
     *("__future__", "collections", "dataclasses", "pathlib", "re", "hashlib", "typing", "shlex", "fnmatch"),
-    *("xml", "base64", "functools", "gzip", "json", "enum", "signal", "jinja2", "importlib"),
+    *("xml", "base64", "functools", "gzip", "json", "enum", "signal", "jinja2", "importlib", "math"),
     "hpcjob.node.mount_filter",  # the node-side filter's request format: its constants, run nowhere
 }
 

@@ -98,21 +98,23 @@ def main(argv: List[str]) -> int:
     if event == "check-install":
         return check_install(sys.stdin.buffer.read())
     raw = sys.stdin.buffer.read()
-    refusal = container_refusal(raw)
-    if refusal:
-        log("refused a container:", refusal)
-        sys.stdout.write("hpcjob's execution filter refused this task: " + refusal + "\n")
-        return CONTAINER_REFUSED
     try:
         # NaN, Infinity or a number past a double would come back out as text that is not JSON: such a
         # start is not one this filter reads, and passes on as the agent wrote it.
         request = json.loads(raw.decode("utf-8"), parse_constant=not_json)
         json.dumps(request, allow_nan=False)
         env = request["m_Item2"]["environmentVariables"]
-        wanted = env.get(REQUEST_VAR) if isinstance(env, dict) else None
+        if not isinstance(env, dict):
+            raise TypeError("environmentVariables")
     except (ValueError, KeyError, TypeError, RecursionError):
-        wanted = None
-    if not isinstance(wanted, str):
+        env = None
+    refusal = container_refusal(env, raw)
+    if refusal:
+        log("refused a container:", refusal)
+        sys.stdout.write("hpcjob's execution filter refused this task: " + refusal + "\n")
+        return CONTAINER_REFUSED
+    wanted = env.get(REQUEST_VAR) if env is not None else None
+    if env is None or not isinstance(wanted, str):
         sys.stdout.buffer.write(raw)  # not for this filter: passed on byte for byte
         return 0
     started = time.monotonic()
@@ -136,10 +138,11 @@ def main(argv: List[str]) -> int:
     return 0
 
 
-def container_refusal(raw: bytes) -> str:
+def container_refusal(env: Optional[Dict[str, Any]], raw: bytes) -> str:
     """Why the administrator's container policy refuses this start ("" when it does not, or when there is
     no policy): the image, the `docker run` options and the volumes the agent would use must be ones the
-    administrator allowed, and nothing may reach the agent's greps of the variables file but those."""
+    administrator allowed, and nothing may reach the agent's greps of the variables file but those.
+    `env`: the start's variables, None where the filter could not read it (`raw`)."""
     try:
         policy = read_config().get("containers")
     except Refused as why:
@@ -148,13 +151,7 @@ def container_refusal(raw: bytes) -> str:
         return f"the container policy cannot be read ({why})" if b"CCP_DOCKER_" in raw else ""
     if policy is None:
         return ""
-    try:
-        request = json.loads(raw.decode("utf-8"), parse_constant=not_json)
-        env = request["m_Item2"]["environmentVariables"]
-        if not isinstance(env, dict):
-            raise TypeError("environmentVariables")
-    except (ValueError, KeyError, TypeError, RecursionError):
-        # Not a start this filter reads: refused only if it might name a container.
+    if env is None:  # not a start this filter reads: refused only if it might name a container
         return "a task start the filter cannot read names a container" if b"CCP_DOCKER_" in raw else ""
     image = env.get("CCP_DOCKER_IMAGE")
     if not image:
@@ -349,11 +346,7 @@ def owned_by_owner(point: str, uid: Optional[int]) -> None:
         raise Refused(f"cannot look at {point}: {err.strerror}") from None
     if stat.S_ISLNK(info.st_mode):
         raise Refused(f"{point} is a symlink: the filter never mounts through one")
-    if (
-        not stat.S_ISDIR(info.st_mode)
-        or info.st_uid not in (0, uid if uid is not None else 0)
-        or info.st_mode & 0o022
-    ):
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, uid) or info.st_mode & 0o022:
         raise Refused(f"{point} is mounted, but not as the filter mounts it for its owner alone")
 
 
