@@ -1,4 +1,5 @@
-"""README "Try the whole REST and WinRM paths on this machine": its commands, exactly as written, work."""
+"""docs/cluster-setup.md, "Try the whole REST and WinRM paths on this machine": its commands, exactly as
+written, work."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ HEADING = "### Try the whole REST and WinRM paths on this machine"
 
 
 def walkthrough() -> str:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index(HEADING) :]
+    page = (REPO / "docs" / "cluster-setup.md").read_text(encoding="utf-8")
+    section = page[page.index(HEADING) :]
     found = re.search(r"```bash\n(.*?)```", section, re.S)
     assert found is not None, "the walkthrough has no bash block"
     return found.group(1)
