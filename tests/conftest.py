@@ -64,6 +64,22 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads -n
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """With pytest-xdist: a worker per core and one more (`-n auto`), each taking the next test when it
+    is done with one (`--maxschedchunk 1`), the slow ones first (pytest_collection_modifyitems): the
+    longest are spread over the workers, not queued on one. Where the command line says otherwise (`-n`,
+    `-n 0` for none, `-p no:xdist`), or xdist is not installed, its word stands: the tests run either way.
+    """
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):  # not in a worker
+        return
+    if config.option.numprocesses is None:
+        config.option.numprocesses = "auto"
+    if config.option.maxschedchunk is None:
+        config.option.maxschedchunk = 1
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown without it
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto`: a worker more than this machine has cores. The end-to-end tests wait on their jobs' polls
     and processes a good part of their time; the extra worker keeps the cores busy meanwhile. xdist's own
