@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpcjob.plan import ENVS_VAR, REQUIREMENTS_VAR, requirements_file
+from hpcjob.job.plan import ENVS_VAR, REQUIREMENTS_VAR, requirements_file
 from tests.test_env import make_wheel, requirements
 from tests.testbed import TestBed
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hpcjob.job.plan import AllowedShare, user_mount_point
+from hpcjob.job.render.text import filter_install_command
 from hpcjob.node import mount_filter
-from hpcjob.plan import AllowedShare, user_mount_point
-from hpcjob.render.text import filter_install_command
 
 SHARE = "//HEADNODE/CcpSpoolDir/app"
 OWNER = "HPC\\" + pwd.getpwuid(os.geteuid()).pw_name

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import hpcjob
-from hpcjob.hangs import beat_interval
+from hpcjob.job.hangs import beat_interval
 
 SLEEPER = """\
 import time

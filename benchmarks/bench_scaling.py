@@ -5,7 +5,7 @@ steps per epoch, so each rank does the same work at every size: weak scaling), i
 samples/s from the job's metrics. Efficiency is samples/s at N nodes over N times samples/s at 1. Prints
 a table and draws it (--plot, with matplotlib). On a machine with fewer cores than nodes, the local nodes
 share the cores and efficiency falls: that is the machine, not hpcjob; on a GPU machine each local node
-gets its own GPUs (hpcjob.gpus) and the figures mean more.
+gets its own GPUs (hpcjob.backends.local.gpus) and the figures mean more.
 
     .venv/bin/python benchmarks/bench_scaling.py [--nodes 1 2 4] [--repeats 1] [--plot scaling.png]
 """

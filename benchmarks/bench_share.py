@@ -26,11 +26,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from hpcjob.backends.local import LOOPBACK, LocalBackend, free_port  # noqa: E402
-from hpcjob.plan import make_plan  # noqa: E402
-from hpcjob.render import JOB_NAMESPACE, job_xml  # noqa: E402
-from hpcjob.share import LocalFolder, SmbFolder  # noqa: E402
-from hpcjob.spec import JobSpec, parse_share  # noqa: E402
-from hpcjob.staging import upload  # noqa: E402
+from hpcjob.job.plan import make_plan  # noqa: E402
+from hpcjob.job.render import JOB_NAMESPACE, job_xml  # noqa: E402
+from hpcjob.job.spec import JobSpec, parse_share  # noqa: E402
+from hpcjob.store.share import LocalFolder, SmbFolder  # noqa: E402
+from hpcjob.store.staging import upload  # noqa: E402
 from tests.testbed import SmbServer, TestBed  # noqa: E402
 from tests.testbed.agent import start_job  # noqa: E402
 

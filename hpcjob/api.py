@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcjob import runner
+from hpcjob.job.spec import HpcjobError, SpecError
 from hpcjob.runner import HpcjobWarning, StoppedWaiting
-from hpcjob.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
-    from hpcjob.plan import JobPlan
-    from hpcjob.results import JobInfo, JobSummary
-    from hpcjob.runs import HistoryEntry, RunRecord
+    from hpcjob.job.plan import JobPlan
+    from hpcjob.job.results import JobInfo, JobSummary
+    from hpcjob.store.runs import HistoryEntry, RunRecord
 
 atexit.register(runner.close_backends)  # a WinRM shell counts against the user's quota on the head node
 
@@ -174,7 +174,7 @@ def list_runs(
 ) -> list[HistoryEntry]:
     """The runs this machine started, newest first (`hpcjob runs`): of `cluster` (local runs: "local"
     is their backend, see `backend`), in `state`, with every one of `tags`, the `last` ones."""
-    from hpcjob.runs import history
+    from hpcjob.store.runs import history
 
     return history(cluster=cluster, state=state, tags=tags, last=last)
 
@@ -192,8 +192,8 @@ def render_job(
     and submit commands}. Job options by their JobSpec names; `owner`, whose folder on the share holds
     the job folder, as the command line's render takes it [default: the default cluster profile's user,
     else this machine's]."""
-    from hpcjob.plan import make_plan
-    from hpcjob.spec import JobSpec, parse_share
+    from hpcjob.job.plan import make_plan
+    from hpcjob.job.spec import JobSpec, parse_share
 
     if isinstance(options.get("share"), str):
         options["share"] = parse_share(options["share"])

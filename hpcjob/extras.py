@@ -7,7 +7,7 @@ instead of ending in a traceback.
 
 from __future__ import annotations
 
-from hpcjob.spec import SpecError
+from hpcjob.job.spec import SpecError
 
 # Extra -> what it installs, as the one line names it (its packages are in pyproject.toml;
 # tests/test_packaging.py checks that every extra named here is one).

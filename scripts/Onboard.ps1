@@ -5,7 +5,7 @@ checkout's PowerShell module, for those who would rather run a script.
 
 .DESCRIPTION
 Takes New-HpcTorchCluster's parameters (Get-Help New-HpcTorchCluster -Full after Import-Module
-.\powershell\HpcTorch). See hpcjob/arm/README.md.
+.\powershell\HpcTorch). See hpcjob/azure/arm/README.md.
 
 .EXAMPLE
 .\scripts\Onboard.ps1 -Name gpu1 -ResourceGroup rg-gpu1 -Location eastus -VmSize Standard_NC24ads_A100_v4 -Nodes 2 -AdminPassword (Read-Host -AsSecureString)

@@ -19,9 +19,9 @@ from typing import Any
 import tree_sitter
 import tree_sitter_powershell
 
-from hpcjob.plan import JobPlan
-from hpcjob.render import JOB_NAMESPACE, clusrun_text, job_xml, mount_job_xml, plan_json, powershell_text
-from hpcjob.render.job_xml import MOUNT_CHECK
+from hpcjob.job.plan import JobPlan
+from hpcjob.job.render import JOB_NAMESPACE, clusrun_text, job_xml, mount_job_xml, plan_json, powershell_text
+from hpcjob.job.render.job_xml import MOUNT_CHECK
 
 NS = {"j": JOB_NAMESPACE}
 # The PowerShell language specification, 2.3.5.2: single-quote-character.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from hpcjob.spec import JobSpec, parse_share
+from hpcjob.job.spec import JobSpec, parse_share
 
 if TYPE_CHECKING:
     from .test_rest_e2e import Cluster
@@ -184,7 +184,7 @@ def cli_with_profile(
     password in $EMU_PW, polled every POLL_S unless `profile` says) and returns a runner of `hpcjob ARGS`
     in this process."""
     from hpcjob.cli.app import main
-    from hpcjob.config import ClusterProfile, save_profile
+    from hpcjob.store.config import ClusterProfile, save_profile
 
     def make(password: str, **profile: Any) -> Callable[..., Result]:
         monkeypatch.setenv("HPCJOB_CONFIG", str(tmp_path / "clusters.toml"))

@@ -13,7 +13,7 @@ import pytest
 
 import hpcjob
 from hpcjob.backends.local import free_port
-from hpcjob.procs import marked_processes
+from hpcjob.backends.local.procs import marked_processes
 from hpcjob.runner import ClusterAccess
 
 from .conftest import empty_script, stand_in_python

@@ -20,13 +20,13 @@ import pytest
 from hpcjob.backends import Backend, open_backend
 from hpcjob.backends.local import LocalBackend
 from hpcjob.backends.scheduler import PollPolicy
-from hpcjob.config import ClusterProfile
 from hpcjob.emulator import HeadNode
-from hpcjob.results import State, Submission
-from hpcjob.runs import RunRecord, save_run
-from hpcjob.share import LocalFolder
-from hpcjob.spec import JobSpec, SpecError
-from hpcjob.staging import stage_run
+from hpcjob.job.results import State, Submission
+from hpcjob.job.spec import JobSpec, SpecError
+from hpcjob.store.config import ClusterProfile
+from hpcjob.store.runs import RunRecord, save_run
+from hpcjob.store.share import LocalFolder
+from hpcjob.store.staging import stage_run
 
 from .conftest import POLL_S, empty_script, stand_in_python
 

@@ -84,7 +84,7 @@ password = "prompt"
 """
 
 # Runs recorded on this machine (XDG_STATE_HOME is <tmp>/state) and their logs in a local share.
-RUNS = "state/hpcjob/runs.jsonl"
+RUNS = "state/hpcjob/store/runs.jsonl"
 LOCAL_RUN = (
     '{"run_id": "train-1", "name": "train", "backend": "local", "job_folder": "hpcjob/train", '
     '"nodes": ["LOCAL1", "LOCAL2"], "local_root": "share"}\n'

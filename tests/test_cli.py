@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.render import JOB_NAMESPACE
+from hpcjob.job.render import JOB_NAMESPACE
 
 from .conftest import REPO
 

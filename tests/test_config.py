@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob import config
-from hpcjob.config import (
+from hpcjob.emulator.tls import make_certificate
+from hpcjob.job.spec import HpcjobError, SpecError
+from hpcjob.store import config
+from hpcjob.store.config import (
     ClusterProfile,
     config_path,
     get_profile,
@@ -22,8 +24,6 @@ from hpcjob.config import (
     save_profile,
     secret_variables,
 )
-from hpcjob.emulator.tls import make_certificate
-from hpcjob.spec import HpcjobError, SpecError
 
 from .conftest import Result, empty_script
 
@@ -348,8 +348,8 @@ def test_the_file_is_replaced_at_once_and_private(
 
 
 def test_secret_variables_name_every_password_variable_and_never_raise(config_file: Path) -> None:
-    from hpcjob.credentials import SMB_PASSWORD_ENV
     from hpcjob.emulator.headnode import PASSWORD_ENV
+    from hpcjob.store.credentials import SMB_PASSWORD_ENV
 
     fixed = {
         SMB_PASSWORD_ENV, PASSWORD_ENV, config.ADMIN_PASSWORD_ENV, config.AUTH_KEY_ENV,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcjob.azure import data
 from hpcjob.backends.local import free_port
 from hpcjob.emulator import HeadNode
 
@@ -205,11 +206,10 @@ def test_a_node_without_its_gpus_with_slow_ones_or_another_python_is_named(
 ) -> None:
     """Over REST: NODE003 has no GPUs and another Python; NODE002's all-reduce across its GPUs is below its
     size's mark (the stand-ins' figures scaled down: 0.001 GB/s for the health checks' 228)."""
-    from hpcjob import runner
 
-    table = runner.size_table()
+    table = data.size_table()
     size = dataclasses.replace(table.sizes["Standard_ND96asr_v4"], allreduce_gbs=0.001)
-    monkeypatch.setattr(runner, "size_table", lambda: dataclasses.replace(table, sizes={size.name: size}))
+    monkeypatch.setattr(data, "size_table", lambda: dataclasses.replace(table, sizes={size.name: size}))
     hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path, vm_size=size.name))
     head.cluster.base_env.update(
         NO_GPU="NODE003", SLOW_GPUS="NODE002", OLD_PYTHON="NODE003", ANSWER_ALLREDUCE="1"

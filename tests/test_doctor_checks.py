@@ -1,11 +1,12 @@
-"""`doctor`'s verdicts from the nodes' answers (hpcjob.doctor, pure): which HPC Pack agent each node runs,
-and what that means for the mount step; each node's all-reduce and the fabric; the slow node among pairs."""
+"""`doctor`'s verdicts from the nodes' answers (hpcjob.checks.verdicts, pure): which HPC Pack agent each node
+runs, and what that means for the mount step; each node's all-reduce and the fabric; the slow node among
+pairs."""
 
 from __future__ import annotations
 
 import pytest
 
-from hpcjob.doctor import (
+from hpcjob.checks.verdicts import (
     AGENT_DIR,
     FAIL,
     INFO,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.procs import MARKER_VAR, marked_processes
+from hpcjob.backends.local.procs import MARKER_VAR, marked_processes
 
 from .conftest import REPO
 

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import pytest
 
-from hpcjob.plan import (
+from hpcjob.job.plan import (
     ENVS_VAR,
     REQUIREMENTS_VAR,
     make_plan,
@@ -33,10 +33,10 @@ from hpcjob.plan import (
     requirements_file,
     wheel_lock,
 )
-from hpcjob.render import job_xml
-from hpcjob.spec import SpecError
-from hpcjob.staging import node_files
-from hpcjob.wheelhouse import platform_tags
+from hpcjob.job.render import job_xml
+from hpcjob.job.spec import SpecError
+from hpcjob.store.staging import node_files
+from hpcjob.store.wheelhouse import platform_tags
 
 from .conftest import RUN_ID, cluster_spec
 from .test_local_e2e import hpcjob_run
@@ -609,8 +609,8 @@ def test_the_wheels_on_the_share_are_compared_by_digest_only_where_size_or_time_
     tmp_path: Path, wheelhouse: Path
 ) -> None:
     """The manifest names each wheel's SHA-256, size and time on the share: trusted while they hold."""
-    from hpcjob.share import LocalFolder
-    from hpcjob.wheelhouse import upload
+    from hpcjob.store.share import LocalFolder
+    from hpcjob.store.wheelhouse import upload
 
     class Counting(LocalFolder):
         digests: ClassVar[list[str]] = []

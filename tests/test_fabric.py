@@ -1,4 +1,4 @@
-"""The NCCL settings of each Azure GPU size, as Azure's HPC images set them (hpcjob.fabric), in the job:
+"""The NCCL settings of each Azure GPU size, as Azure's HPC images set them (hpcjob.job.fabric), in the job:
 under the job's own --env, shown by render, and the topology files in the job's containers."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from hpcjob.cli.app import cli
-from hpcjob.fabric import nccl_env, topology_family
-from hpcjob.plan import DOCKER_VOLUMES_VAR, make_plan
-from hpcjob.render import job_xml
+from hpcjob.job.fabric import nccl_env, topology_family
+from hpcjob.job.plan import DOCKER_VOLUMES_VAR, make_plan
+from hpcjob.job.render import job_xml
 
 from .conftest import RUN_ID, cluster_spec, empty_script
 

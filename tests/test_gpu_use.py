@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from hpcjob.cli.tables import format_summary, metrics_line
-from hpcjob.results import GpuUse, JobSummary, State
+from hpcjob.job.results import GpuUse, JobSummary, State
 
 from .conftest import empty_script, run_local, stand_in_python
 

@@ -1,5 +1,5 @@
 """Hangs caught: the ranks' beats (hpcjob/node/worker.py), the watch that tells whom to blame
-(hpcjob.hangs), and a hung job ended with the hang as its root cause, run for real with gloo: one rank
+(hpcjob.job.hangs), and a hung job ended with the hang as its root cause, run for real with gloo: one rank
 put to sleep locally, one stopped (SIGSTOP) on the emulated cluster, followed over SMB."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import pytest
 
 import hpcjob
 from hpcjob.backends.local import free_port
-from hpcjob.hangs import (
+from hpcjob.backends.local.procs import marked_processes
+from hpcjob.job.hangs import (
     HANG_EXIT_CODE,
     Beat,
     Collective,
@@ -26,11 +27,10 @@ from hpcjob.hangs import (
     beat_interval,
     script_frame,
 )
-from hpcjob.plan import FLIGHT_RECORDER_FILE, make_plan
-from hpcjob.procs import marked_processes
-from hpcjob.render import job_xml, plan_json
+from hpcjob.job.plan import FLIGHT_RECORDER_FILE, make_plan
+from hpcjob.job.render import job_xml, plan_json
+from hpcjob.job.spec import JobSpec, SpecError, parse_hang_timeout
 from hpcjob.runner.watch import DUMP_BEATS
-from hpcjob.spec import JobSpec, SpecError, parse_hang_timeout
 
 from .conftest import REPO, RUN_ID, cluster_spec
 from .test_mount_filter import python36

@@ -1,4 +1,4 @@
-"""The run history (hpcjob.runs, `hpcjob runs`): an SQLite database that two hpcjob processes write at
+"""The run history (hpcjob.store.runs, `hpcjob runs`): an SQLite database that two hpcjob processes write at
 once without losing a record, that says in one line when it is damaged, and that imports the runs.jsonl
 of hpcjob 0.1 once."""
 
@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from hpcjob.cli import cli
-from hpcjob.results import JobSummary, NodeResult, RootCause, State
-from hpcjob.runs import (
+from hpcjob.job.results import JobSummary, NodeResult, RootCause, State
+from hpcjob.store.runs import (
     SCHEMA_VERSION,
     RunRecord,
     find_run,
@@ -134,7 +134,7 @@ def test_two_processes_writing_at_once_lose_no_record(state_home: Path) -> None:
     writer = textwrap.dedent(
         """
         import sys
-        from hpcjob.runs import RunRecord, save_run
+        from hpcjob.store.runs import RunRecord, save_run
         who = sys.argv[1]
         for i in range(150):
             save_run(RunRecord(f"{who}-{i}", who, "local", "hpcjob/x", ("N1",)), tags={"who": who})
@@ -237,7 +237,7 @@ def test_lines_and_rows_of_the_wrong_shape_are_left_out_not_fatal() -> None:
 
 
 def test_timeline_lines_keep_only_fields_of_the_right_type() -> None:
-    from hpcjob.logs import timeline_line
+    from hpcjob.store.logs import timeline_line
 
     assert timeline_line({"t": "noon"}) is None and timeline_line([1]) is None
     assert timeline_line(

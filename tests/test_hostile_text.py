@@ -15,11 +15,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from hpcjob.plan import JobPlan, make_plan
-from hpcjob.render import clusrun_text, job_xml, powershell_text
-from hpcjob.render.text import ps_quote
+from hpcjob.job.plan import JobPlan, make_plan
+from hpcjob.job.render import clusrun_text, job_xml, powershell_text
+from hpcjob.job.render.text import ps_quote
+from hpcjob.job.spec import JobSpec, SpecError, parse_share
 from hpcjob.runner import render_owner
-from hpcjob.spec import JobSpec, SpecError, parse_share
 
 from .artefact_checks import (
     PS_QUOTES,

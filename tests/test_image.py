@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpcjob.backends.local import free_port
-from hpcjob.config import ClusterProfile
-from hpcjob.plan import (
+from hpcjob.job.plan import (
     DOCKER_IMAGE_VAR,
     DOCKER_NVIDIA_VAR,
     DOCKER_OPTIONS_VAR,
@@ -26,8 +25,9 @@ from hpcjob.plan import (
     DOCKER_VOLUMES_VAR,
     make_plan,
 )
-from hpcjob.render import job_xml
-from hpcjob.spec import SpecError
+from hpcjob.job.render import job_xml
+from hpcjob.job.spec import SpecError
+from hpcjob.store.config import ClusterProfile
 
 from .conftest import IMAGE, RUN_ID, Result, cluster_spec, empty_script, run_local, stand_in_python
 from .fake_docker import RUN_FLAGS, RUN_VALUED

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from hpcjob.emulator.jobxml import parse_job_xml
-from hpcjob.plan import make_plan
-from hpcjob.render import job_xml, mount_job_xml
-from hpcjob.spec import SpecError, parse_duration
+from hpcjob.job.plan import make_plan
+from hpcjob.job.render import job_xml, mount_job_xml
+from hpcjob.job.spec import SpecError, parse_duration
 
 from .conftest import cluster_spec, empty_script, run_local, stand_in_python
 

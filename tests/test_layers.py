@@ -1,5 +1,6 @@
 """The house's layers, read from the code's own imports (every `import` of a module, at its top, in a
-function, or for type checking alone): CLI -> backends/render/config/runs -> the pure core, one way."""
+function, or for type checking alone): each room imports its own floor and the floors below it, never one
+above (DESIGN.md: CLI -> runner -> backends -> store -> the pure core)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,42 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hpcjob"
-# The pure core: what the user asks for, turned into the job. No I/O: nothing that reaches a disk, a
-# process or a network is imported there (jinja2 and importlib: the render's templates, package data).
-CORE = {"hpcjob.spec", "hpcjob.plan", "hpcjob.torchrun", "hpcjob.render", "hpcjob.render.job_xml",
-        "hpcjob.render.text", "hpcjob.results", "hpcjob.fabric", "hpcjob.hangs"}  # fmt: skip
+# The floors, from the bottom up: a module's floor is that of the longest prefix of its name here.
+FLOORS: dict[str, int] = {
+    "hpcjob.job": 0,  # the pure core: spec -> plan -> render, results; no I/O
+    "hpcjob.node.mount_filter": 0,  # the node-side filter's request format: its constants, run nowhere
+    "hpcjob.extras": 1,  # which optional parts are installed
+    "hpcjob.store": 1,  # what lives on disk or on the share
+    "hpcjob.azure.template": 1,  # Azure's template and sizes as data (pure)
+    "hpcjob.azure.data": 1,  # the package's copy of that data
+    "hpcjob.backends": 2,
+    "hpcjob.runner": 3,
+    "hpcjob.checks": 4,  # doctor's steps, through the runner like any job
+    "hpcjob.azure": 4,  # onboarding's steps and `az`
+    "hpcjob.api": 5,
+    "hpcjob.cli": 6,
+    "hpcjob": 7,  # the package hands the Python API on
+}
+# Beside the floors: what runs on the nodes imports nothing of the client; the emulator (a head node for
+# the tests) reaches only the node files and the local backend's process helpers, and only the command
+# line (`hpcjob cluster emulate`) reaches it.
+NODE = "hpcjob.node"
+EMULATOR = "hpcjob.emulator"
+EMULATOR_MAY_IMPORT = {"hpcjob.node", "hpcjob.backends.local.procs"}
+# The pure core: no I/O: nothing that reaches a disk, a process or a network is imported there (jinja2
+# and importlib: the render's templates, package data).
 CORE_MAY_IMPORT = {
     *("__future__", "collections", "dataclasses", "pathlib", "re", "hashlib", "typing", "shlex", "fnmatch"),
     *("xml", "base64", "functools", "gzip", "json", "enum", "signal", "jinja2", "importlib", "math"),
-    "hpcjob.node.mount_filter",  # the node-side filter's request format: its constants, run nowhere
 }
+
+
+def floor(name: str) -> int | None:
+    """The floor of module `name` (None: the node files and the emulator, beside the floors)."""
+    if name.startswith((NODE, EMULATOR)) and name != "hpcjob.node.mount_filter":
+        return None
+    prefixes = [p for p in FLOORS if name == p or name.startswith(f"{p}.")]
+    return FLOORS[max(prefixes, key=len)]
 
 
 def modules() -> dict[str, Path]:
@@ -33,13 +61,13 @@ def imports(path: Path, known: dict[str, Path]) -> Iterator[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # from hpcjob.node import mount_filter: a module; from hpcjob.plan import make_plan: hpcjob.plan
+            # from hpcjob.node import mount_filter: a module; from hpcjob.job.plan import make_plan: not
             names = [f"{node.module}.{alias.name}" for alias in node.names]
         else:
             continue
         for name in names:
             if name.startswith("hpcjob"):
-                while name not in known:  # from hpcjob.plan import make_plan: hpcjob.plan
+                while name not in known:  # from hpcjob.job.plan import make_plan: hpcjob.job.plan
                     name = name.rsplit(".", 1)[0]
                 yield name
             else:
@@ -70,8 +98,45 @@ def test_no_module_imports_itself_back_through_others() -> None:
     assert circles == []
 
 
+def test_every_module_has_a_floor_or_a_place_beside_them() -> None:
+    homeless = [n for n in GRAPH if floor(n) is None and not n.startswith((NODE, EMULATOR))]
+    assert homeless == []
+
+
+def test_no_module_imports_from_a_floor_above_its_own() -> None:
+    upward = {
+        name: sorted(
+            t for t in GRAPH[name] if t.startswith("hpcjob") and (floor(t) or 0) > (floor(name) or 0)
+        )
+        for name in GRAPH
+        if floor(name) is not None
+    }
+    assert {name: found for name, found in upward.items() if found} == {}
+
+
+def test_the_floors_reach_the_node_files_and_the_emulator_as_allowed() -> None:
+    crossing = {}
+    for name, targets in GRAPH.items():
+        hpcjob = {t for t in targets if t.startswith("hpcjob")}
+        if name.startswith(NODE) and name != "hpcjob.node.mount_filter":
+            wrong = hpcjob - {t for t in hpcjob if t.startswith(NODE)}  # runs alone on a node
+        elif name.startswith(EMULATOR):
+            wrong = {t for t in hpcjob if not t.startswith((EMULATOR, *EMULATOR_MAY_IMPORT))}
+        else:
+            allowed_emulator = name.startswith("hpcjob.cli")
+            wrong = {t for t in hpcjob if t.startswith(EMULATOR) and not allowed_emulator}
+            # the client reads the node files as package data; it imports only the filter's constants
+            wrong |= {t for t in hpcjob if t.startswith(NODE) and t != "hpcjob.node.mount_filter"}
+        if wrong:
+            crossing[name] = sorted(wrong)
+    assert crossing == {}
+
+
 def test_the_pure_core_imports_nothing_that_does_i_o() -> None:
-    wrong = {name: sorted(GRAPH[name] - CORE - CORE_MAY_IMPORT) for name in CORE}
+    core = {name for name in GRAPH if name.startswith("hpcjob.job")}
+    assert "hpcjob.job.plan" in core and "hpcjob.job.render.text" in core
+    allowed = core | CORE_MAY_IMPORT | {"hpcjob.node.mount_filter"}  # the filter's constants
+    wrong = {name: sorted(GRAPH[name] - allowed) for name in core}
     assert {name: found for name, found in wrong.items() if found} == {}
 
 
@@ -83,9 +148,20 @@ def test_nothing_below_the_command_line_imports_it() -> None:
 
 
 def test_a_backend_reaches_no_other_backend_but_the_shared_scheduler_code() -> None:
-    backends = {name for name in GRAPH if name.startswith("hpcjob.backends.")}
-    shared = {"hpcjob.backends", "hpcjob.backends.scheduler"}
-    crossing = {name: sorted((GRAPH[name] & backends) - shared) for name in backends}
+    """One module (or package, with its helpers) per backend; they share the protocol and registry
+    (hpcjob.backends) and the scheduler code, nothing else."""
+
+    def backend(name: str) -> str | None:  # hpcjob.backends.local.procs: local
+        parts = name.split(".")
+        return parts[2] if len(parts) > 2 and parts[:2] == ["hpcjob", "backends"] else None
+
+    shared = {"scheduler"}
+    crossing = {
+        name: sorted(t for t in GRAPH[name] if backend(t) not in (None, backend(name), *shared))
+        for name in GRAPH
+        if backend(name) is not None
+    }
+    assert "hpcjob.backends.local.procs" in GRAPH and "hpcjob.backends.rest" in GRAPH
     assert {name: found for name, found in crossing.items() if found} == {}
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.gpus import default_procs_per_node, share_gpus, visible_gpus
-from hpcjob.runs import history
+from hpcjob.backends.local.gpus import default_procs_per_node, share_gpus, visible_gpus
+from hpcjob.store.runs import history
 
 from .conftest import empty_script, run_local, stand_in_python
 

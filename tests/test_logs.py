@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.logs import RunLogs, Tail
-from hpcjob.runs import RunRecord, find_run, save_run
-from hpcjob.share import LocalFolder
-from hpcjob.spec import SpecError
+from hpcjob.job.spec import SpecError
+from hpcjob.store.logs import RunLogs, Tail
+from hpcjob.store.runs import RunRecord, find_run, save_run
+from hpcjob.store.share import LocalFolder
 
 LOG = "hpcjob/train/logs/r-1"
 

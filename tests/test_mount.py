@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.config import get_profile
 from hpcjob.emulator import HeadNode
+from hpcjob.store.config import get_profile
 
 from .conftest import Result, linux_user
 

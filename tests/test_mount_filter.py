@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from hpcjob.job.plan import CONTAINER_OPTIONS, AllowedShare, ContainerPolicy, user_mount_point
+from hpcjob.job.render.text import CHAINED_SUFFIX, filter_config, filter_install_command
+from hpcjob.job.spec import SpecError
 from hpcjob.node import mount_filter
-from hpcjob.plan import CONTAINER_OPTIONS, AllowedShare, ContainerPolicy, user_mount_point
-from hpcjob.render.text import CHAINED_SUFFIX, filter_config, filter_install_command
-from hpcjob.spec import SpecError
 
 from .conftest import linux_user
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.render import JOB_NAMESPACE
+from hpcjob.job.render import JOB_NAMESPACE
 
 from .conftest import REPO
 from .testbed import TestBed, require_testbed

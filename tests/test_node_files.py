@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.staging import node_files
+from hpcjob.store.staging import node_files
 
 
 @pytest.fixture

@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.backends import open_backend
-from hpcjob.config import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, get_profile
-from hpcjob.onboard import (
+from hpcjob.azure.template import (
     TEMPLATE_COMMIT,
     TEMPLATE_URL,
     OnboardRequest,
@@ -28,7 +26,9 @@ from hpcjob.onboard import (
     check_parameters,
     fabric_warning,
 )
-from hpcjob.spec import HpcjobError
+from hpcjob.backends import open_backend
+from hpcjob.job.spec import HpcjobError
+from hpcjob.store.config import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, get_profile
 
 from .conftest import REFERENCE
 
@@ -432,7 +432,7 @@ def test_delete_removes_the_resource_group_and_the_profile(
 
 
 def test_the_cli_names_the_secret_variables_that_the_tasks_never_see() -> None:
-    from hpcjob.runner import onboard as steps
+    from hpcjob.azure import onboard as steps
 
     assert (steps.PASSWORD_ENV, steps.KEY_ENV) == (ADMIN_PASSWORD_ENV, AUTH_KEY_ENV)
 
@@ -494,13 +494,13 @@ def test_the_ports_the_readme_names_are_those_the_template_s_security_group_open
     )
     assert opened == [443, 3389, 9087, 9090, 9091, 9094]
     readme = " ".join(
-        (Path(__file__).resolve().parents[1] / "hpcjob" / "arm" / "README.md").read_text().split()
+        (Path(__file__).resolve().parents[1] / "hpcjob" / "azure" / "arm" / "README.md").read_text().split()
     )
     assert f"opens only {', '.join(map(str, opened[:-1]))} and {opened[-1]}" in readme
 
 
 def test_a_multi_node_cluster_of_a_size_without_infiniband_is_warned_of() -> None:
-    sizes = Path(__file__).resolve().parent.parent / "hpcjob" / "arm" / "sizes.json"
+    sizes = Path(__file__).resolve().parent.parent / "hpcjob" / "azure" / "arm" / "sizes.json"
     table = SizeTable.from_data(json.loads(sizes.read_text()))
 
     def warned(size: str, nodes: int) -> str | None:

@@ -33,16 +33,16 @@ from .conftest import GOLDEN, REFERENCE, REPO
 # Files the code reads by path at run time (beside the modules): the onboarding data, what goes to the
 # nodes, the probe `hpcjob doctor` submits. The templates are checked as a folder (TEMPLATE_DIRS).
 RUNTIME_FILES = (
-    "hpcjob/arm/sizes.json",
-    "hpcjob/arm/parameters.json.j2",
+    "hpcjob/azure/arm/sizes.json",
+    "hpcjob/azure/arm/parameters.json.j2",
     "hpcjob/node/node.sh",
     "hpcjob/node/worker.py",
     "hpcjob/node/filter.sh",
     "hpcjob/node/mount_filter.py",
-    "hpcjob/probes/allreduce.py",
+    "hpcjob/checks/probes/allreduce.py",
 )
 # Folders of package data: every file in them is read by some command (READMEs are for people).
-DATA_DIRS = ("hpcjob/arm", "hpcjob/node", "hpcjob/render/templates")
+DATA_DIRS = ("hpcjob/azure/arm", "hpcjob/node", "hpcjob/job/render/templates")
 
 # Run in the installed copy and in the checkout: what each read of package data gives, as JSON.
 READER = """
@@ -51,21 +51,22 @@ from pathlib import Path
 
 import hpcjob
 from hpcjob import runner
-from hpcjob.runner import doctor, onboard
-from hpcjob.onboard import OnboardRequest, template_parameters
-from hpcjob.plan import AllowedShare
-from hpcjob.render.text import filter_install_command, templates
-from hpcjob.render.winrm import SCRIPTS, bootstrap_command, winrm_script
-from hpcjob.staging import node_files
+from hpcjob.checks import cluster as doctor
+from hpcjob.azure import data, onboard
+from hpcjob.azure.template import OnboardRequest, template_parameters
+from hpcjob.job.plan import AllowedShare
+from hpcjob.job.render.text import filter_install_command, templates
+from hpcjob.job.render.winrm import SCRIPTS, bootstrap_command, winrm_script
+from hpcjob.store.staging import node_files
 
 home = Path(hpcjob.__file__).resolve().parent
 assert home.is_relative_to(Path(sys.argv[1]).resolve()), f"hpcjob imported from {home}"
-table = runner.size_table()
+table = data.size_table()
 request = OnboardRequest(
     name="gpu1", resource_group="rg-gpu1", location="eastus", vm_size="Standard_NC24ads_A100_v4", nodes=2,
     admin_user="hpcadmin", image="Ubuntu_22.04_HPC_Gen2", node_prefix="IaaSLnxCN", head_node_size=None,
 )
-probe = Path(doctor.__file__).resolve().parents[1] / "probes" / "allreduce.py"  # as `doctor` names it
+probe = Path(doctor.__file__).resolve().parent / "probes" / "allreduce.py"  # as `doctor` names it
 json.dump({
     "sizes": sorted(table.sizes),
     "parameters": onboard.parameters_text(template_parameters(request, table)),

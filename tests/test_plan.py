@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.plan import make_plan
-from hpcjob.spec import SpecError
+from hpcjob.job.plan import make_plan
+from hpcjob.job.spec import SpecError
 
 from .conftest import RUN_ID, cluster_spec
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from hpcjob.plot import plot_runs
-from hpcjob.spec import SpecError
+from hpcjob.job.spec import SpecError
+from hpcjob.store.plot import plot_runs
 
 
 def timeline(node: str, rank: int, gpu: bool, steps: int = 4) -> list[dict[str, Any]]:

@@ -421,7 +421,12 @@ def test_no_secret_is_ever_an_argument_and_credentials_go_through_the_environmen
             if parameter.type in SECRET_TYPES:
                 assert all(parameter.name not in e["Options"] for e in MOD.cli.values())
                 assert all(parameter.name not in e["Arguments"] for e in MOD.cli.values())
-    from hpcjob.config import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, CREDENTIAL_PASSWORD_ENV, CREDENTIAL_USER_ENV
+    from hpcjob.store.config import (
+        ADMIN_PASSWORD_ENV,
+        AUTH_KEY_ENV,
+        CREDENTIAL_PASSWORD_ENV,
+        CREDENTIAL_USER_ENV,
+    )
 
     for variable in (CREDENTIAL_USER_ENV, CREDENTIAL_PASSWORD_ENV, ADMIN_PASSWORD_ENV, AUTH_KEY_ENV):
         assert f"'{variable}'" in text  # the module's names are hpcjob's

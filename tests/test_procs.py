@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hpcjob.procs import TaskProcess, exit_code
+from hpcjob.backends.local.procs import TaskProcess, exit_code
 
 
 @pytest.mark.parametrize("delay_ms", range(0, 80, 8))

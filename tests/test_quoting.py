@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from hpcjob.plan import make_plan
-from hpcjob.render import JOB_NAMESPACE, job_xml
-from hpcjob.spec import JobSpec
-from hpcjob.staging import node_files
+from hpcjob.job.plan import make_plan
+from hpcjob.job.render import JOB_NAMESPACE, job_xml
+from hpcjob.job.spec import JobSpec
+from hpcjob.store.staging import node_files
 
 FAKE_PYTHON = '#!/bin/bash\nprintf \'%s\\0\' "$@" > "$ARGV_FILE"\n'
 XML_TEXT = st.characters(

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
-from hpcjob.plan import make_plan
-from hpcjob.render import JOB_NAMESPACE, clusrun_text, job_xml, plan_json, powershell_text
-from hpcjob.render.text import ps_quote
-from hpcjob.spec import SpecError
+from hpcjob.job.plan import make_plan
+from hpcjob.job.render import JOB_NAMESPACE, clusrun_text, job_xml, plan_json, powershell_text
+from hpcjob.job.render.text import ps_quote
+from hpcjob.job.spec import SpecError
 
 from .artefact_checks import check_powershell, powershell_errors, ps_shape
 from .conftest import REFERENCE, RUN_ID, cluster_spec

@@ -37,10 +37,10 @@ from hpcjob.backends.scheduler import (
 )
 from hpcjob.cli.tables import format_summary
 from hpcjob.emulator.tls import make_certificate
-from hpcjob.plan import make_plan
-from hpcjob.results import JobInfo, NodeInfo, TaskInfo
-from hpcjob.share import LocalFolder
-from hpcjob.spec import SpecError
+from hpcjob.job.plan import make_plan
+from hpcjob.job.results import JobInfo, NodeInfo, TaskInfo
+from hpcjob.job.spec import SpecError
+from hpcjob.store.share import LocalFolder
 
 from .conftest import REFERENCE, cluster_spec
 

@@ -22,9 +22,9 @@ import pytest
 from hpcjob.backends.local import free_port
 from hpcjob.backends.rest import RestClient, wait_for_job
 from hpcjob.emulator import HeadNode
-from hpcjob.plan import make_plan
-from hpcjob.render import job_xml
-from hpcjob.spec import JobSpec
+from hpcjob.job.plan import make_plan
+from hpcjob.job.render import job_xml
+from hpcjob.job.spec import JobSpec
 
 from .conftest import POLL_S, REPO, empty_script, stand_in_python
 from .testbed import SmbServer, require_testbed

@@ -14,8 +14,8 @@ import pytest
 
 from hpcjob.backends.rest import RestClient, RestError, submit_job
 from hpcjob.emulator import HeadNode
-from hpcjob.results import Submission
-from hpcjob.runs import RunRecord, find_run, save_run
+from hpcjob.job.results import Submission
+from hpcjob.store.runs import RunRecord, find_run, save_run
 
 from .conftest import Result
 

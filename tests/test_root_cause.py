@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.logs import EXIT_RECORDS, read_root_cause, reason_line
-from hpcjob.results import (
+from hpcjob.job.results import (
     CANCELED_EXIT_CODE,
     RootCause,
     State,
@@ -19,7 +18,8 @@ from hpcjob.results import (
     job_exit_code,
     parse_exit_records,
 )
-from hpcjob.share import LocalFolder
+from hpcjob.store.logs import EXIT_RECORDS, read_root_cause, reason_line
+from hpcjob.store.share import LocalFolder
 
 
 def rank(node: str, number: int, code: int, time: float, signal: str | None = None) -> RootCause:
@@ -134,7 +134,7 @@ def test_python_missing_on_the_nodes_is_named_even_quietly(tmp_path: Path) -> No
 
 
 def test_an_elastic_job_s_losses_read_from_the_timeline() -> None:
-    from hpcjob.results import TaskEnd, elastic_events
+    from hpcjob.job.results import TaskEnd, elastic_events
 
     timeline = [
         {"t": 10.0, "event": "start", "node": "N3", "world_size": 6, "restart": 0, "first_epoch": 1},

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob import smb_acl
-from hpcjob.share import ShareError, SmbFolder
-from hpcjob.spec import parse_share
-from hpcjob.staging import stage_run
+from hpcjob.job.spec import parse_share
+from hpcjob.store import smb_acl
+from hpcjob.store.share import ShareError, SmbFolder
+from hpcjob.store.staging import stage_run
 
 from .conftest import REPO, linux_user
 from .testbed.smb import SmbServer

@@ -19,13 +19,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcjob.hangs import Beat
-from hpcjob.logs import BEATS_FOLDER, EXIT_RECORDS, TIMELINE_FOLDER, RunLogs, read_beats
-from hpcjob.plan import make_plan
-from hpcjob.results import untrusted_json
+from hpcjob.job.hangs import Beat
+from hpcjob.job.plan import make_plan
+from hpcjob.job.results import untrusted_json
 from hpcjob.runner import watch
 from hpcjob.runner.watch import HangFound, hang_watch
-from hpcjob.share import LocalFolder
+from hpcjob.store.logs import BEATS_FOLDER, EXIT_RECORDS, TIMELINE_FOLDER, RunLogs, read_beats
+from hpcjob.store.share import LocalFolder
 
 from .conftest import REPO, RUN_ID, cluster_spec
 from .test_hangs import ALL_REDUCE, TIMEOUT, beats
@@ -137,13 +137,13 @@ CHILD = """
 import dataclasses, json, os, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))
 from pathlib import Path
-from hpcjob.logs import RunLogs, read_beats, read_root_cause, read_stacks, reason_line
-from hpcjob.share import LocalFolder
+from hpcjob.store.logs import RunLogs, read_beats, read_root_cause, read_stacks, reason_line
+from hpcjob.store.share import LocalFolder
 
 where = sys.argv[1]
 if where.startswith("//"):
-    from hpcjob.share import SmbFolder
-    from hpcjob.spec import parse_share
+    from hpcjob.store.share import SmbFolder
+    from hpcjob.job.spec import parse_share
     folder = SmbFolder(parse_share(where), os.environ["SMB_USER"], os.environ["SMB_PASSWORD"],
                        server=os.environ["SMB_SERVER"], port=int(os.environ["SMB_PORT"]))
 else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcjob.spec import JobSpec, SpecError, parse_env, parse_node_names, parse_share
+from hpcjob.job.spec import JobSpec, SpecError, parse_env, parse_node_names, parse_share
 
 
 def spec(**fields: object) -> JobSpec:
@@ -81,7 +81,7 @@ def test_node_names_keep_their_order_and_case() -> None:
 
 def test_a_run_id_leaves_room_for_its_mount_job_name() -> None:
     """HPC Pack job names hold 80 characters; the mount job is `<run id>-mount`."""
-    from hpcjob.spec import check_run_id
+    from hpcjob.job.spec import check_run_id
 
     assert check_run_id("r" * 74) == "r" * 74
     with pytest.raises(SpecError, match="at most 74"):

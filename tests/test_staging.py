@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from hpcjob.share import LocalFolder
-from hpcjob.staging import IGNORE_FILE, code_files, is_ignored, parse_ignore, upload
+from hpcjob.store.share import LocalFolder
+from hpcjob.store.staging import IGNORE_FILE, code_files, is_ignored, parse_ignore, upload
 
 
 def make_tree(root: Path, files: dict[str, str]) -> None:

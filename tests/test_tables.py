@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcjob.cli.tables import duration, format_summary, number, table
-from hpcjob.results import JobSummary, NodeResult, RootCause, State
+from hpcjob.job.results import JobSummary, NodeResult, RootCause, State
 
 
 def test_table_aligns_columns_under_the_header() -> None:

@@ -15,10 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hpcjob"
 # What never runs on a Windows client, and why.
 POSIX_ONLY = {
-    "backends/local.py": "run --local: bash and torchrun in POSIX process groups (says it needs Linux)",
-    "procs.py": "the local backend's process table and watchdog",
+    "backends/local": "run --local: bash and torchrun in POSIX process groups (says it needs Linux)",
     "node": "runs on the Linux nodes",
-    "probes": "runs on the Linux nodes",
+    "checks/probes": "runs on the Linux nodes",
     "emulator": "the test head node, for Linux test machines",
 }
 CLIENT_COMMANDS = ("render", "submit", "status", "logs", "cancel", "nodes", "mount", "doctor", "runs")
@@ -29,7 +28,8 @@ def client_modules() -> list[Path]:
         path
         for path in PACKAGE.rglob("*.py")
         if not any(
-            str(path.relative_to(PACKAGE)) == skip or path.relative_to(PACKAGE).parts[0] == skip
+            path.relative_to(PACKAGE).as_posix() == skip
+            or path.relative_to(PACKAGE).as_posix().startswith(f"{skip}/")
             for skip in POSIX_ONLY
         )
     )
@@ -37,7 +37,10 @@ def client_modules() -> list[Path]:
 
 def test_the_client_modules_type_check_for_windows() -> None:
     modules = client_modules()
-    assert PACKAGE / "cli" / "cluster.py" in modules and PACKAGE / "procs.py" not in modules
+    assert (
+        PACKAGE / "cli" / "cluster.py" in modules
+        and PACKAGE / "backends" / "local" / "procs.py" not in modules
+    )
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--platform", "win32", "--follow-imports=silent", *map(str, modules)],
         capture_output=True,
@@ -102,8 +105,8 @@ def test_the_client_commands_run_without_posix_only_modules(tmp_path: Path) -> N
 def test_configuration_and_records_live_in_the_windows_folders(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from hpcjob.config import config_path, user_folder
-    from hpcjob.runs import history_file
+    from hpcjob.store.config import config_path, user_folder
+    from hpcjob.store.runs import history_file
 
     monkeypatch.setattr(sys, "platform", "win32")
     monkeypatch.delenv("HPCJOB_CONFIG", raising=False)
@@ -136,7 +139,7 @@ def test_run_local_on_windows_says_it_needs_linux(monkeypatch: pytest.MonkeyPatc
 def test_the_caller_s_credential_wins_over_the_profile_and_never_reaches_the_tasks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from hpcjob.config import (
+    from hpcjob.store.config import (
         CREDENTIAL_PASSWORD_ENV,
         CREDENTIAL_USER_ENV,
         ClusterProfile,

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from hpcjob.backends import open_backend
 from hpcjob.backends.scheduler import RetryPolicy
-from hpcjob.config import ClusterProfile
 from hpcjob.emulator import HeadNode
 from hpcjob.emulator.cluster import Actor, NodeSpec
-from hpcjob.render.winrm import SCRIPTS, bootstrap_command, script_input, winrm_script
+from hpcjob.job.render.winrm import SCRIPTS, bootstrap_command, script_input, winrm_script
+from hpcjob.store.config import ClusterProfile
 
 from .artefact_checks import parse_powershell
 from .conftest import Result, empty_script, stand_in_python
@@ -170,7 +170,7 @@ def test_a_500_node_job_submits(tmp_path: Path) -> None:
     # Slow steps: the job is canceled while still Submitted, before 500 tasks would start here.
     with HeadNode(nodes, users={"alice": PASSWORD}, step_delay=30.0) as head:
         backend = open_backend("winrm", profile_for(head), PASSWORD)
-        from hpcjob.spec import JobSpec
+        from hpcjob.job.spec import JobSpec
 
         spec = JobSpec(script=str(empty_script(tmp_path)), nodes=500, node_group="GPUNodes")
         plan = backend.plan(spec, "big-1")
@@ -180,7 +180,7 @@ def test_a_500_node_job_submits(tmp_path: Path) -> None:
             assert len(head.cluster.job(int(job_id)).tasks) == 500
         longest = max(len(line) for line in head.wsman.command_lines)
         assert longest == len(" ".join([bootstrap_command()[0], *bootstrap_command()[1]])) < 2000
-        from hpcjob.runs import RunRecord
+        from hpcjob.store.runs import RunRecord
 
         record = RunRecord("big-1", "big", "winrm", "big", plan.nodes, job_id=job_id, cluster="emu")
         assert backend.cancel(record, force=True) is None
@@ -270,7 +270,7 @@ def test_a_lost_connection_during_submit_finds_the_job_by_name(head: HeadNode, t
     """The connection drops after the head node ran the submit: the job is found, not made twice."""
     # Basic: one HTTP request a message, so that the fault finds the Receive (NTLM adds a handshake).
     backend = open_backend("winrm", profile_for(head, winrm_transport="basic"), PASSWORD)
-    from hpcjob.spec import JobSpec
+    from hpcjob.job.spec import JobSpec
 
     spec = JobSpec(script=str(empty_script(tmp_path)), nodes=1, node_names=("LOCALHOST",))
     plan = backend.plan(spec, "lost-1")
@@ -327,7 +327,7 @@ def test_the_schedulers_copy_of_output_and_a_forced_cancel_of_a_canceling_job(
     two_users: HeadNode, backend: str
 ) -> None:
     from hpcjob.backends.rest import RestClient
-    from hpcjob.runs import RunRecord
+    from hpcjob.store.runs import RunRecord
 
     alice = RestClient(two_users.url, "alice", PASSWORD, verify=two_users.ca_file)
     said = alice.create_job(job_file("said", "echo 'héllo from the node'", pinned="NODE002"), "said")
@@ -377,7 +377,7 @@ def test_hostile_values_reach_the_scheduler_exactly_over_winrm(
 ) -> None:
     """A job whose environment holds hostile text: the head node creates exactly that job (the value
     travelled as data, through the same fixed scripts), and nothing else ran."""
-    from hpcjob.spec import JobSpec
+    from hpcjob.job.spec import JobSpec
 
     backend = open_backend("winrm", profile_for(head), PASSWORD)
     before = list(head.powershell.scripts_run)

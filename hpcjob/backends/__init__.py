@@ -4,8 +4,8 @@ The CLI talks to a `Backend` and to nothing behind it: it never asks which kind 
 one module under hpcjob/backends/ with a function `open_backend(profile, password)`; adding one is that
 module and one line in BACKENDS. Modules are imported only when used, so `hpcjob --help` stays fast.
 
-A run is named to a backend by its RunRecord (hpcjob.runs): the record of a run started here, or one
-made for a bare job id of the cluster. Everything a backend returns is a shared type of hpcjob.results.
+A run is named to a backend by its RunRecord (hpcjob.store.runs): the record of a run started here, or one
+made for a bare job id of the cluster. Everything a backend returns is a shared type of hpcjob.job.results.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from hpcjob.config import ClusterProfile
-    from hpcjob.plan import JobPlan, MountStep
-    from hpcjob.render import JobShape
-    from hpcjob.results import JobInfo, MountResult, NodeInfo, Submission
-    from hpcjob.runs import RunRecord
-    from hpcjob.spec import JobSpec
+    from hpcjob.job.plan import JobPlan, MountStep
+    from hpcjob.job.render import JobShape
+    from hpcjob.job.results import JobInfo, MountResult, NodeInfo, Submission
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.config import ClusterProfile
+    from hpcjob.store.runs import RunRecord
 
 Progress = Callable[[str], None]
 
@@ -114,7 +114,7 @@ class Backend(Protocol):
 
 def open_backend(kind: str, profile: ClusterProfile | None, password: str | None) -> Backend:
     """The backend `kind`, for `profile` (None for local) with its password."""
-    from hpcjob.spec import SpecError
+    from hpcjob.job.spec import SpecError
 
     if kind not in BACKENDS:
         raise SpecError(f"unknown backend {kind!r}: one of {', '.join(BACKENDS)}")

@@ -27,18 +27,18 @@ from hpcjob.backends.scheduler import (
     pin_certificate,
     recorded_job_id,
 )
-from hpcjob.plan import mount_job_name
-from hpcjob.results import ENDED_JOB_STATES, JobInfo, NodeInfo, State, Submission, TaskInfo
-from hpcjob.spec import HpcjobError, SpecError
+from hpcjob.job.plan import mount_job_name
+from hpcjob.job.results import ENDED_JOB_STATES, JobInfo, NodeInfo, State, Submission, TaskInfo
+from hpcjob.job.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
     from hpcjob.backends import Watch
-    from hpcjob.config import ClusterProfile
-    from hpcjob.plan import JobPlan, MountStep
-    from hpcjob.render import JobShape
-    from hpcjob.results import MountResult
-    from hpcjob.runs import RunRecord
-    from hpcjob.spec import JobSpec
+    from hpcjob.job.plan import JobPlan, MountStep
+    from hpcjob.job.render import JobShape
+    from hpcjob.job.results import MountResult
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.config import ClusterProfile
+    from hpcjob.store.runs import RunRecord
 
 JOB_PROPERTIES = ("Id", "Name", "State", "ErrorMessage", "AllocatedNodes")
 TASK_PROPERTIES = (
@@ -505,7 +505,7 @@ class RestBackend:
         progress: Callable[[str], None],
         record: Callable[[Submission], None],
     ) -> str:
-        from hpcjob.render import job_xml, mount_job_xml
+        from hpcjob.job.render import job_xml, mount_job_xml
 
         steps = (mount_job_xml(plan), plan.mount.mount_point) if mount and plan.mount else None
         job_id = submit_job(
@@ -540,14 +540,14 @@ class RestBackend:
         ]
 
     def mount(self, name: str, step: MountStep, shape: JobShape, progress: Progress) -> list[MountResult]:
-        from hpcjob.render import mount_check_job_xml
+        from hpcjob.job.render import mount_check_job_xml
 
         return mount_results(*self._node_job(name, mount_check_job_xml(name, step, shape), progress))
 
     def run_on_nodes(
         self, name: str, command: str, shape: JobShape, progress: Progress
     ) -> tuple[JobInfo, list[tuple[str, str]]]:
-        from hpcjob.render import node_job_xml
+        from hpcjob.job.render import node_job_xml
 
         return self._node_job(name, node_job_xml(name, command, shape), progress)
 
@@ -560,7 +560,7 @@ class RestBackend:
         return self.client.version()
 
     def install_filter(self, command: str, shape: JobShape, progress: Progress) -> tuple[bool, str]:
-        from hpcjob.render import admin_job_xml
+        from hpcjob.job.render import admin_job_xml
 
         name = f"hpcjob-filter-install-{int(time.time())}"
         job_id = submit_job(

@@ -1,6 +1,6 @@
 """What the backends that reach a scheduler share: choosing nodes, following a job, its summary.
 
-Pure logic over the shared types of hpcjob.results; the share is read through a ShareFolder given in.
+Pure logic over the shared types of hpcjob.job.results; the share is read through a ShareFolder given in.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.plan import mount_job_name
-from hpcjob.results import (
+from hpcjob.job.plan import mount_job_name
+from hpcjob.job.results import (
     ALREADY_MOUNTED,
     ENDED_JOB_STATES,
     MOUNT_FAILED,
@@ -31,14 +31,14 @@ from hpcjob.results import (
     find_metrics,
     job_exit_code,
 )
-from hpcjob.spec import HpcjobError, SpecError
+from hpcjob.job.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
     from hpcjob.backends import Watch
-    from hpcjob.plan import JobPlan
-    from hpcjob.runs import RunRecord
-    from hpcjob.share import ShareFolder
-    from hpcjob.spec import JobSpec
+    from hpcjob.job.plan import JobPlan
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.runs import RunRecord
+    from hpcjob.store.share import ShareFolder
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def cluster_plan(
 ) -> JobPlan:
     """The job on a cluster's nodes (the spec's, else idle usable ones of its group), refused when the
     cluster has jobs of the run's names already (`find`: name -> job id)."""
-    from hpcjob.plan import make_plan
+    from hpcjob.job.plan import make_plan
 
     group = spec.node_group
     chosen = spec.node_names or choose_nodes(nodes(group), spec.node_count, busy(), group, spec.exclude_nodes)
@@ -202,7 +202,7 @@ def job_summary(
     failed (the others it canceled, FailOnTaskFailure) is the first failure, and why is the agent's word
     in its Output (`task_outputs`, asked only then), else its error message.
     """
-    from hpcjob.logs import output_reason, output_tail, read_root_cause
+    from hpcjob.store.logs import output_reason, output_tail, read_root_cause
 
     by_node = {task.node.upper(): task for task in info.tasks}
     nodes = []
@@ -260,7 +260,7 @@ def _elastic_end(
     """An elastic job that enough nodes saw through has finished, whatever the scheduler calls a job
     with a failed task; and each lost node is an event. Where the share has no end time of a lost node
     (a node that went down runs no exit trap), its last timeline line stands in for it."""
-    from hpcjob.logs import RunLogs, read_task_ends
+    from hpcjob.store.logs import RunLogs, read_task_ends
 
     assert plan.min_nodes is not None
     if sum(n.state is State.FINISHED for n in nodes) < plan.min_nodes:

@@ -35,18 +35,18 @@ from hpcjob.backends.scheduler import (
     recorded_job_id,
 )
 from hpcjob.extras import missing_extra
-from hpcjob.plan import mount_job_name
-from hpcjob.results import ENDED_JOB_STATES, JobInfo, NodeInfo, Submission, TaskInfo
-from hpcjob.spec import HpcjobError, SpecError
+from hpcjob.job.plan import mount_job_name
+from hpcjob.job.results import ENDED_JOB_STATES, JobInfo, NodeInfo, Submission, TaskInfo
+from hpcjob.job.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
     from hpcjob.backends import Watch
-    from hpcjob.config import ClusterProfile
-    from hpcjob.plan import JobPlan, MountStep
-    from hpcjob.render import JobShape
-    from hpcjob.results import MountResult
-    from hpcjob.runs import RunRecord
-    from hpcjob.spec import JobSpec
+    from hpcjob.job.plan import JobPlan, MountStep
+    from hpcjob.job.render import JobShape
+    from hpcjob.job.results import MountResult
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.config import ClusterProfile
+    from hpcjob.store.runs import RunRecord
 
 Progress = Callable[[str], None]
 # The scripts that only read: run again when the connection fails.
@@ -123,7 +123,7 @@ class WinRMSession:
                 self.sleep(wait)
 
     def _run_once(self, script: str, data: Mapping[str, Any]) -> list[Any]:
-        from hpcjob.render.winrm import bootstrap_command, script_input
+        from hpcjob.job.render.winrm import bootstrap_command, script_input
 
         command, arguments = bootstrap_command()
         stdin = script_input(script, data)
@@ -280,7 +280,7 @@ class WinRMBackend:
     def submit(
         self, plan: JobPlan, *, mount: bool, progress: Progress, record: Callable[[Submission], None]
     ) -> str:
-        from hpcjob.render import job_xml, mount_job_xml
+        from hpcjob.job.render import job_xml, mount_job_xml
 
         record(Submission("creating"))
         mount_id = None
@@ -382,7 +382,7 @@ class WinRMBackend:
         return follow_job(lambda: self._status(job_id), progress, poll=self.poll), self._outputs(job_id)
 
     def mount(self, name: str, step: MountStep, shape: JobShape, progress: Progress) -> list[MountResult]:
-        from hpcjob.render import mount_check_job_xml
+        from hpcjob.job.render import mount_check_job_xml
 
         job_id = self._create_and_submit(mount_check_job_xml(name, step, shape), name, progress)
         return self._mount_results(int(job_id), progress)
@@ -390,7 +390,7 @@ class WinRMBackend:
     def run_on_nodes(
         self, name: str, command: str, shape: JobShape, progress: Progress
     ) -> tuple[JobInfo, list[tuple[str, str]]]:
-        from hpcjob.render import node_job_xml
+        from hpcjob.job.render import node_job_xml
 
         return self._finished(
             int(self._create_and_submit(node_job_xml(name, command, shape), name, progress)), progress

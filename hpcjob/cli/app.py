@@ -32,8 +32,8 @@ def main() -> None:
     (hpcjob.runner.HpcjobWarning) are one line each; every head node opened is let go of at the end."""
     import warnings
 
+    from hpcjob.job.spec import HpcjobError, SpecError
     from hpcjob.runner import close_backends
-    from hpcjob.spec import HpcjobError, SpecError
 
     warnings.showwarning = _show_warning
     try:

@@ -25,6 +25,7 @@ from hpcjob.cli.options import (
     tag_option,
 )
 from hpcjob.extras import missing_extra
+from hpcjob.job.spec import CLUSTER_BACKENDS, WINRM_TRANSPORTS
 from hpcjob.runner import (
     ClusterAccess,
     StoppedWaiting,
@@ -33,12 +34,11 @@ from hpcjob.runner import (
     run_of,
     submit_and_follow,
 )
-from hpcjob.spec import CLUSTER_BACKENDS, WINRM_TRANSPORTS
 
 if TYPE_CHECKING:
-    from hpcjob.config import ClusterProfile
-    from hpcjob.results import JobInfo
-    from hpcjob.spec import JobSpec
+    from hpcjob.job.results import JobInfo
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.config import ClusterProfile
 
 
 @cluster.command("add")
@@ -107,8 +107,8 @@ def cluster_add(
     name: str, password_env: str | None, use_keyring: bool, make_default: bool, **options: Any
 ) -> None:
     """Add or replace the cluster profile NAME."""
-    from hpcjob.config import KEYRING_SERVICE, ClusterProfile, save_profile
-    from hpcjob.spec import SpecError
+    from hpcjob.job.spec import SpecError
+    from hpcjob.store.config import KEYRING_SERVICE, ClusterProfile, save_profile
 
     if password_env is not None and use_keyring:
         raise SpecError("choose one of --password-env and --keyring")
@@ -138,7 +138,7 @@ def cluster_add(
 def cluster_list() -> None:
     """List the cluster profiles; * marks the one used without --cluster."""
     from hpcjob.cli.tables import table
-    from hpcjob.config import config_path, load_config
+    from hpcjob.store.config import config_path, load_config
 
     profiles, chosen = load_config()
     if not profiles:
@@ -167,7 +167,7 @@ def cluster_list() -> None:
 @click.argument("name")
 def cluster_remove(name: str) -> None:
     """Remove the cluster profile NAME."""
-    from hpcjob.config import remove_profile
+    from hpcjob.store.config import remove_profile
 
     remove_profile(name)
     click.echo(f"cluster {name} removed")
@@ -219,12 +219,12 @@ def submit(
     folder to the share, mounts the share on the nodes, creates the job from the job XML and submits
     it. Prints the job id; with --wait, follows it to the end.
     """
-    from hpcjob.config import get_profile
-    from hpcjob.plan import make_plan
-    from hpcjob.render import job_xml, mount_job_xml
-    from hpcjob.runs import check_new_run_id
-    from hpcjob.spec import SpecError, parse_tags
-    from hpcjob.staging import code_files
+    from hpcjob.job.plan import make_plan
+    from hpcjob.job.render import job_xml, mount_job_xml
+    from hpcjob.job.spec import SpecError, parse_tags
+    from hpcjob.store.config import get_profile
+    from hpcjob.store.runs import check_new_run_id
+    from hpcjob.store.staging import code_files
 
     tags = parse_tags(tag_items)
     spec = _spec_with_profile(params, get_profile(cluster_name))
@@ -377,8 +377,8 @@ def nodes(
 ) -> None:
     """The cluster's nodes: state, health, whether a running job holds them, cores, GPUs (where the head
     node reports them: HPC Pack 2019's node model has no GPU count) and groups."""
-    from hpcjob.config import get_profile
-    from hpcjob.spec import GROUP_NAME, SpecError
+    from hpcjob.job.spec import GROUP_NAME, SpecError
+    from hpcjob.store.config import get_profile
 
     profile = get_profile(cluster_name)
     group = None if all_groups else group or profile.node_group
@@ -507,12 +507,12 @@ def mount(
     exits 1 when a node failed. Jobs that hpcjob submits mount it the same way on every node they start
     on, after a reboot too.
     """
-    from hpcjob.config import get_profile
-    from hpcjob.plan import mount_step
-    from hpcjob.render import JobShape, mount_check_job_xml
-    from hpcjob.render.text import filter_install_command
+    from hpcjob.job.plan import mount_step
+    from hpcjob.job.render import JobShape, mount_check_job_xml
+    from hpcjob.job.render.text import filter_install_command
+    from hpcjob.job.spec import SpecError
     from hpcjob.runner import mount_request, mount_share
-    from hpcjob.spec import SpecError
+    from hpcjob.store.config import get_profile
 
     if (allow_images or allow_docker_options or allow_volumes) and not install:
         raise SpecError("--allow-image, --allow-docker-option and --allow-volume go with --install")

@@ -59,9 +59,9 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     folder share its current run id, so that the job file, the mount step and the script agree;
     --upload and --copy-to start a new run (they stage its code), --run-id names one.
     """
+    from hpcjob.job.spec import SpecError
     from hpcjob.runner import render_owner, render_run
-    from hpcjob.share import LocalFolder, ShareFolder
-    from hpcjob.spec import SpecError
+    from hpcjob.store.share import LocalFolder, ShareFolder
 
     spec = build_spec({**params, "owner": render_owner()})
     if upload_code and spec.share is None:
@@ -130,11 +130,11 @@ def run(
     failed, 130 when canceled.
     """
     from hpcjob.cli.tables import format_summary
+    from hpcjob.job.spec import SpecError, parse_tags
     from hpcjob.runner import LocalOptions, run_local
-    from hpcjob.spec import SpecError, parse_tags
 
     if not local:  # on the default cluster, and followed: `submit --wait`
-        from hpcjob.config import get_profile
+        from hpcjob.store.config import get_profile
 
         try:
             get_profile(None)
@@ -232,10 +232,10 @@ def logs(
     when it has ended. When the share cannot be reached, a submitted job's output comes from the
     scheduler, which keeps only its start.
     """
-    from hpcjob.logs import output_line
+    from hpcjob.job.spec import SpecError, check_job_folder, check_run_id
     from hpcjob.runner import RunOutput, run_of
-    from hpcjob.runs import RunRecord
-    from hpcjob.spec import SpecError, check_job_folder, check_run_id
+    from hpcjob.store.logs import output_line
+    from hpcjob.store.runs import RunRecord
 
     if run_id is None and (share or mount_point):
         raise SpecError("name the run with --share or --mount-point: this machine's history knows no other")

@@ -46,9 +46,9 @@ def doctor(
     task per node), an all-reduce between two nodes (in the environment of --requirements FILE, in
     containers of --image IMAGE, when given), and the share from this machine. With --local, this
     machine instead, for `run --local`. Exits 1 when a check fails."""
+    from hpcjob.checks.cluster import checkup
+    from hpcjob.job.spec import DEFAULT_DOCKER_GPUS, check_docker
     from hpcjob.runner import read_requirements
-    from hpcjob.runner.doctor import checkup
-    from hpcjob.spec import DEFAULT_DOCKER_GPUS, check_docker
 
     # Read first: a file that cannot be read, or an image name, is said before anything runs.
     check_docker(image, DEFAULT_DOCKER_GPUS, "")
@@ -63,8 +63,8 @@ def doctor(
             click.echo(line, err=True)
 
     if local:
-        from hpcjob.runner.doctor import local_checkup
-        from hpcjob.spec import SpecError
+        from hpcjob.checks.cluster import local_checkup
+        from hpcjob.job.spec import SpecError
 
         if cluster_name or backend_kind or requirements or image:
             raise SpecError(

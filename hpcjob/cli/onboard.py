@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
+from hpcjob.azure.onboard import KEY_ENV, PASSWORD_ENV
 from hpcjob.cli.app import cluster
-from hpcjob.runner.onboard import KEY_ENV, PASSWORD_ENV
 
 
 @cluster.command("onboard")
@@ -95,9 +95,9 @@ def cluster_onboard(
     key reach `az` on its standard input only. Needs the Azure CLI, logged in (`az login`), and Owner or
     User Access Administrator on the subscription (the template assigns roles).
     """
+    from hpcjob.azure.onboard import OnboardOptions, onboard
+    from hpcjob.azure.template import DEFAULT_IMAGE, DEFAULT_PREFIX, OnboardRequest
     from hpcjob.cli.tables import checkup_lines, mount_lines
-    from hpcjob.onboard import DEFAULT_IMAGE, DEFAULT_PREFIX, OnboardRequest
-    from hpcjob.runner.onboard import OnboardOptions, onboard
 
     request = OnboardRequest(
         name=name,
@@ -165,10 +165,10 @@ def cluster_onboard(
 def cluster_delete(name: str, yes: bool) -> None:
     """Delete the Azure resource group that `cluster onboard` made for NAME (every VM, disk, address and
     vault in it), then its profile."""
-    from hpcjob.azure import run_az
-    from hpcjob.config import get_profile, remove_profile
-    from hpcjob.onboard import delete_command
-    from hpcjob.spec import SpecError
+    from hpcjob.azure.az import run_az
+    from hpcjob.azure.template import delete_command
+    from hpcjob.job.spec import SpecError
+    from hpcjob.store.config import get_profile, remove_profile
 
     profile = get_profile(name)
     if profile.resource_group is None:

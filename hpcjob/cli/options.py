@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from hpcjob.spec import CLUSTER_BACKENDS, ENV_PLACES, PRIORITIES
+from hpcjob.job.spec import CLUSTER_BACKENDS, ENV_PLACES, PRIORITIES
 
 if TYPE_CHECKING:
-    from hpcjob.spec import JobSpec
+    from hpcjob.job.spec import JobSpec
 
 PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
 F = TypeVar("F", bound=Callable[..., Any])
@@ -272,7 +272,7 @@ def requirements_text(script: Path, given: str | None, no_env: bool) -> str | No
 
 def wheelhouse_target(value: str | None) -> tuple[str, str] | None:
     """`--wheelhouse 3.10[:PLATFORM]` as (Python, platform); JobSpec checks both."""
-    from hpcjob.spec import DEFAULT_NODE_PLATFORM
+    from hpcjob.job.spec import DEFAULT_NODE_PLATFORM
 
     if value is None:
         return None
@@ -296,7 +296,7 @@ def smb_options(command: F) -> F:
 
 def local_folder(path: str, option: str) -> Path:
     """A folder here that hpcjob may create: not a file, and not below one."""
-    from hpcjob.spec import SpecError
+    from hpcjob.job.spec import SpecError
 
     folder = Path(path).expanduser().resolve()
     for step in (folder, *folder.parents):
@@ -339,7 +339,7 @@ def named_or_newest(run: str | None) -> str:
     """The run a command was given, else this machine's newest, said on stderr."""
     if run is not None:
         return run
-    from hpcjob.runs import newest_run
+    from hpcjob.store.runs import newest_run
 
     newest = newest_run().run_id
     click.echo(f"hpcjob: run {newest}, the newest of this machine", err=True)
@@ -355,7 +355,7 @@ def build_spec(params: dict[str, Any]) -> JobSpec:
 
 def job_fields(params: dict[str, Any]) -> dict[str, Any]:
     """The job options by their JobSpec names, parsed (the share stays a UNC)."""
-    from hpcjob.spec import (
+    from hpcjob.job.spec import (
         DEFAULT_COMMAND_LIMIT,
         DEFAULT_MOUNT_OPTIONS,
         SpecError,

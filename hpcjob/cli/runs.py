@@ -1,4 +1,5 @@
-"""`hpcjob runs`: the history of the runs this machine started (hpcjob.runs), one run whole, and plots."""
+"""`hpcjob runs`: the history of the runs this machine started (hpcjob.store.runs), one run whole, and
+plots."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from hpcjob.cli.app import cli
 from hpcjob.cli.options import TEXT
 
 if TYPE_CHECKING:
-    from hpcjob.runs import HistoryEntry
+    from hpcjob.store.runs import HistoryEntry
 
 _AGO = re.compile(r"(\d+)([dhm])")
 
 
 def parse_since(text: str, now: float) -> float:
     """`--since`: a date or time (2026-11-01, 2026-11-01T09:30) in local time, or an age (7d, 12h, 30m)."""
-    from hpcjob.spec import SpecError
+    from hpcjob.job.spec import SpecError
 
     if match := _AGO.fullmatch(text.strip()):
         return now - int(match[1]) * {"d": 86400, "h": 3600, "m": 60}[match[2]]
@@ -70,8 +71,8 @@ def runs(
     RUN` asks for a job's state now; `hpcjob runs show RUN` gives one run whole."""
     if ctx.invoked_subcommand is not None:
         return
-    from hpcjob.runs import history
-    from hpcjob.spec import parse_tags
+    from hpcjob.job.spec import parse_tags
+    from hpcjob.store.runs import history
 
     entries = history(
         cluster=cluster_name,
@@ -128,7 +129,7 @@ def runs(
 def runs_show(run_id: str, as_json: bool) -> None:
     """One run whole: the command, the job, its nodes and their exit codes, the root cause, the metrics,
     and where its logs and checkpoints are. RUN is a run id or the job id of a submitted job."""
-    from hpcjob.runs import find_entry
+    from hpcjob.store.runs import find_entry
 
     entry = find_entry(run_id)
     if as_json:
@@ -186,10 +187,10 @@ def runs_plot(run_ids: tuple[str, ...], out: str) -> None:
     watched, its utilisation and memory, a line per node and rank; several runs side by side."""
     from pathlib import Path
 
-    from hpcjob.logs import RunLogs
-    from hpcjob.plot import plot_runs
     from hpcjob.runner import run_folder
-    from hpcjob.runs import find_entry
+    from hpcjob.store.logs import RunLogs
+    from hpcjob.store.plot import plot_runs
+    from hpcjob.store.runs import find_entry
 
     timelines = {}
     for run_id in run_ids:

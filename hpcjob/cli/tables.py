@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpcjob.results import GpuUse, JobSummary, MountResult
-    from hpcjob.runner.doctor import Checkup
+    from hpcjob.checks.cluster import Checkup
+    from hpcjob.job.results import GpuUse, JobSummary, MountResult
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str = "") -> list[str]:
@@ -110,7 +110,7 @@ def mount_lines(results: Sequence[MountResult]) -> list[str]:
 
 def checkup_lines(report: Checkup) -> list[str]:
     """`hpcjob doctor`'s report: a line per check, the fix under each failure, then the count."""
-    from hpcjob.doctor import INFO, SKIP
+    from hpcjob.checks.verdicts import INFO, SKIP
 
     checks, failed = report.checks, report.failed
     width = max(len(check.name) for check in checks)

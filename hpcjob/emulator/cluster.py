@@ -28,10 +28,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcjob.backends.local.procs import (
+    MARKER_VAR,
+    TaskProcess,
+    Watchdog,
+    exit_code,
+    marked_processes,
+    process_table,
+)
 from hpcjob.emulator import props as P
 from hpcjob.emulator.jobxml import parse_job_xml
 from hpcjob.node.mount_filter import FILTERS_DIR, NODE_ROOT_VAR
-from hpcjob.procs import MARKER_VAR, TaskProcess, Watchdog, exit_code, marked_processes, process_table
 
 OUTPUT_LIMIT = 1500  # bytes of un-redirected stdout/stderr the agent reports (head -c 1500)
 NODE_STATES = (

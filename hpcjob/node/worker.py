@@ -21,7 +21,7 @@ With `HPCJOB_BEAT_S` set (the job's --hang-timeout), the rank beats: a thread of
 process group, the newest collective of each group from PyTorch's flight recorder (its sequence number,
 its name, when it began). A rank that is stopped, or stuck holding the GIL, stops beating; a rank that
 sleeps or loops in Python beats on but falls behind the others' collectives. hpcjob, following the job,
-tells these apart (hpcjob/hangs.py). When `$HPCJOB_BEAT_DIR/dump` appears (hpcjob found a hang), each
+tells these apart (hpcjob/job/hangs.py). When `$HPCJOB_BEAT_DIR/dump` appears (hpcjob found a hang), each
 rank that still beats writes, once, where its threads are in Python (`stacks-rank-<RANK>.txt` there) and
 its flight recorder, where the job's TORCH_FR_DUMP_TEMP_FILE says, with its process groups named as torch's
 analyzer (`torchfrtrace`) looks them up. The beat stops when the script ends.

@@ -1,6 +1,6 @@
 """Following a job with a --hang-timeout: its ranks' beats read from the run's folder while the backend
 waits, and a hung job ended by the usual cancel path, its flight recorders dumped first, the hang its
-root cause (hpcjob.hangs says how a hang is told and whom it blames)."""
+root cause (hpcjob.job.hangs says how a hang is told and whom it blames)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from hpcjob.hangs import HANG_EXIT_CODE, Hang, HangWatch, beat_interval
-from hpcjob.results import RootCause, State
+from hpcjob.job.hangs import HANG_EXIT_CODE, Hang, HangWatch, beat_interval
+from hpcjob.job.results import RootCause, State
 
 if TYPE_CHECKING:
     from hpcjob.backends import Backend, Progress, Watch
-    from hpcjob.plan import JobPlan
-    from hpcjob.results import JobInfo, JobSummary
-    from hpcjob.runs import RunRecord
-    from hpcjob.share import ShareFolder
+    from hpcjob.job.plan import JobPlan
+    from hpcjob.job.results import JobInfo, JobSummary
+    from hpcjob.store.runs import RunRecord
+    from hpcjob.store.share import ShareFolder
 
 # How many beats the ranks get to dump their flight recorders before the job is canceled.
 DUMP_BEATS = 2
@@ -33,7 +33,7 @@ class HangFound(Exception):
 def hang_watch(plan: JobPlan, folder: ShareFolder, log_folder: str) -> Watch | None:
     """What a wait looks at for the job's hang bound, reading its beats once a beat (None: no bound)."""
     from hpcjob.backends import Watch
-    from hpcjob.logs import read_beats
+    from hpcjob.store.logs import read_beats
 
     if plan.hang_timeout_s is None:
         return None
@@ -64,7 +64,7 @@ def end_hung_job(
     """Have the ranks that still beat say where they are and dump their flight recorders into the log
     folder (they look for the request once a beat: they get DUMP_BEATS beats), cancel the job as `hpcjob
     cancel` does, and follow it to its end: its status, and the hang with where the blamed rank was."""
-    from hpcjob.logs import read_stacks, request_dumps
+    from hpcjob.store.logs import read_stacks, request_dumps
 
     assert plan.hang_timeout_s is not None
     progress(f"hpcjob: {describe(hang)}; ending the job")

@@ -139,7 +139,7 @@ $script:Cli = @{
     }
 }
 
-# The environment variables that carry secrets to hpcjob (hpcjob/config.py names them too).
+# The environment variables that carry secrets to hpcjob (hpcjob/store/config.py names them too).
 $script:CredentialUserVariable = 'HPCJOB_CREDENTIAL_USER'
 $script:CredentialPasswordVariable = 'HPCJOB_CREDENTIAL_PASSWORD'
 $script:AdminPasswordVariable = 'HPCJOB_ADMIN_PASSWORD'

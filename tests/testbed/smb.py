@@ -41,7 +41,7 @@ _CONF = """\
   path = {share_path}
   read only = no
   # Windows ACLs, stored and enforced by smbd itself, as a Windows head node's NTFS does: the security
-  # descriptors hpcjob sets and checks on a user's folder (hpcjob/smb_acl.py), and smbd then refuses
+  # descriptors hpcjob sets and checks on a user's folder (hpcjob/store/smb_acl.py), and smbd then refuses
   # another user's write there. The POSIX modes on disk stay open (0777 folders): smbd alone decides.
   vfs objects = acl_xattr
   acl_xattr:ignore system acls = yes

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from hpcjob.results import GPU_PREFIX as READ_PREFIX
-from hpcjob.results import GpuUse, gpu_use_of_run, latest_gpu_use
+from hpcjob.job.results import GPU_PREFIX as READ_PREFIX
+from hpcjob.job.results import GpuUse, gpu_use_of_run, latest_gpu_use
 
 from gpu_monitor import GPU_PREFIX, GpuMonitor, GpuSample, open_monitor
 

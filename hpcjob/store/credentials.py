@@ -6,7 +6,7 @@ import getpass
 import os
 import sys
 
-from hpcjob.spec import SpecError
+from hpcjob.job.spec import SpecError
 
 SMB_USER_ENV = "HPCJOB_SMB_USER"
 SMB_PASSWORD_ENV = "HPCJOB_SMB_PASSWORD"

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hpcjob.hangs import Beat
-from hpcjob.results import (
+from hpcjob.job.hangs import Beat
+from hpcjob.job.results import (
     GpuUse,
     RootCause,
     TaskEnd,
@@ -33,7 +33,7 @@ from hpcjob.results import (
     signal_of_exit_code,
     untrusted_json,
 )
-from hpcjob.share import ShareFolder, UnreadableFile
+from hpcjob.store.share import ShareFolder, UnreadableFile
 
 SUMMARY_FILE = "summary.json"
 # Where the training program writes each rank's metrics over time (training/timeline.py).

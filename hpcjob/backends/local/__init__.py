@@ -26,9 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from hpcjob.gpus import share_gpus, visible_gpus
-from hpcjob.logs import SUMMARY_FILE, RunLogs, Tail, node_tails, read_root_cause
-from hpcjob.plan import (
+from hpcjob.backends.local.gpus import share_gpus, visible_gpus
+from hpcjob.backends.local.procs import (
+    MARKER_VAR,
+    STOP_SIGNALS,
+    TaskProcess,
+    Watchdog,
+    exit_code,
+    interrupt_on_cancel_signals,
+    process_table,
+)
+from hpcjob.job.plan import (
     ENV_ON_VAR,
     ENVS_VAR,
     JobPlan,
@@ -38,16 +46,7 @@ from hpcjob.plan import (
     container_engine,
     make_plan,
 )
-from hpcjob.procs import (
-    MARKER_VAR,
-    STOP_SIGNALS,
-    TaskProcess,
-    Watchdog,
-    exit_code,
-    interrupt_on_cancel_signals,
-    process_table,
-)
-from hpcjob.results import (
+from hpcjob.job.results import (
     ALREADY_MOUNTED,
     METRICS_PREFIX,
     JobInfo,
@@ -63,14 +62,15 @@ from hpcjob.results import (
     find_metrics,
     job_exit_code,
 )
-from hpcjob.share import LocalFolder
-from hpcjob.spec import HpcjobError, JobSpec
+from hpcjob.job.spec import HpcjobError, JobSpec
+from hpcjob.store.logs import SUMMARY_FILE, RunLogs, Tail, node_tails, read_root_cause
+from hpcjob.store.share import LocalFolder
 
 if TYPE_CHECKING:
     from hpcjob.backends import Watch
-    from hpcjob.config import ClusterProfile
-    from hpcjob.render import JobShape
-    from hpcjob.runs import RunRecord
+    from hpcjob.job.render import JobShape
+    from hpcjob.store.config import ClusterProfile
+    from hpcjob.store.runs import RunRecord
 
 LOOPBACK = "127.0.0.1"
 # A submitted local job's own output (its progress), in its log folder.
@@ -132,7 +132,7 @@ class LocalBackend:
     ) -> None:
         """`hidden_env`: variables of this environment the tasks must not see (passwords).
         `share_root`: the local folder that stands in for the share [default: one per project].
-        `gpu_devices`: each node's CUDA_VISIBLE_DEVICES (hpcjob.gpus; `plan` sets them).
+        `gpu_devices`: each node's CUDA_VISIBLE_DEVICES (hpcjob.backends.local.gpus; `plan` sets them).
         `echo_output`: a submitted job's progress has its nodes' output too.
         `attached`: a submitted job is canceled when this process ends, however it ends (`run --local`)."""
         self.grace_period_s = grace_period_s
@@ -158,7 +158,7 @@ class LocalBackend:
     def plan(self, spec: JobSpec, run_id: str) -> JobPlan:
         """LOCAL1..n (or the spec's names) with the rendezvous on loopback and a local folder for
         the share; the spec's share and mount point do not apply here."""
-        from hpcjob.runs import check_new_run_id
+        from hpcjob.store.runs import check_new_run_id
 
         check_new_run_id(run_id)
         root = self.share_root or default_share_root(Path(spec.script).resolve().parent)
@@ -178,7 +178,7 @@ class LocalBackend:
     ) -> str:
         """Start the job in a process of its own (its progress in the log folder, hpcjob.log); the run
         id is its job id. Nothing to mount: the share is a local folder."""
-        from hpcjob.render import plan_json
+        from hpcjob.job.render import plan_json
 
         gpus = [d for d in self.gpu_devices if d]
         progress(
@@ -587,12 +587,12 @@ def cancel_local(pid: int | None, start: int | None, force: bool = False) -> boo
 
 
 def open_backend(profile: ClusterProfile | None, password: str | None) -> LocalBackend:
-    from hpcjob.config import secret_variables
+    from hpcjob.store.config import secret_variables
 
     return LocalBackend(hidden_env=secret_variables())
 
 
-def _supervise() -> int:
+def supervise() -> int:
     """A submitted job's process: runs the plan read from stdin's first line. An attached job's starter
     holds stdin open for as long as it lives: its end (EOF) cancels the job, as SIGTERM does."""
     request = json.loads(sys.stdin.buffer.readline())
@@ -625,7 +625,3 @@ def _echo(nodes: Sequence[_Node], progress: Printer, final: bool = False) -> Non
             for line in tail.read(final):
                 if not line[len(tail.prefix) :].startswith(METRICS_PREFIX):
                     progress(line)
-
-
-if __name__ == "__main__":
-    sys.exit(_supervise())

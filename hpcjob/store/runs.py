@@ -23,11 +23,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.spec import HpcjobError, SpecError
+from hpcjob.job.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
-    from hpcjob.plan import JobPlan
-    from hpcjob.results import JobSummary
+    from hpcjob.job.plan import JobPlan
+    from hpcjob.job.results import JobSummary
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ _RUN_ID_TIME = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 
 
 def history_file() -> Path:
-    from hpcjob.config import user_folder
+    from hpcjob.store.config import user_folder
 
     return user_folder("state") / "runs.db"
 
@@ -410,7 +410,7 @@ _ENTRY_COLUMNS = (
 def _entries(connection: sqlite3.Connection, rows: list[Any]) -> list[HistoryEntry]:
     """Rows of _ENTRY_COLUMNS as entries; a row whose record cannot be read is left out, a summary or
     plan that cannot be read (a newer hpcjob's, a hand's) is shown as missing."""
-    from hpcjob.results import JobSummary
+    from hpcjob.job.results import JobSummary
 
     tags: dict[str, dict[str, str]] = {}
     for run_id, key, value in connection.execute("SELECT run_id, key, value FROM tags ORDER BY key"):

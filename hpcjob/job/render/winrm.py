@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from hpcjob.render.text import templates
+from hpcjob.job.render.text import templates
 
 SCRIPTS = ("submit", "find", "status", "outputs", "cancel", "nodes", "busy", "clusrun")
 POWERSHELL = "powershell.exe"

@@ -14,10 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from hpcjob.fabric import TOPOLOGY_FOLDER, nccl_env
-from hpcjob.hangs import beat_interval
-from hpcjob.node import mount_filter
-from hpcjob.spec import (
+from hpcjob.job.fabric import TOPOLOGY_FOLDER, nccl_env
+from hpcjob.job.hangs import beat_interval
+from hpcjob.job.spec import (
     ENVS_NAME,
     PLAIN_PATH,
     WHEELS_NAME,
@@ -27,7 +26,8 @@ from hpcjob.spec import (
     check_run_id,
     parse_node_names,
 )
-from hpcjob.torchrun import NODE_DIR, TorchrunCommand, bash_join, bash_quote, command_line
+from hpcjob.job.torchrun import NODE_DIR, TorchrunCommand, bash_join, bash_quote, command_line
+from hpcjob.node import mount_filter
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ class JobPlan:
     min_nodes: int | None = None
     # Files the job needs in its folder besides the code (path in the job folder, text): its requirements.
     files: tuple[tuple[str, str], ...] = ()
-    # Its ranks beat, and whoever follows it ends it when it hangs this long (hpcjob.hangs).
+    # Its ranks beat, and whoever follows it ends it when it hangs this long (hpcjob.job.hangs).
     hang_timeout_s: float | None = None
 
     @property

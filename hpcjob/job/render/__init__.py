@@ -1,6 +1,6 @@
 """JobPlan -> the artefacts people and schedulers read: job XML, cluster-run text, JSON. Pure: no I/O."""
 
-from hpcjob.render.job_xml import (
+from hpcjob.job.render.job_xml import (
     JOB_NAMESPACE,
     JobShape,
     admin_job_xml,
@@ -9,7 +9,7 @@ from hpcjob.render.job_xml import (
     mount_job_xml,
     node_job_xml,
 )
-from hpcjob.render.text import clusrun_text, plan_json, powershell_text
+from hpcjob.job.render.text import clusrun_text, plan_json, powershell_text
 
 __all__ = [
     "JOB_NAMESPACE",

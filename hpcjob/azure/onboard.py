@@ -1,7 +1,7 @@
 """`hpcjob cluster onboard`'s steps: check the request against the pinned ARM template and in Azure
 (logged in, the size offered, the quotas, the resource group, a soft-deleted vault in the way), write
 the parameters file, deploy, write the profile, then mount the share and run the doctor's checks. The
-request's and the template's rules are hpcjob.onboard's (pure); this module does the asking. It prints
+request's and the template's rules are hpcjob.azure.template's (pure); this module does the asking. It prints
 nothing: progress goes to a callback, warnings are HpcjobWarning, and what it must ask a person it asks
 through the callbacks it is given."""
 
@@ -16,16 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.runner import ARM_DIR, ARM_PACKAGE, ClusterAccess, HpcjobWarning, Progress, size_table
-from hpcjob.spec import SpecError
+from hpcjob.azure.data import ARM_DIR, ARM_PACKAGE, size_table
+from hpcjob.job.spec import SpecError
+from hpcjob.runner import ClusterAccess, HpcjobWarning, Progress
 
 if TYPE_CHECKING:
-    from hpcjob.config import ClusterProfile
-    from hpcjob.onboard import AzCommands, DeletedVault, OnboardRequest, Secrets, SizeTable
-    from hpcjob.results import MountResult
-    from hpcjob.runner.doctor import Checkup
+    from hpcjob.azure.template import AzCommands, DeletedVault, OnboardRequest, Secrets, SizeTable
+    from hpcjob.checks.cluster import Checkup
+    from hpcjob.job.results import MountResult
+    from hpcjob.store.config import ClusterProfile
 
-PASSWORD_ENV = "HPCJOB_ADMIN_PASSWORD"  # as hpcjob.config names them (kept out of the tasks' environment)
+PASSWORD_ENV = (
+    "HPCJOB_ADMIN_PASSWORD"  # as hpcjob.store.config names them (kept out of the tasks' environment)
+)
 KEY_ENV = "HPCJOB_AUTH_KEY"
 
 
@@ -64,7 +67,7 @@ class Onboarded:
 def parameters_text(parameters: Mapping[str, Any]) -> str:
     import jinja2
 
-    from hpcjob.onboard import TEMPLATE_URL
+    from hpcjob.azure.template import TEMPLATE_URL
 
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader(ARM_PACKAGE, ARM_DIR),
@@ -89,8 +92,8 @@ def onboard(
     """Onboard the cluster `request` asks for. `ask_password`: the admin password when its variable is
     not set (None: nobody to ask); `confirm_purge(why)`: raises unless a person agrees to purge a
     soft-deleted vault (None: nobody to ask, --purge-deleted-vault is needed)."""
-    from hpcjob.azure import load_template, run_az
-    from hpcjob.onboard import (
+    from hpcjob.azure.az import load_template, run_az
+    from hpcjob.azure.template import (
         TEMPLATE_SHA256,
         TEMPLATE_URL,
         az_commands,
@@ -183,7 +186,7 @@ def _warn(message: str) -> None:
 
 def _secrets(options: OnboardOptions, ask_password: Callable[[], str] | None) -> Secrets:
     """The admin password (the variable, else asked for) and the nodes' key (the variable, else new)."""
-    from hpcjob.onboard import Secrets
+    from hpcjob.azure.template import Secrets
 
     password = os.environ.get(options.password_env)
     if password is None:
@@ -218,8 +221,8 @@ def _what_if(
 ) -> str:
     """Azure's own preview. It needs the resource group to exist: one that does not yet is made for it,
     empty and free, and deleted after it, so that nothing is left behind."""
-    from hpcjob.azure import run_az, run_az_text
-    from hpcjob.onboard import delete_command
+    from hpcjob.azure.az import run_az, run_az_text
+    from hpcjob.azure.template import delete_command
 
     if make_group:
         progress(
@@ -238,8 +241,8 @@ def _deploy(
     request: OnboardRequest, commands: AzCommands, secrets_json: str, poll_s: float, progress: Progress
 ) -> str:
     """Create the resource group and deploy into it; the head node's public name."""
-    from hpcjob.azure import AzError, deploy, run_az
-    from hpcjob.onboard import cluster_dns_name
+    from hpcjob.azure.az import AzError, deploy, run_az
+    from hpcjob.azure.template import cluster_dns_name
 
     progress(f"hpcjob: resource group {request.resource_group} in {request.location}")
     run_az(commands.group)
@@ -267,9 +270,9 @@ def _write_profile(
     """The new cluster's profile: the REST API at the head node's public name, its certificate pinned by
     the thumbprint the deployment gives, the admin's password where it came from, one process per GPU of
     the size, and the size (its NCCL settings)."""
-    from hpcjob.azure import AzError, run_az
-    from hpcjob.config import KEYRING_SERVICE, ClusterProfile, save_profile
-    from hpcjob.onboard import CERTIFICATE_DEPLOYMENT, NODE_GROUP, SHARE, certificate_thumbprint
+    from hpcjob.azure.az import AzError, run_az
+    from hpcjob.azure.template import CERTIFICATE_DEPLOYMENT, NODE_GROUP, SHARE, certificate_thumbprint
+    from hpcjob.store.config import KEYRING_SERVICE, ClusterProfile, save_profile
 
     try:
         thumbprint = certificate_thumbprint(run_az(commands.certificate) or {})
@@ -312,8 +315,8 @@ def _write_profile(
 def _check(done: Onboarded, progress: Progress) -> None:
     """`hpcjob mount --install`, then `hpcjob doctor`, on the new cluster. A step that fails goes in
     `done.failed` with the command to run it again: the cluster exists whatever they find."""
+    from hpcjob.checks.cluster import checkup
     from hpcjob.runner import mount_request, mount_share
-    from hpcjob.runner.doctor import checkup
 
     profile = done.profile
     assert profile is not None

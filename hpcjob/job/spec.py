@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
 
-from hpcjob.hangs import MAX_HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
+from hpcjob.job.hangs import MAX_HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
 from hpcjob.node.mount_filter import user_name
 
 # HPC Pack 2008 SDK: "CommandLine is limited to 480 Unicode characters"; unverified for 2016/2019,
@@ -283,7 +283,7 @@ class JobSpec:
     command_limit: int = DEFAULT_COMMAND_LIMIT
     runtime_s: int | None = None  # the job's run-time limit; None: the scheduler's (or template's)
     # Whoever follows the job ends it when no collective has moved on for this long while a rank waits
-    # in one, naming the rank that held the others up (hpcjob.hangs); None: no watch, no beats.
+    # in one, naming the rank that held the others up (hpcjob.job.hangs); None: no watch, no beats.
     hang_timeout_s: float | None = None
     priority: str | None = None
     job_template: str | None = None
@@ -292,19 +292,19 @@ class JobSpec:
     # content on the share (hpcjob/node/env.py); None: the nodes' Python as it is.
     requirements: str | None = None
     # A cluster without internet: the requirements' wheels for the nodes' (Python X.Y, platform tag),
-    # downloaded on the client and installed on the nodes from the share (hpcjob/wheelhouse.py).
+    # downloaded on the client and installed on the nodes from the share (hpcjob/store/wheelhouse.py).
     wheelhouse: tuple[str, str] | None = None
     # Where the nodes keep the environment (ENV_PLACES): each on its local disk (node_env_dir, kept
     # between jobs), or one on the share for all of them.
     env_on: str = DEFAULT_ENV_ON
     node_env_dir: str = DEFAULT_NODE_ENV_DIR
-    # A container image every task runs in, through the node agent's Docker support (hpcjob.plan's
+    # A container image every task runs in, through the node agent's Docker support (hpcjob.job.plan's
     # docker_env); how its GPUs reach it (DOCKER_GPUS), and more `docker run` options from the profile.
     image: str | None = None
     docker_gpus: str = DEFAULT_DOCKER_GPUS
     docker_options: str = ""
     # The nodes' Azure VM size: the job gets the NCCL settings Azure's HPC images use for it
-    # (hpcjob.fabric), unless its --env names them.
+    # (hpcjob.job.fabric), unless its --env names them.
     vm_size: str | None = None
 
     def __post_init__(self) -> None:

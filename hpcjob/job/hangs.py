@@ -12,7 +12,7 @@ while some rank waits in one. Then the rank to blame is, in this order:
 - none: every rank waits in the same collective (the fabric, or NCCL itself).
 
 Times are the follower's own clock (when it saw a beat change), never the nodes': their clocks may differ
-from the follower's. Pure: the reading is done by the caller (hpcjob.logs.read_beats).
+from the follower's. Pure: the reading is done by the caller (hpcjob.store.logs.read_beats).
 """
 
 from __future__ import annotations

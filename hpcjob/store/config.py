@@ -42,9 +42,8 @@ from urllib.parse import urlsplit
 
 import tomli_w
 
-from hpcjob.credentials import SMB_PASSWORD_ENV
 from hpcjob.extras import missing_extra
-from hpcjob.spec import (
+from hpcjob.job.spec import (
     CLUSTER_BACKENDS,
     DEFAULT_DOCKER_GPUS,
     DEFAULT_ENV_ON,
@@ -59,6 +58,7 @@ from hpcjob.spec import (
     check_vm_size,
     parse_share,
 )
+from hpcjob.store.credentials import SMB_PASSWORD_ENV
 
 KEYRING_SERVICE = "hpcjob"
 CLUSTER_ENV = "HPCJOB_CLUSTER"

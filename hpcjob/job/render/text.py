@@ -18,11 +18,11 @@ from functools import cache
 
 import jinja2
 
+from hpcjob.job.plan import AllowedShare, ContainerPolicy, JobPlan, MountStep
+from hpcjob.job.render.job_xml import job_xml
+from hpcjob.job.spec import SpecError
 from hpcjob.node.mount_filter import CONFIG_FILE as FILTER_CONFIG
 from hpcjob.node.mount_filter import FILTERS_DIR, NODE_ROOT_VAR
-from hpcjob.plan import AllowedShare, ContainerPolicy, JobPlan, MountStep
-from hpcjob.render.job_xml import job_xml
-from hpcjob.spec import SpecError
 
 # PowerShell reads all four as a single quote (language spec 2.3.5.2, single-quote-character): any
 # of them ends a single-quoted string, and two in a row stand for the second.
@@ -69,7 +69,7 @@ def ps_comment(text: str) -> str:
 @cache
 def templates() -> jinja2.Environment:
     environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("hpcjob.render", "templates"),
+        loader=jinja2.PackageLoader("hpcjob.job.render", "templates"),
         autoescape=False,
         keep_trailing_newline=True,
         trim_blocks=True,

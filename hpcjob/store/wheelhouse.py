@@ -7,9 +7,9 @@ the index, or the file's own --find-links) into a cache, `~/.cache/hpcjob/wheels
 A package without a wheel for the nodes is named in one line before anything is uploaded. The wheels go
 to `<share>/hpcjob/<user>/wheels/`, each once: what is there is listed in `manifest.json` (each wheel's
 SHA-256, size and time on the share), written after the wheels, so a wheel whose upload was cut off is
-sent again. The nodes then install the lock of these wheels (hpcjob.plan.wheel_lock: name==version with
+sent again. The nodes then install the lock of these wheels (hpcjob.job.plan.wheel_lock: name==version with
 its SHA-256, --require-hashes) with `--no-index --find-links <mount point>/hpcjob/<user>/wheels`
-(hpcjob.plan.node_requirements).
+(hpcjob.job.plan.node_requirements).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcjob.results import untrusted_json
-from hpcjob.share import ShareFolder
-from hpcjob.spec import WHEELS_NAME, SpecError
+from hpcjob.job.results import untrusted_json
+from hpcjob.job.spec import WHEELS_NAME, SpecError
+from hpcjob.store.share import ShareFolder
 
 MANIFEST = "manifest.json"  # in the wheels folder
 MANIFEST_LIMIT = 16 << 20  # bytes of the manifest read: it names one line per wheel

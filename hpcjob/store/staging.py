@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path, PurePosixPath
 
-from hpcjob.results import untrusted_json
-from hpcjob.share import ShareFolder
-from hpcjob.spec import SHARE_FOLDER
-from hpcjob.torchrun import NODE_DIR
+from hpcjob.job.results import untrusted_json
+from hpcjob.job.spec import SHARE_FOLDER
+from hpcjob.job.torchrun import NODE_DIR
+from hpcjob.store.share import ShareFolder
 
 IGNORE_FILE = ".hpcjobignore"
 # Used when the code folder has no .hpcjobignore: data, checkpoints, logs and caches stay home.
@@ -142,7 +142,7 @@ def upload(
 ) -> SyncReport:
     """Send the code, the node files and `files` (the plan's: path in the job folder, text) to
     `<job_folder>/` on the share, only what changed; and `wheels` to the user's wheels, `user_folder`/wheels
-    (hpcjob.wheelhouse).
+    (hpcjob.store.wheelhouse).
 
     What was sent is remembered in a manifest in the job folder (size and modification time of each
     file); it is written last, so an interrupted upload is completed by the next one.
@@ -176,7 +176,7 @@ def upload(
             sent_bytes += len(content)
     folder.write_bytes(manifest_path, json.dumps({"files": current}, indent=0).encode())
     if wheels:
-        from hpcjob.wheelhouse import upload as upload_wheels
+        from hpcjob.store.wheelhouse import upload as upload_wheels
 
         report = upload_wheels(wheels, folder, user_folder)
         sent, sent_bytes, unchanged = (

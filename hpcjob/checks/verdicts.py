@@ -11,8 +11,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpcjob.results import NodeInfo, State, find_metrics
-from hpcjob.spec import DEFAULT_COMMAND_LIMIT
+from hpcjob.job.results import NodeInfo, State, find_metrics
+from hpcjob.job.spec import DEFAULT_COMMAND_LIMIT
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 INFO = "info"  # a figure with no mark to judge it by
@@ -338,7 +338,7 @@ def fit_nodes(answers: Sequence[tuple[str, str]]) -> list[str]:
 
 
 def allreduce_check(nodes: Sequence[str], state: str, metrics: dict[str, object] | None, cause: str) -> Check:
-    """The 2-node all-reduce job's result (hpcjob/probes/allreduce.py's metrics line)."""
+    """The 2-node all-reduce job's result (hpcjob/checks/probes/allreduce.py's metrics line)."""
     between = " and ".join(nodes)
     if state == State.FINISHED and metrics and metrics.get("allreduce_correct") is True:
         return Check(
@@ -418,7 +418,7 @@ def container_check(
 def node_allreduce_check(
     answers: Sequence[tuple[str, str]], vm_size: str | None, mark_gbs: float | None
 ) -> Check:
-    """Each node's all-reduce across its own GPUs (hpcjob/probes/allreduce.py under a single-node
+    """Each node's all-reduce across its own GPUs (hpcjob/checks/probes/allreduce.py under a single-node
     torchrun, a task per node), against the mark Microsoft's health checks set for its size (`mark_gbs`;
     None: the size has none, or the profile names no size: figures without a verdict)."""
     name = "all-reduce per node"

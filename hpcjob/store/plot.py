@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcjob.extras import missing_extra
-from hpcjob.spec import SpecError
+from hpcjob.job.spec import SpecError
 
 # (the timeline's field, the panel's title); a panel no run has figures for is left out, not drawn flat.
 PANELS = (

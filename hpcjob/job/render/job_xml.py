@@ -13,8 +13,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpcjob.plan import MOUNT_RESULT_VAR, JobPlan, MountStep, mount_job_name
-from hpcjob.spec import NOT_XML, SpecError
+from hpcjob.job.plan import MOUNT_RESULT_VAR, JobPlan, MountStep, mount_job_name
+from hpcjob.job.spec import NOT_XML, SpecError
 
 JOB_NAMESPACE = "http://schemas.microsoft.com/HPCS2008R2/scheduler/"
 JOB_VERSION = "3.000"

@@ -1,9 +1,10 @@
 """A new GPU cluster from HPC Pack's ARM template ("Single head node cluster for Linux workloads"): what
 to ask Azure for, checked before anything is deployed, and the `az` commands that deploy it.
 
-Pure: the size table (hpcjob/arm/sizes.json) and the template's JSON come in as data, the commands go out
-as argument lists; hpcjob/azure.py runs them. The template is referred to by a URL pinned to a commit and
-its content by its SHA-256, never by a moving branch (its defaults have changed before).
+Pure: the size table (hpcjob/azure/arm/sizes.json) and the template's JSON come in as data, the
+commands go out as argument lists; hpcjob/azure/az.py runs them. The template is referred to by a URL
+pinned to a commit and its content by its SHA-256, never by a moving branch (its defaults have changed
+before).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class GpuSize:
 
 @dataclass(frozen=True)
 class SizeTable:
-    """hpcjob/arm/sizes.json: the GPU sizes hpcjob onboards, the fractional ones it refuses, the head
+    """hpcjob/azure/arm/sizes.json: the GPU sizes hpcjob onboards, the fractional ones it refuses, the head
     node's."""
 
     sizes: Mapping[str, GpuSize]
@@ -189,13 +190,13 @@ def _check_size_and_image(request: OnboardRequest, table: SizeTable) -> dict[str
     if request.vm_size in table.fractional:
         return {
             "computeNodeVMSize": f"{request.vm_size} has {table.fractional[request.vm_size]}, not whole "
-            "GPUs: CUDA and NCCL training needs whole GPUs; choose a size from hpcjob/arm/sizes.json, "
+            "GPUs: CUDA and NCCL training needs whole GPUs; choose a size from hpcjob/azure/arm/sizes.json, "
             "such as Standard_NC24ads_A100_v4"
         }
     if size is None:
         return {
             "computeNodeVMSize": f"{request.vm_size} is not a GPU size hpcjob knows; choose one of "
-            f"{', '.join(sorted(table.sizes))} (hpcjob/arm/sizes.json)"
+            f"{', '.join(sorted(table.sizes))} (hpcjob/azure/arm/sizes.json)"
         }
     if "_HPC" not in request.image or request.image.startswith("SLES"):  # SLES HPC: drivers UNVERIFIED
         return {

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
-from hpcjob.spec import HpcjobError, Share
+from hpcjob.job.spec import HpcjobError, Share
 
 COPY_CHUNK = 1 << 20
 # How a file another user may have put on the share is opened on this machine: never through a link (one
@@ -305,9 +305,9 @@ class SmbFolder:
             return hashlib.file_digest(f, "sha256").hexdigest()
 
     def ensure_private(self, relative: str) -> None:
-        """Made with a DACL of its owner's alone (hpcjob.smb_acl), and checked, with the folder above,
+        """Made with a DACL of its owner's alone (hpcjob.store.smb_acl), and checked, with the folder above,
         at every upload: the server's own security descriptors, read over SMB."""
-        from hpcjob import smb_acl
+        from hpcjob.store import smb_acl
 
         above = str(PurePosixPath(relative).parent)
         where = f"{self.describe()}/{relative}"
@@ -353,8 +353,8 @@ class SmbFolder:
 
     def prepare_common(self, relative: str) -> None:
         """An administrator's: `relative` (hpcjob/) made, and given a DACL in which every cluster user may
-        make a folder of their own and nobody else may remove or rename it (hpcjob.smb_acl)."""
-        from hpcjob import smb_acl
+        make a folder of their own and nobody else may remove or rename it (hpcjob.store.smb_acl)."""
+        from hpcjob.store import smb_acl
 
         try:
             self.makedirs(relative)
@@ -392,7 +392,7 @@ class SmbFolder:
         """This user's SID as the server knows it: the owner of a folder made in `folder` (gone on close)."""
         import secrets
 
-        from hpcjob import smb_acl
+        from hpcjob.store import smb_acl
 
         probe = f"{folder}/.hpcjob-probe-{secrets.token_hex(8)}"
         with self._smb.open_file(

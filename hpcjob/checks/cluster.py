@@ -1,6 +1,6 @@
 """`hpcjob doctor`'s steps against a cluster: reach the head node, probe the nodes with one short job,
 run an all-reduce job through the same path as `hpcjob submit`, write the share from here. The checks'
-verdicts are hpcjob.doctor's (pure); this module does the asking, and prints nothing."""
+verdicts are hpcjob.checks.verdicts's (pure); this module does the asking, and prints nothing."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpcjob.doctor import Check
+from hpcjob.checks.verdicts import Check
 from hpcjob.runner import ClusterAccess, Progress, new_run_id, profile_mount_point, submit_and_follow
 
 if TYPE_CHECKING:
-    from hpcjob.onboard import GpuSize
-    from hpcjob.runs import RunRecord
-    from hpcjob.share import ShareFolder
-    from hpcjob.spec import JobSpec
+    from hpcjob.azure.template import GpuSize
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.runs import RunRecord
+    from hpcjob.store.share import ShareFolder
 
 SHARE_PROBE_FILE = ".hpcjob-doctor"  # written (and overwritten) at the share's root to prove it writable
 
@@ -46,7 +46,7 @@ def checkup(
 ) -> Checkup:
     """Every check of the cluster `access` opens; `requirements` (a file's name and text): the all-reduce
     runs in the job's environment built from them; `image`: in containers of it."""
-    from hpcjob.doctor import (
+    from hpcjob.checks.verdicts import (
         FAIL,
         SKIP,
         fit_nodes,
@@ -56,8 +56,8 @@ def checkup(
         reach_checks,
         share_check,
     )
-    from hpcjob.render import JobShape
-    from hpcjob.spec import HpcjobError
+    from hpcjob.job.render import JobShape
+    from hpcjob.job.spec import HpcjobError
 
     profile, backend = access.profile, access.backend
     mount_point = profile_mount_point(profile)
@@ -103,11 +103,11 @@ def _allreduce(
     progress: Progress,
     command: str,
 ) -> list[Check]:
-    """A 2-node all-reduce job (hpcjob/probes/allreduce.py) through the same path as `hpcjob submit`;
+    """A 2-node all-reduce job (hpcjob/checks/probes/allreduce.py) through the same path as `hpcjob submit`;
     with `requirements` (a file's name and text), in the job's environment built from them; with
     `image`, in containers of it, with the profile's GPUs and Docker options."""
-    from hpcjob.doctor import SKIP, allreduce_check, container_check, environment_check, fabric_check
-    from hpcjob.runner import size_table
+    from hpcjob.azure.data import size_table
+    from hpcjob.checks.verdicts import SKIP, allreduce_check, container_check, environment_check, fabric_check
 
     profile = access.profile
     if len(fit) < 2:
@@ -167,14 +167,14 @@ def _allreduce_spec(
     requirements: tuple[str, str] | None = None,
     image: str | None = None,
 ) -> JobSpec:
-    """The all-reduce probe (hpcjob/probes/allreduce.py) on `nodes`, as a job of the profile's is: its
+    """The all-reduce probe (hpcjob/checks/probes/allreduce.py) on `nodes`, as a job of the profile's is: its
     share and folder, environment and containers' settings, one process per node."""
+    from hpcjob.job.spec import JobSpec, parse_share
     from hpcjob.runner import with_profile
-    from hpcjob.spec import JobSpec, parse_share
 
     fields = with_profile({"mount_point": mount_point, "nproc_per_node": 1}, access.profile)
     return JobSpec(
-        script=str(Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"),
+        script=str(Path(__file__).resolve().parent / "probes" / "allreduce.py"),
         name=name,
         node_names=nodes,
         node_group=fields.get("node_group"),
@@ -197,13 +197,13 @@ def _allreduce_spec(
 def _pairs_allreduce(
     access: ClusterAccess, fit: list[str], mount_point: str, progress: Progress, command: str
 ) -> Check:
-    """The all-reduce between each node and the next of a ring of the fit nodes (hpcjob.doctor's
+    """The all-reduce between each node and the next of a ring of the fit nodes (hpcjob.checks.verdicts's
     ring_pairs), a 2-node job a pair, the pairs that share no node at once: two or three rounds of jobs
     of at most 5 minutes each, however many nodes. On the profile's rendezvous port: each pair's first
     node hosts its own rendezvous."""
-    from hpcjob.doctor import pair_rounds, pairs_check, ring_pairs
+    from hpcjob.checks.verdicts import pair_rounds, pairs_check, ring_pairs
+    from hpcjob.job.spec import HpcjobError
     from hpcjob.runner import follow_run
-    from hpcjob.spec import HpcjobError
 
     def quiet(line: str) -> None:
         """The pair jobs' own progress: the doctor says what it does in one line."""
@@ -241,7 +241,7 @@ def _pairs_allreduce(
 
 def _profile_share(access: ClusterAccess) -> ShareFolder | None:
     """The profile's share as it reaches it from here (None: the profile names none)."""
-    from hpcjob.spec import parse_share
+    from hpcjob.job.spec import parse_share
 
     profile = access.profile
     if profile.share is None:
@@ -251,8 +251,8 @@ def _profile_share(access: ClusterAccess) -> ShareFolder | None:
 
 def _said(access: ClusterAccess, record: RunRecord) -> list[str]:
     """Every line the run's nodes wrote, from the share (none where it cannot be read from here)."""
-    from hpcjob.logs import RunLogs
-    from hpcjob.spec import HpcjobError
+    from hpcjob.job.spec import HpcjobError
+    from hpcjob.store.logs import RunLogs
 
     try:
         folder = _profile_share(access)
@@ -271,10 +271,10 @@ def _node_allreduce(
 ) -> Check:
     """The all-reduce across each node's own GPUs, a task per node (the probe the 2-node job put in its
     folder on the share, under a single-node torchrun), judged by the health checks' mark for the
-    profile's VM size (`size`, from hpcjob/arm/sizes.json), at the message size of that mark."""
-    from hpcjob.doctor import FAIL, SKIP, node_allreduce_check
-    from hpcjob.render import JobShape
-    from hpcjob.spec import HpcjobError
+    profile's VM size (`size`, from hpcjob/azure/arm/sizes.json), at the message size of that mark."""
+    from hpcjob.checks.verdicts import FAIL, SKIP, node_allreduce_check
+    from hpcjob.job.render import JobShape
+    from hpcjob.job.spec import HpcjobError
 
     profile = access.profile
     gpus = profile.gpus_per_node or 1
@@ -306,7 +306,7 @@ def _node_allreduce(
 
 def _share_error(access: ClusterAccess) -> str | None:
     """Whether the share can be written from here (None: it can; the profile may name none)."""
-    from hpcjob.spec import HpcjobError
+    from hpcjob.job.spec import HpcjobError
 
     try:
         folder = _profile_share(access)
@@ -332,8 +332,8 @@ def local_checkup(progress: Progress, share_root: Path | None = None) -> Checkup
     port, the disk for environments, and Docker with its runtimes where it is installed."""
     import socket
 
-    from hpcjob.doctor import PASS, SKIP
-    from hpcjob.spec import DEFAULT_RDZV_PORT
+    from hpcjob.checks.verdicts import PASS, SKIP
+    from hpcjob.job.spec import DEFAULT_RDZV_PORT
 
     checks: list[Check] = []
     python, torch_check, cuda = _local_python()
@@ -368,7 +368,7 @@ def _local_python() -> tuple[Check, Check, int | None]:
     import subprocess
     import sys
 
-    from hpcjob.doctor import FAIL, NODE_PROBE, PASS
+    from hpcjob.checks.verdicts import FAIL, NODE_PROBE, PASS
 
     done = subprocess.run([sys.executable, "-c", NODE_PROBE], capture_output=True, text=True, timeout=120)
     words = done.stdout.split()
@@ -391,7 +391,7 @@ def _local_gpus(cuda: int | None) -> Check:
     import shutil
     import subprocess
 
-    from hpcjob.doctor import FAIL, PASS, SKIP
+    from hpcjob.checks.verdicts import FAIL, PASS, SKIP
 
     if shutil.which("nvidia-smi") is None:
         return Check(
@@ -413,10 +413,10 @@ def _local_allreduce(backend: str, progress: Progress, share_root: Path | None) 
     import os
     import tempfile
 
-    from hpcjob.doctor import FAIL, PASS
+    from hpcjob.checks.verdicts import FAIL, PASS
     from hpcjob.runner import LocalOptions, run_local
 
-    probe = Path(__file__).resolve().parents[1] / "probes" / "allreduce.py"
+    probe = Path(__file__).resolve().parent / "probes" / "allreduce.py"
     fields = {"script": str(probe), "nodes": 2, "nproc_per_node": 1, "name": "doctor-local"}
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     if backend == "gloo":
@@ -436,7 +436,9 @@ def _local_allreduce(backend: str, progress: Progress, share_root: Path | None) 
     name = f"all-reduce {backend}"
     if summary.exit_code != 0 or not metrics.get("allreduce_correct"):
         cause = summary.root_cause.reason if summary.root_cause else f"exit code {summary.exit_code}"
-        return Check(name, FAIL, cause, "hpcjob run --local -n 2 hpcjob/probes/allreduce.py shows it whole")
+        return Check(
+            name, FAIL, cause, "hpcjob run --local -n 2 hpcjob/checks/probes/allreduce.py shows it whole"
+        )
     figure = {"backend": backend, "bus_gbps": metrics.get("allreduce_bus_gbps")}
     detail = (
         f"2 nodes on loopback, {metrics.get('allreduce_mb')} MB: {metrics.get('allreduce_bus_gbps')} GB/s bus"
@@ -447,8 +449,8 @@ def _local_allreduce(backend: str, progress: Progress, share_root: Path | None) 
 def _local_disk() -> Check:
     import shutil
 
-    from hpcjob.doctor import FAIL, PASS
-    from hpcjob.spec import DEFAULT_NODE_ENV_DIR
+    from hpcjob.checks.verdicts import FAIL, PASS
+    from hpcjob.job.spec import DEFAULT_NODE_ENV_DIR
 
     folder = Path(DEFAULT_NODE_ENV_DIR).expanduser()
     existing = next(p for p in (folder, *folder.parents) if p.exists())
@@ -464,7 +466,7 @@ def _local_docker(cuda: int | None) -> Check:
     import shutil
     import subprocess
 
-    from hpcjob.doctor import FAIL, PASS, SKIP
+    from hpcjob.checks.verdicts import FAIL, PASS, SKIP
 
     if shutil.which("docker") is None:
         return Check("docker", SKIP, "not installed: only `run --local --image` needs it")

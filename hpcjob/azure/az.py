@@ -1,5 +1,5 @@
 """Running the Azure CLI (`az`) for `hpcjob cluster onboard` and `cluster delete`: the command lines come
-from hpcjob.onboard; secrets go to `az` on its standard input only (`--parameters @-`, which az reads
+from hpcjob.azure.template; secrets go to `az` on its standard input only (`--parameters @-`, which az reads
 with its `@-` file prefix), so that they are in no argument list, file or log.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcjob.onboard import AzCommands, Operation
-from hpcjob.spec import HpcjobError, SpecError
+from hpcjob.azure.template import AzCommands, Operation
+from hpcjob.job.spec import HpcjobError, SpecError
 
 INSTALL_AZ = "https://learn.microsoft.com/cli/azure/install-azure-cli"
 

@@ -1,0 +1,1 @@
+"""`hpcjob doctor`: the checks, their verdicts and the probes the nodes run."""

@@ -1,0 +1,149 @@
+"""A job run on this machine: the same plan, submitted to the local backend and followed to its end."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcjob.job.spec import SpecError
+from hpcjob.runner.access import Progress, StoppedWaiting, keep_open, new_run_id, run_folder_opener
+from hpcjob.runner.follow import follow_run
+from hpcjob.runner.submit import job_spec, submit_run
+
+if TYPE_CHECKING:
+    from hpcjob.backends import Backend
+    from hpcjob.job.plan import JobPlan
+    from hpcjob.job.results import JobSummary
+    from hpcjob.store.runs import RunRecord
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """How a job runs on this machine: `share_root`, the local folder that stands in for the share
+    (None: one per project folder); `grace_period_s`, how long stopped nodes get after SIGINT before
+    SIGKILL; `echo_output`, whether its progress has the nodes' output too."""
+
+    share_root: Path | None = None
+    grace_period_s: float = 10.0
+    echo_output: bool = False
+
+
+def start_local(
+    fields: Mapping[str, Any],
+    run_id: str | None,
+    local: LocalOptions,
+    *,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+    attached: bool = False,
+) -> tuple[Backend, RunRecord, JobPlan]:
+    """Start a job on this machine (options by their JobSpec names; a share or mount point they name
+    does not apply), in a process of its own, through the local backend as the registry opens it: its
+    nodes are local processes, its share a local folder, its rendezvous on a free port of loopback unless
+    the options name one. `attached`: the job is canceled when this process ends. The backend, the run's
+    record and its plan."""
+    import importlib.util
+    import os
+    import sys
+
+    from hpcjob.backends import open_backend
+    from hpcjob.backends.local import LocalBackend, free_port
+    from hpcjob.backends.local.gpus import default_procs_per_node, share_gpus, visible_gpus
+    from hpcjob.store.share import LocalFolder
+
+    if sys.platform == "win32":  # its nodes are bash and torchrun processes in POSIX process groups
+        raise SpecError("a local run needs Linux: on Windows, run it in WSL")
+    values = {**fields, "share": None}
+    values.pop("mount_point", None)  # the local folder stands in for the share: the plan puts it there
+    values["rdzv_port"] = values.get("rdzv_port") or free_port()
+    spec = job_spec(values)
+    if importlib.util.find_spec("torch") is None:
+        raise SpecError(f"a local run needs torch in {sys.executable}: pip install 'hpcjob[train]'")
+    if fields.get("nproc_per_node") is None and fields.get("gpus_per_node") is None:
+        # As on a cluster node: one process per GPU the node gets.
+        spec = replace(spec, nproc_per_node=default_procs_per_node(visible_gpus(os.environ), spec.node_count))
+    # Each local node's GPUs, as the backend's plan shares them out (none: the CPU), for the history.
+    local_gpus = share_gpus(visible_gpus(os.environ), spec.node_count, spec.procs_per_node).devices[0]
+    backend = open_backend("local", None, None)
+    assert isinstance(backend, LocalBackend)
+    backend.share_root, backend.grace_period_s = local.share_root, local.grace_period_s
+    backend.echo_output, backend.attached = local.echo_output, attached
+    keep_open(backend)
+
+    def root(plan: JobPlan) -> str:  # the local folder the plan put the job folder in
+        return plan.job_dir[: -len(spec.job_folder) - 1]
+
+    record, plan = submit_run(
+        backend,
+        spec,
+        run_id or new_run_id(spec.name),
+        open_folder=lambda plan: LocalFolder(Path(root(plan))),
+        where=lambda plan: {"local_root": root(plan)},
+        mount_step=False,
+        progress=progress,
+        command=command,
+        tags=tags,
+        gpus_per_node=len(local_gpus.split(",")) if local_gpus else None,
+    )
+    return backend, record, plan
+
+
+def submit_local(
+    fields: Mapping[str, Any],
+    run_id: str | None,
+    *,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+) -> tuple[RunRecord, JobPlan]:
+    """Start a job on this machine (`start_local`) that goes on whatever becomes of this process:
+    status, wait, logs and cancel find it from anywhere."""
+    _, record, plan = start_local(
+        fields, run_id, LocalOptions(), progress=progress, command=command, tags=tags
+    )
+    return record, plan
+
+
+def run_local(
+    fields: Mapping[str, Any],
+    run_id: str | None,
+    local: LocalOptions,
+    *,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+) -> JobSummary:
+    """Run a job on this machine to its summary, as `submit --wait` follows a cluster's job (the same
+    local backend, through `start_local` and `follow_run`). The job lives no longer than this process:
+    Ctrl-C, SIGTERM and SIGHUP cancel it (a second one: its nodes are killed at once) and it is followed
+    on to its summary; a process killed outright takes the job with it."""
+    import signal
+    import sys
+
+    if sys.platform == "win32":  # before hpcjob.backends.local.procs, which names POSIX signals
+        raise SpecError("a local run needs Linux: on Windows, run it in WSL")
+    from hpcjob.backends.local.procs import interrupt_on_cancel_signals
+
+    before = interrupt_on_cancel_signals()
+    started = time.monotonic()
+    try:
+        backend, record, plan = start_local(
+            fields, run_id, local, progress=progress, command=command, tags=tags, attached=True
+        )
+        interrupted = False
+        while True:
+            try:
+                # Each interrupt is one SIGTERM to the job's process: the first stops the nodes, a second
+                # kills them at once (as a second Ctrl-C in its own shell would).
+                if interrupted:
+                    backend.cancel(record, force=False)
+                return follow_run(backend, record, plan, run_folder_opener(record), started, progress)
+            except (KeyboardInterrupt, StoppedWaiting):
+                interrupted = True
+    finally:
+        for stop, handler in before.items():
+            signal.signal(stop, handler)

@@ -1,0 +1,98 @@
+"""A job rendered for submitting by hand: its texts, and the run recorded (and staged) for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcjob.job.spec import SpecError
+from hpcjob.runner.access import Progress, new_run_id
+from hpcjob.runner.submit import locked_wheels
+
+if TYPE_CHECKING:
+    from hpcjob.job.plan import JobPlan
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.share import ShareFolder
+
+
+RENDERERS = ("xml", "clusrun", "powershell", "json")
+
+
+def rendered(plan: JobPlan, formats: Iterable[str] = RENDERERS) -> dict[str, str]:
+    """The plan in each of `formats` (RENDERERS): the job file, the mount step and submit commands for
+    cmd.exe (a plan without a share has none: asked for, it is one line that says so), the head node's
+    script, the plan."""
+    from hpcjob.job.render import clusrun_text, job_xml, plan_json, powershell_text
+
+    render = {"xml": job_xml, "clusrun": clusrun_text, "powershell": powershell_text, "json": plan_json}
+    return {name: render[name](plan) for name in formats}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A job rendered for submitting by hand: its plan, its texts, and whether it is the job folder's
+    current run again (renders of one folder share a run id, so that the job file and the mount step
+    agree)."""
+
+    plan: JobPlan
+    texts: dict[str, str]
+    again: bool
+
+
+def render_run(
+    spec: JobSpec,
+    run_id: str | None,
+    formats: Iterable[str],
+    *,
+    stage_into: Callable[[], ShareFolder] | None = None,
+    where: Mapping[str, Any],
+    progress: Progress,
+) -> Rendered:
+    """Plan SPEC on its named nodes for submitting by hand and render it in `formats`, contacting nothing
+    but `stage_into`: with it (opening the share over SMB, or as mounted here), a new run whose code and
+    node files are staged there; without, the job folder's current run (recorded here as rendered), unless
+    `run_id` names one. `where`: the record's share and local folder."""
+    from hpcjob.job.plan import make_plan
+    from hpcjob.store.runs import RENDERED, RunRecord, check_new_run_id, current_manual_run, save_run
+    from hpcjob.store.staging import stage_run
+
+    if not spec.node_names:
+        raise SpecError("render needs the nodes: name each with --node (render contacts no cluster)")
+    staging = stage_into is not None
+    if spec.wheelhouse is not None and not staging:
+        raise SpecError(
+            "render --wheelhouse needs --upload or --copy-to: the nodes install a lock of the wheels, made "
+            "as they are uploaded"
+        )
+    current = None if staging or run_id else current_manual_run(spec.job_folder, where.get("share"))
+    chosen = run_id or (current.run_id if current else new_run_id(spec.name))
+    if staging:
+        check_new_run_id(chosen)
+    spec, wheels = locked_wheels(spec, progress)
+    plan = make_plan(spec, spec.node_names, chosen)
+    texts = rendered(plan, formats)  # before anything is recorded or staged: a text may be refused
+    record = RunRecord.of(plan, spec.job_folder, "manual", **where)
+    if stage_into is not None:
+        code_dir = Path(spec.script).resolve().parent
+        staged = stage_run(
+            code_dir, stage_into(), spec.job_folder, plan.run_id, plan.files, wheels, spec.user_folder
+        )
+        progress(f"hpcjob: run {chosen}: {staged}")
+        save_run(record)
+    elif current is None and not run_id:
+        save_run(replace(record, state=RENDERED))  # later renders of the folder reuse it
+    return Rendered(plan, texts, current is not None)
+
+
+def recorded_plan(run_id: str) -> JobPlan | None:
+    """The plan this machine's history keeps for the run (None: not a run of this machine's)."""
+    from hpcjob.job.plan import JobPlan
+    from hpcjob.store.runs import find_entry
+
+    try:
+        entry = find_entry(run_id)
+    except SpecError:
+        return None
+    return JobPlan.from_dict(entry.plan) if entry.plan else None

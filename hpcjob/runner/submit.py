@@ -1,0 +1,224 @@
+"""A job submitted: options to a JobSpec, the code staged on the share, the job planned and submitted,
+the run recorded at each step."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcjob.job.spec import SpecError
+from hpcjob.runner.access import ClusterAccess, Progress, new_run_id, with_profile
+from hpcjob.runner.follow import follow_run
+
+if TYPE_CHECKING:
+    from hpcjob.backends import Backend
+    from hpcjob.job.plan import JobPlan
+    from hpcjob.job.results import JobSummary, Submission
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.runs import RunRecord
+    from hpcjob.store.share import ShareFolder
+
+
+def locked_wheels(spec: JobSpec, progress: Progress) -> tuple[JobSpec, list[Path]]:
+    """With a wheelhouse: the wheels the nodes install from (downloaded here, before anything is planned
+    or uploaded: a package without a wheel for the nodes stops the job first), and the spec whose
+    requirements are their lock, each wheel pinned with its SHA-256 (hpcjob.job.plan.wheel_lock): the nodes'
+    pip installs exactly these files or nothing, whatever the share holds. Else the spec as it is."""
+    if spec.wheelhouse is None or spec.requirements is None:
+        return spec, []
+    from hpcjob.job.plan import wheel_lock
+    from hpcjob.store.wheelhouse import download, sha256_of
+
+    wheels = download(spec.requirements, *spec.wheelhouse, progress)
+    lock = wheel_lock([(wheel.name, sha256_of(wheel)) for wheel in wheels])
+    return replace(spec, requirements=lock), wheels
+
+
+def submit_and_follow(
+    cluster: ClusterAccess,
+    spec: JobSpec,
+    run_id: str,
+    smb: tuple[str | None, str | None, int],
+    *,
+    mount_step: bool,
+    wait: bool,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+) -> tuple[RunRecord, JobPlan, JobSummary | None]:
+    """Upload the code to the cluster's share, submit the job (recording the run at each step, with
+    `command`: how it was asked for) and, with `wait`, follow it to its summary: the run's latest
+    record, its plan, and the summary (None without `wait`)."""
+    profile, share = cluster.profile, spec.share
+    smb_user, smb_server, smb_port = smb
+
+    def open_share(plan: JobPlan | None = None) -> ShareFolder:  # for the upload, and the summary
+        assert share is not None
+        return cluster.share(share, smb_user, smb_server, smb_port)
+
+    where = {
+        "share": share.unc if share else None,
+        "local_root": profile.local_share,
+        "smb_server": smb_server,
+        "smb_port": smb_port,
+        "smb_user": smb_user or profile.smb_user or profile.user,
+        "cluster": profile.name,
+    }
+    started = time.monotonic()
+    latest, plan = submit_run(
+        cluster.backend,
+        spec,
+        run_id,
+        open_folder=open_share if share else None,
+        where=lambda plan: where,
+        mount_step=mount_step,
+        progress=progress,
+        command=command,
+        tags=tags,
+    )
+    job_id = latest.job_id
+    progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
+    if not wait:
+        if plan.hang_timeout_s is not None:
+            progress(
+                "hpcjob: warning: --hang-timeout ends a hung job while hpcjob follows it (submit --wait, "
+                "Run.wait()): this job is not followed"
+            )
+        progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
+        return latest, plan, None
+    folder = open_share if share else lambda: None
+    return latest, plan, follow_run(cluster.backend, latest, plan, folder, started, progress)
+
+
+def read_requirements(path: Path, named: str) -> str:
+    """A requirements file's text, or one line that says why not (`named`: how the user gave it)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{named}: no such file") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{named}: not UTF-8 text") from None
+    except OSError as exc:
+        raise SpecError(f"{named}: {exc.strerror}") from None
+
+
+def requirements_text(script: Path, given: str | Path | None, no_env: bool, progress: Progress) -> str | None:
+    """The job's requirements: the file given, else requirements.txt beside the script (said on one
+    line), else none; none at all with `no_env`."""
+    if given is not None and no_env:
+        raise SpecError("--requirements and --no-env contradict each other: give one")
+    if no_env:
+        return None
+    path = Path(given) if given is not None else script.resolve().parent / "requirements.txt"
+    if given is None:
+        if not path.is_file():
+            return None
+        progress(
+            f"hpcjob: the job's packages from {path.name} beside {script.name} (--no-env: the nodes' "
+            "Python as it is)"
+        )
+    return read_requirements(path, f"--requirements {given}" if given is not None else str(path))
+
+
+def submit_run(
+    backend: Backend,
+    spec: JobSpec,
+    run_id: str,
+    *,
+    open_folder: Callable[[JobPlan], ShareFolder] | None,
+    where: Callable[[JobPlan], Mapping[str, Any]],
+    mount_step: bool,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+    gpus_per_node: int | None = None,
+) -> tuple[RunRecord, JobPlan]:
+    """Plan the job on `backend`, stage its code into `open_folder(plan)` (the share, or the local
+    folder that stands in for it; None: the code is there already), submit it, recording the run at
+    each step (`where`: the record's share, local folder and cluster; `command`: how it was asked
+    for; `gpus_per_node`: each node's GPUs, for the history's GPU-hours [default: the spec's]). The
+    run's latest record, and its plan."""
+    from hpcjob.job.render import plan_json
+    from hpcjob.store.runs import RunRecord, check_new_run_id, save_run
+    from hpcjob.store.staging import stage_run
+
+    if spec.wheelhouse is not None and open_folder is None:
+        raise SpecError("--wheelhouse needs --share: the nodes install its wheels from there")
+    spec, wheels = locked_wheels(spec, progress)
+    plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
+    if open_folder is not None:
+        code_dir = Path(spec.script).resolve().parent
+        staged = stage_run(
+            code_dir, open_folder(plan), spec.job_folder, plan.run_id, plan.files, wheels, spec.user_folder
+        )
+        progress(staged)
+    else:
+        progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
+    first = RunRecord.of(plan, spec.job_folder, backend.kind, **where(plan))
+    latest = first
+    job = plan_json(plan)
+
+    def record(step: Submission) -> None:
+        nonlocal latest
+        pid, pid_start = step.process or (first.pid, first.pid_start)
+        latest = replace(
+            first,
+            state=step.state,
+            job_id=step.job_id,
+            mount_job_id=step.mount_job_id,
+            pid=pid,
+            pid_start=pid_start,
+        )
+        gpus = gpus_per_node or spec.gpus_per_node
+        save_run(latest, command=command, plan=job, tags=tags, gpus_per_node=gpus)
+
+    check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload
+    backend.submit(plan, mount=mount_step, progress=progress, record=record)
+    return latest, plan
+
+
+def job_spec(fields: Mapping[str, Any]) -> JobSpec:
+    """A JobSpec from options by its own names, the share as a UNC or a Share; checks that the script
+    exists."""
+    from hpcjob.job.spec import JobSpec, parse_share
+
+    values = dict(fields)
+    if isinstance(values.get("share"), str):
+        values["share"] = parse_share(values["share"])
+    if not Path(values["script"]).is_file():
+        raise SpecError(f"script {values['script']} does not exist")
+    return JobSpec(**values)
+
+
+def submit_to_cluster(
+    fields: Mapping[str, Any],
+    run_id: str | None,
+    cluster_name: str,
+    backend_kind: str | None,
+    *,
+    mount_step: bool,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None = None,
+) -> tuple[RunRecord, JobPlan]:
+    """Submit a job (options by their JobSpec names, and smb_user, smb_server and smb_port) to the
+    cluster of profile `cluster_name`, the profile filling in what the options do not say."""
+    cluster = ClusterAccess(cluster_name, backend_kind)
+    filled = with_profile(dict(fields), cluster.profile)
+    smb = (filled.pop("smb_user", None), filled.pop("smb_server", None), filled.pop("smb_port", 445))
+    spec = job_spec(filled)
+    record, plan, _ = submit_and_follow(
+        cluster,
+        spec,
+        run_id or new_run_id(spec.name),
+        smb,
+        mount_step=mount_step,
+        wait=False,
+        progress=progress,
+        command=command,
+        tags=tags,
+    )
+    return record, plan

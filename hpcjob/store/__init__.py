@@ -1,0 +1,1 @@
+"""What lives on disk or on the share: profiles, secrets' sources, the run history, logs, staged code."""
