@@ -1,6 +1,10 @@
 """No value can change the structure of a generated text: job XML, mount job XML, clusrun line,
 PowerShell script, JSON plan. Each hostile value either comes back exactly from every artefact, read
-the way its consumer reads it (tests/artefact_checks.py), or is refused with a SpecError."""
+the way its consumer reads it (tests/artefact_checks.py), or is refused with a SpecError.
+
+Each check is a property (hypothesis) of hostile text: fragments of every kind in KINDS and single
+characters of any kind, joined. The first three fragments of each kind, the known nasty ones, are explicit
+examples of every property, so each run checks each kind whatever the random draw."""
 
 from __future__ import annotations
 
@@ -34,48 +38,76 @@ from .conftest import REPO, RUN_ID, cluster_spec
 
 # The red team's value: in a here-string, CR then '@ ended the job file and the next line ran.
 EXPLOIT = "x\r'@\rWrite-Host PWNED\r@'\ry"
-HOSTILE = [
-    EXPLOIT,
-    "\r",
-    "\n",
-    "\r\n",
-    *PS_QUOTES,
-    *(f"{eol}{quote}@\nWrite-Host PWNED\n@{quote}" for eol in ("\r", "\n", "\r\n") for quote in PS_QUOTES),
-    '"@',
-    '\n"@\nWrite-Host PWNED\n@"',
-    *map(chr, range(0x00, 0x20)),
-    "\x7f",
-    *map(chr, range(0x80, 0xA0)),
-    "\u2028",
-    "\u2029",
-    "`",
-    "`n`r",
-    "$(Write-Host PWNED)",
-    "$env:TEMP",
-    "%PATH%",
-    "!PATH!",
-    "^",
-    "&",
-    "|",
-    "<",
-    ">",
-    "&& calc",
-    "\\",
-    '\\"',
-    "]]>",
-    "&amp;",
-    "<!--",
-    "naïve ünïcödé",
-    "日本語",
-    "emoji 🚀",
-    "Ò",  # C3 92 in UTF-8; in cp1252 (Windows PowerShell 5.1 without a BOM) 92 is U+2019, a quote
-    "\ud800",
-    "\udfff",
-    "\ufffe",
-    "\uffff",
-    "",
-    " ",
-]
+# Hostile text by kind, each kind's known nasty ones first: the first three are NASTY.
+KINDS: dict[str, tuple[str, ...]] = {
+    # Ends a PowerShell here-string (any of the four single quotes, or a double quote) and runs a line.
+    "here-string end": (
+        EXPLOIT,
+        '\n"@\nWrite-Host PWNED\n@"',
+        "\r\n\u2019@\r\nWrite-Host PWNED\r\n@\u2019",
+        *(
+            f"{eol}{quote}@\nWrite-Host PWNED\n@{quote}"
+            for eol in ("\r", "\n", "\r\n")
+            for quote in PS_QUOTES
+        ),
+        '"@',
+    ),
+    # Ends a line: of the script, of a comment, of a variable the node agent reads back by line.
+    "line break": ("\n", "\r\n", "\u2028", "\r", "\u2029"),
+    # Ends a string: PowerShell's single quotes (the four of its language specification), cmd.exe's ".
+    "quote": ("\u2019", "'", '"', "\u2018", "\u201a", "\u201b"),
+    # C0, DEL and C1: XML 1.0 carries none of C0 but TAB, LF and CR; a terminal acts on some.
+    "control character": (
+        "\x00",
+        "\x85",
+        "\x1b",
+        *map(chr, range(0x00, 0x20)),
+        "\x7f",
+        *map(chr, range(0x80, 0xA0)),
+    ),
+    # PowerShell's subexpression, escape and variables: code in a double-quoted string.
+    "PowerShell code": ("$(Write-Host PWNED)", "`n`r", "$env:TEMP", "`"),
+    # cmd.exe's variables (expanded in quotes too), escape, separators and redirection.
+    "cmd.exe code": ("%PATH%", "&& calc", "!PATH!", "^", "&", "|", "<", ">"),
+    # Escapes a quote for clusrun's argument parser and Windows' command lines.
+    "backslash": ('\\"', "\\"),
+    "XML markup": ("]]>", "<!--", "&amp;"),
+    # Ò is C3 92 in UTF-8; in cp1252 (Windows PowerShell 5.1 without a BOM) 92 is U+2019, a quote.
+    "non-ASCII": ("Ò", "emoji 🚀", "日本語", "naïve ünïcödé"),
+    # Lone surrogates (UTF-8 cannot encode them) and noncharacters (XML 1.0 cannot carry U+FFFE, U+FFFF).
+    "not a character": ("\ud800", "\uffff", "\ufffe", "\udfff"),
+    "blank": ("", " "),
+}
+HOSTILE = [value for values in KINDS.values() for value in values]
+NASTY = [value for values in KINDS.values() for value in values[:3]]
+
+# Single characters: every class that matters, often, and any other now and then.
+HOSTILE_CHARS = st.sampled_from(
+    [
+        *PS_QUOTES,
+        *'\r\n\t\x00\x1b\x7f\x85\x9b\u2028\u2029`$()%!^&|<>"\\@;# -=,./:',
+        *("Ò", "日", "🚀", "\ud800", "\udfff", "\ufffe", "\uffff"),
+    ]
+)
+ANY_CHAR = st.one_of(HOSTILE_CHARS, st.characters(exclude_categories=()))
+ANY_TEXT = st.text(alphabet=ANY_CHAR, max_size=30)
+# Fragments of any kind and single characters, joined: several kinds in one value, or one kind twice
+# (a here-string's end, then a start).
+HOSTILE_TEXT = st.lists(st.one_of(st.sampled_from(HOSTILE), ANY_CHAR), max_size=4).map("".join)
+# Text the spec's fields take: the carried path, not only the refused one.
+PLAIN_TEXT = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._$=,:/ -]{0,12}", fullmatch=True)
+# Printable ASCII: what reaches cmd.exe, and a field's one character too many.
+ASCII_TEXT = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=12)
+FIELD_TEXT = st.one_of(PLAIN_TEXT, ASCII_TEXT, HOSTILE_TEXT)
+
+Test = Callable[..., None]
+
+
+def nasty_examples(test: Test) -> Test:
+    """Each known nasty value as an explicit example of the property's `value`."""
+    for value in NASTY:
+        test = example(value=value)(test)
+    return test
 
 
 def xml_char(char: str) -> bool:
@@ -121,17 +153,29 @@ def check_values(env_value: str, args: tuple[str, ...], **fields: object) -> Non
     check_all(plan, (spec.script_name, *args), plain(spec))
 
 
-@pytest.mark.parametrize("value", HOSTILE, ids=ascii)
+@settings(max_examples=40, deadline=None)
+@given(value=HOSTILE_TEXT)
+@nasty_examples
 def test_a_hostile_environment_value_is_carried_exactly_or_refused(value: str) -> None:
     check_values(value, ())
     check_values(f"a{value}b{value}", ())
     check_values(value, (), share=None, node_group=None)
 
 
-@pytest.mark.parametrize("value", HOSTILE, ids=ascii)
+@settings(max_examples=40, deadline=None)
+@given(value=HOSTILE_TEXT)
+@nasty_examples
 def test_a_hostile_script_argument_is_carried_exactly_or_refused(value: str) -> None:
     check_values("x", (value,))
     check_values("x", (f"--a={value}", value, f"{value}{value}"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(env_value=ANY_TEXT, args=st.lists(ANY_TEXT, max_size=4).map(tuple))
+@example(env_value=EXPLOIT, args=(EXPLOIT,))
+@example(env_value="\r\n\u2019@\r\nWrite-Host PWNED", args=("\r", "\u2018@"))
+def test_any_environment_value_and_script_arguments(env_value: str, args: tuple[str, ...]) -> None:
+    check_values(env_value, args)
 
 
 RENDER_POWERSHELL = ("render", "--format", "powershell", "--node", "A", "--run-id", RUN_ID)
@@ -175,34 +219,16 @@ def test_the_red_team_exploit_is_inert(tmp_path: Path) -> None:
     check_powershell(past, powershell_text(past), powershell_text(plan))
 
 
-# Every character class that matters, often, and anything else now and then.
-HOSTILE_CHARS = st.sampled_from(
-    [
-        *PS_QUOTES,
-        *'\r\n\t\x00\x1b\x7f\x85\x9b\u2028\u2029`$()%!^&|<>"\\@;# -=,./:',
-        *("Ò", "日", "🚀", "\ud800", "\udfff", "\ufffe", "\uffff"),
-    ]
-)
-ANY_TEXT = st.text(alphabet=st.one_of(HOSTILE_CHARS, st.characters(exclude_categories=())), max_size=30)
-
-
-@settings(max_examples=150, deadline=None)
-@given(env_value=ANY_TEXT, args=st.lists(ANY_TEXT, max_size=4).map(tuple))
-@example(env_value=EXPLOIT, args=(EXPLOIT,))
-@example(env_value="\r\n\u2019@\r\nWrite-Host PWNED", args=("\r", "\u2018@"))
-def test_any_environment_value_and_script_arguments(env_value: str, args: tuple[str, ...]) -> None:
-    check_values(env_value, args)
-
-
-@settings(max_examples=300, deadline=None)
-@given(text=st.text(alphabet=st.one_of(HOSTILE_CHARS, st.characters(exclude_categories=()))))
-@example(text="it's \u2018a\u2019 \u201ab\u201b ''")
-@example(text="\u2019\u2019\u2019")
-def test_ps_quote_gives_back_any_text(text: str) -> None:
-    quoted = ps_quote(text)
-    assert ps_unquote(quoted) == text
+@settings(max_examples=200, deadline=None)
+@given(value=st.one_of(st.text(alphabet=ANY_CHAR), HOSTILE_TEXT))
+@nasty_examples
+@example(value="it's \u2018a\u2019 \u201ab\u201b ''")
+@example(value="\u2019\u2019\u2019")
+def test_ps_quote_gives_back_any_text(value: str) -> None:
+    quoted = ps_quote(value)
+    assert ps_unquote(quoted) == value
     # The string ends where ps_quote's does, with code after it (the script's next word).
-    assert ps_read_string(quoted + " ; Write-Host 'PWNED'", 0) == (text, len(quoted))
+    assert ps_read_string(quoted + " ; Write-Host 'PWNED'", 0) == (value, len(quoted))
 
 
 # -- values the spec validates: refused, or carried exactly ---------------------------------------------
@@ -234,25 +260,20 @@ def check_field(field: str, value: str, run_id: str = RUN_ID) -> None:
 
 
 @pytest.mark.parametrize("field", FIELDS)
-@pytest.mark.parametrize("value", HOSTILE, ids=ascii)
+@settings(max_examples=20, deadline=None)
+@given(value=FIELD_TEXT)
+@nasty_examples
 def test_a_hostile_value_in_a_validated_field_is_carried_exactly_or_refused(field: str, value: str) -> None:
     check_field(field, value)
     check_field(field, f"a{value}a")
 
 
-@pytest.mark.parametrize("value", HOSTILE, ids=ascii)
+@settings(max_examples=40, deadline=None)
+@given(value=FIELD_TEXT)
+@nasty_examples
 def test_a_hostile_run_id_is_carried_exactly_or_refused(value: str) -> None:
     check_field("name", "run_ddp", run_id=value)
     check_field("name", "run_ddp", run_id=f"a{value}a")
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    field=st.sampled_from(sorted(FIELDS)),
-    value=st.one_of(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._$=,:/ -]{0,12}", fullmatch=True), ANY_TEXT),
-)
-def test_any_value_in_a_validated_field(field: str, value: str) -> None:
-    check_field(field, value)
 
 
 # -- the renderers' own guards, for plans built past the spec ------------------------------------------
@@ -265,7 +286,9 @@ def with_mount_command(command: str, nodes: tuple[str, ...] = ("GPUNODE001", "GP
     return dataclasses.replace(plan, mount=dataclasses.replace(plan.mount, command=command, nodes=nodes))
 
 
-@pytest.mark.parametrize("value", HOSTILE, ids=ascii)
+@settings(max_examples=60, deadline=None)
+@given(value=st.one_of(ASCII_TEXT, HOSTILE_TEXT))
+@nasty_examples
 def test_the_clusrun_line_refuses_what_cmd_exe_would_act_on(value: str) -> None:
     plan = with_mount_command(f"echo {value} && mount /app")
     reference = powershell_text(with_mount_command("echo x && mount /app"))
@@ -332,7 +355,9 @@ PAST_THE_SPEC: dict[str, Callable[[JobPlan, str], JobPlan]] = {
 
 
 @pytest.mark.parametrize("field", PAST_THE_SPEC)
-@pytest.mark.parametrize("value", HOSTILE, ids=ascii)
+@settings(max_examples=20, deadline=None)
+@given(value=HOSTILE_TEXT)
+@nasty_examples
 def test_the_powershell_script_keeps_its_shape_for_a_plan_built_past_the_spec(field: str, value: str) -> None:
     """Comments take only plain text, strings any, and the script stays ASCII: or a SpecError."""
     spec = cluster_spec(2)
