@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import getpass
+import os
 import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from hpcjob.job.render import JOB_NAMESPACE
 
@@ -177,6 +180,93 @@ def test_help_imports_neither_torch_nor_requests_nor_winrm() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _commands() -> list[tuple[str, click.Command]]:
+    """Every command and group of hpcjob, by its words, hpcjob itself first."""
+    from hpcjob.cli import cli
+
+    found: list[tuple[str, click.Command]] = []
+
+    def walk(words: str, command: click.Command) -> None:
+        found.append((words, command))
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(f"{words} {name}", sub)
+
+    walk("hpcjob", cli)
+    return found
+
+
+def _help(words: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`words --help` as an 80-column terminal shows it."""
+    from hpcjob.cli import cli
+
+    monkeypatch.setenv("COLUMNS", "80")
+    result = CliRunner().invoke(cli, [*words.split()[1:], "--help"], prog_name="hpcjob")
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_hpcjob_help_fits_80_columns_and_cuts_no_command_short() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    commands = lines[lines.index("Commands:") + 1 : lines.index("", lines.index("Commands:"))]
+    assert len(commands) > 10 and not [line for line in commands if line.endswith("...")], commands
+
+
+def test_every_command_s_help_fits_80_columns_and_ends_with_examples(monkeypatch: pytest.MonkeyPatch) -> None:
+    for words, command in _commands():
+        if words == "hpcjob emulator":  # its help is the emulator's own (argparse)
+            continue
+        lines = _help(words, monkeypatch).splitlines()
+        assert max(map(len, lines)) <= 80, (words, max(lines, key=len))
+        examples = lines[lines.index("Examples:") + 1 :]  # the last section, kept as written
+        assert examples and all(line.startswith("  ") for line in examples), (words, examples)
+        assert any(f" {words} " in f"{line} " for line in examples), (words, examples)
+        if words != "hpcjob":  # a line of its group's list of commands, whole
+            short = command.get_short_help_str(limit=80 - 6 - len("emulator"))
+            assert len(short) <= 62 and not short.endswith("..."), (words, short)
+
+
+def test_run_help_lists_each_option_once_under_its_heading_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpcjob.cli import cli
+    from hpcjob.cli.options import FAILURE, NODES, OTHER, OUTPUT, SHAPE, SHARE, SOFTWARE
+
+    lines = _help("hpcjob run", monkeypatch).splitlines()
+    headings = [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")]
+    assert headings == [SHAPE, NODES, SHARE, SOFTWARE, OUTPUT, FAILURE, OTHER, "Examples"]
+    listed = [line.split()[0].rstrip(",") for line in lines if line.startswith("  -")]
+    run = cli.commands["run"]
+    options = [p for p in run.get_params(click.Context(run)) if isinstance(p, click.Option)]
+    assert sorted(listed) == sorted(p.opts[0] for p in options)  # each once, none left out
+
+
+def test_every_option_of_a_command_in_sections_has_a_heading() -> None:
+    """A new option of run, submit, render, mount, logs, cluster add or onboard names its heading (in
+    GROUPS, or the command's `groups`): it is not left under "Other options" unseen."""
+    from hpcjob.cli.options import HEADINGS, HelpCommand
+
+    sectioned = {words for words, c in _commands() if isinstance(c, HelpCommand) and c.groups is not None}
+    assert sectioned >= {f"hpcjob {w}" for w in ("run", "submit", "render", "mount", "logs", "cluster add")}
+    for words, command in _commands():
+        assert isinstance(command, HelpCommand | click.Group), words
+        options = [p for p in command.get_params(click.Context(command)) if isinstance(p, click.Option)]
+        if len(options) > 9:
+            assert words in sectioned, f"{words} has {len(options)} options: give them headings"
+        if words not in sectioned:
+            continue
+        assert isinstance(command, HelpCommand)
+        for option in options:
+            heading = command.heading(option)
+            assert heading in HEADINGS, f"{words} {option.opts[-1]}: no heading (GROUPS, or the command's)"
 
 
 def test_render_copy_to_puts_code_and_node_files_in_the_job_folder(script: Path, tmp_path: Path) -> None:

@@ -6,8 +6,21 @@ import sys
 
 import click
 
+from hpcjob.cli.options import HelpGroup
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(
+    cls=HelpGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="""\b
+    Examples:
+      hpcjob run --local -n 2 train.py --epochs 1  # two nodes on this machine
+      hpcjob cluster add lab --url https://headnode --user 'CONTOSO\\alice'
+      hpcjob doctor                                # is the cluster fit?
+      hpcjob run -n 2 --gpus-per-node 4 train.py   # on the cluster
+      hpcjob COMMAND --help                        # each command's options
+    """,
+)
 @click.version_option(package_name="hpcjob")
 def cli() -> None:
     """Run PyTorch DistributedDataParallel training on Microsoft HPC Pack clusters.
@@ -18,7 +31,15 @@ def cli() -> None:
     """
 
 
-@cli.group()
+@cli.group(
+    short_help="Cluster profiles: head node, user, TLS, share, node group.",
+    epilog="""\b
+    Examples:
+      hpcjob cluster add lab --url https://headnode --user 'CONTOSO\\alice' \\
+          --share //HEADNODE/CcpSpoolDir --node-group GPUNodes --default
+      hpcjob cluster list
+    """,
+)
 def cluster() -> None:
     """Cluster profiles: the head node's URL, user, TLS, share and node group (never a password)."""
 

@@ -13,11 +13,17 @@ import click
 
 from hpcjob.cli.app import cli, cluster
 from hpcjob.cli.options import (
+    CREDENTIALS,
+    FILTER,
+    OUTPUT,
     PASS_THROUGH,
+    SHARE,
     TEXT,
+    THE_CLUSTER,
     backend_option,
     build_spec,
     cluster_option,
+    headed,
     job_options,
     named_or_newest,
     smb_options,
@@ -41,12 +47,31 @@ if TYPE_CHECKING:
     from hpcjob.store.config import ClusterProfile
 
 
-@cluster.command("add")
+@cluster.command(
+    "add",
+    groups=headed(
+        {
+            THE_CLUSTER: "url user backend winrm_url winrm_transport node_group poll_interval make_default",
+            CREDENTIALS: "password_env use_keyring ca_bundle insecure cert_fingerprint",
+            SHARE: "share mount_point smb_user smb_server smb_port local_share",
+        }
+    ),
+    epilog="""\b
+    Examples:
+      hpcjob cluster add lab --url https://headnode.contoso.com \\
+          --user 'CONTOSO\\alice' --share //HEADNODE/CcpSpoolDir --default
+      hpcjob cluster add lab-winrm --backend winrm --url https://headnode \\
+          --user 'CONTOSO\\alice' --ca-bundle ca.pem --password-env LAB_PASSWORD
+    """,
+)
 @click.argument("name")
 @click.option(
-    "--url", required=True, help="The head node, e.g. https://headnode.contoso.com (/hpc is added)."
+    "--url",
+    required=True,
+    metavar="URL",
+    help="The head node, e.g. https://headnode.contoso.com (/hpc is added).",
 )
-@click.option("--user", required=True, help="User name, e.g. CONTOSO\\alice.")
+@click.option("--user", required=True, metavar="USER", help="User name, e.g. CONTOSO\\alice.")
 @click.option("--password-env", metavar="VARIABLE", help="Read the password from this environment variable.")
 @click.option("--keyring", "use_keyring", is_flag=True, help="Keep the password in the system keyring.")
 @click.option("--ca-bundle", metavar="PATH", help="CA certificate(s) to trust, a PEM file.")
@@ -63,7 +88,9 @@ if TYPE_CHECKING:
 )
 @click.option("--smb-user", metavar="USER", help="SMB user for the share [default: --user].")
 @click.option("--smb-server", metavar="HOST", help="Reach the share here instead of its host name.")
-@click.option("--smb-port", type=int, default=445, show_default=True)  # checked by the profile
+@click.option(
+    "--smb-port", type=int, metavar="PORT", default=445, show_default=True, help="SMB port."
+)  # checked by the profile
 @click.option(
     "--local-share",
     type=click.Path(exists=True, file_okay=False, resolve_path=True),
@@ -134,7 +161,15 @@ def cluster_add(
         click.echo("hpcjob: warning: TLS verification is off for this cluster", err=True)
 
 
-@cluster.command("list")
+@cluster.command(
+    "list",
+    short_help="List the cluster profiles; * marks the default.",
+    epilog="""\b
+    Examples:
+      hpcjob cluster list
+      HPCJOB_CLUSTER=lab hpcjob cluster list   # * marks lab
+    """,
+)
 def cluster_list() -> None:
     """List the cluster profiles; * marks the one used without --cluster."""
     from hpcjob.cli.tables import table
@@ -163,7 +198,13 @@ def cluster_list() -> None:
         click.echo(line)
 
 
-@cluster.command("remove")
+@cluster.command(
+    "remove",
+    epilog="""\b
+    Examples:
+      hpcjob cluster remove lab
+    """,
+)
 @click.argument("name")
 def cluster_remove(name: str) -> None:
     """Remove the cluster profile NAME."""
@@ -182,7 +223,16 @@ def _spec_with_profile(params: dict[str, Any], profile: ClusterProfile) -> JobSp
     return build_spec(params)
 
 
-@cli.command(context_settings=PASS_THROUGH)
+@cli.command(
+    context_settings=PASS_THROUGH,
+    short_help="Submit SCRIPT to an HPC Pack cluster.",
+    groups={"wait": OUTPUT, "dry_run": OUTPUT, "mount_step": SHARE},
+    epilog="""\b
+    Examples:
+      hpcjob submit -n 2 --gpus-per-node 4 --wait train.py --epochs 1
+      hpcjob submit --cluster lab --dry-run --node GPU1 --node GPU2 train.py
+    """,
+)
 @cluster_option
 @backend_option
 @click.option("--wait", is_flag=True, help="Show progress until the job ends; exit with its exit code.")
@@ -277,7 +327,14 @@ def submit(
     sys.exit(summary.exit_code)
 
 
-@cli.command()
+@cli.command(
+    short_help="The state of a job and of each of its tasks.",
+    epilog="""\b
+    Examples:
+      hpcjob status                # this machine's newest run
+      hpcjob status 42 --json      # HPC Pack job 42
+    """,
+)
 @click.argument("job", metavar="[JOB]", required=False)
 @cluster_option
 @backend_option
@@ -346,7 +403,14 @@ def _print_status(info: JobInfo, run_id: str, as_json: bool, latest: dict[str, A
             click.echo(row)
 
 
-@cli.command()
+@cli.command(
+    short_help="Cancel a job, or a run of this machine.",
+    epilog="""\b
+    Examples:
+      hpcjob cancel                # this machine's newest run
+      hpcjob cancel 42 --force     # HPC Pack job 42, without the grace period
+    """,
+)
 @click.argument("job", metavar="[JOB]", required=False)
 @cluster_option
 @backend_option
@@ -366,7 +430,14 @@ def cancel(job: str | None, cluster_name: str | None, backend_kind: str | None, 
         click.echo(f"{shown} had already ended ({already})")
 
 
-@cli.command()
+@cli.command(
+    short_help="The cluster's nodes: state, health, use, cores, GPUs.",
+    epilog="""\b
+    Examples:
+      hpcjob nodes                 # the profile's node group
+      hpcjob nodes --all-groups --json
+    """,
+)
 @cluster_option
 @backend_option
 @click.option("--group", metavar="GROUP", help="Only the nodes of this group [default: the profile's].")
@@ -422,7 +493,18 @@ def nodes(
         click.echo(line)
 
 
-@cli.command()
+@cli.command(
+    short_help="Mount the share on the nodes, with your own credentials.",
+    groups=headed(
+        {FILTER: "install mount_options allow_images allow_docker_options allow_volumes", OUTPUT: "dry_run"}
+    ),
+    epilog="""\b
+    Examples:
+      hpcjob mount --install --allow-image nvcr.io/nvidia/  # an administrator
+      hpcjob mount                                          # any user, for them
+      hpcjob mount --node GPU1 --dry-run                    # send nothing
+    """,
+)
 @cluster_option
 @backend_option
 @click.option(
@@ -549,7 +631,9 @@ def mount(
 
 
 @cli.command(
-    context_settings={"ignore_unknown_options": True, "help_option_names": []}, add_help_option=False
+    context_settings={"ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+    short_help="A local HPC Pack head node for tests (REST API, WinRM).",
 )
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def emulator(args: tuple[str, ...]) -> None:

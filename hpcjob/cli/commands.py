@@ -12,7 +12,11 @@ import click
 
 from hpcjob.cli.app import cli
 from hpcjob.cli.options import (
+    FAILURE,
+    NODES,
+    OUTPUT,
     PASS_THROUGH,
+    SHARE,
     TEXT,
     Seconds,
     build_spec,
@@ -27,7 +31,16 @@ from hpcjob.cli.options import (
 from hpcjob.runner import open_smb
 
 
-@cli.command(context_settings=PASS_THROUGH)
+@cli.command(
+    context_settings=PASS_THROUGH,
+    groups={"fmt": OUTPUT, "upload_code": SHARE, "copy_to": SHARE},
+    epilog="""\b
+    Examples:
+      hpcjob render --node GPU1 --node GPU2 --gpus-per-node 4 train.py
+      hpcjob render --format powershell --node GPU1 --node GPU2 \\
+          --share //HEADNODE/CcpSpoolDir/app train.py > submit.ps1
+    """,
+)
 @click.option(
     "--format",
     "fmt",
@@ -99,7 +112,17 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     click.echo(done.texts[fmt], nl=False)
 
 
-@cli.command(context_settings=PASS_THROUGH)
+@cli.command(
+    context_settings=PASS_THROUGH,
+    short_help="Run SCRIPT as a distributed job and wait for it.",
+    groups={"local": NODES, "quiet": OUTPUT, "grace_period": FAILURE},
+    epilog="""\b
+    Examples:
+      hpcjob run --local -n 2 train.py --epochs 1
+      hpcjob run --local -n 2 --requirements requirements.txt --json train.py
+      hpcjob run -n 4 --gpus-per-node 8 --hang-timeout 10m train.py --epochs 90
+    """,
+)
 @click.option(
     "--local", "local", is_flag=True, help="Run the job on this machine: N local nodes, real torchrun."
 )
@@ -173,7 +196,15 @@ def run(
     sys.exit(summary.exit_code)
 
 
-@cli.command()
+@cli.command(
+    short_help="Print a run's output, node by node, from the share.",
+    groups={"only_node": OUTPUT, "follow": OUTPUT, "poll": OUTPUT, "idle_timeout": OUTPUT},
+    epilog="""\b
+    Examples:
+      hpcjob logs --follow          # this machine's newest run, until it ends
+      hpcjob logs 42 --node GPU1    # job 42's output on node GPU1
+    """,
+)
 @click.argument("run_id", metavar="[RUN]", required=False)
 @click.option("--node", "only_node", type=TEXT, metavar="NAME", help="Only this node's output.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")

@@ -12,7 +12,15 @@ from hpcjob.cli.options import backend_option, cluster_option, started_command
 from hpcjob.runner import ClusterAccess
 
 
-@cli.command()
+@cli.command(
+    short_help="Check a cluster, or this machine, before the first job.",
+    epilog="""\b
+    Examples:
+      hpcjob doctor                # the default cluster
+      hpcjob doctor --cluster lab --requirements requirements.txt
+      hpcjob doctor --local        # this machine, for run --local
+    """,
+)
 @cluster_option
 @backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")

@@ -10,22 +10,49 @@ import click
 
 from hpcjob.azure.onboard import KEY_ENV, PASSWORD_ENV
 from hpcjob.cli.app import cluster
+from hpcjob.cli.options import AZURE, CREDENTIALS, OTHER, OUTPUT, headed
 
 
-@cluster.command("onboard")
+@cluster.command(
+    "onboard",
+    short_help="Deploy a GPU cluster NAME on Azure, from HPC Pack's template.",
+    groups=headed(
+        {
+            AZURE: "resource_group location vm_size node_count admin_user image node_prefix head_node_size "
+            "template_file",
+            CREDENTIALS: "password_env key_env",
+            OUTPUT: "what_if print_only out_dir",
+            OTHER: "purge_deleted_vault no_check poll_interval make_default",
+        }
+    ),
+    epilog="""\b
+    Examples:
+      hpcjob cluster onboard gpu1 --resource-group rg-gpu1 --location eastus \\
+          --vm-size Standard_NC24ads_A100_v4 --nodes 2 --what-if
+      hpcjob cluster onboard gpu1 --resource-group rg-gpu1 --location eastus \\
+          --vm-size Standard_NC24ads_A100_v4 --nodes 2 --default
+    """,
+)
 @click.argument("name")
 @click.option("--resource-group", required=True, metavar="RG", help="A new resource group for the cluster.")
 @click.option("--location", required=True, metavar="REGION", help="Azure region, e.g. eastus.")
 @click.option(
     "--vm-size", required=True, metavar="SIZE", help="GPU size of the nodes, e.g. Standard_NC24ads_A100_v4."
 )
-@click.option("--nodes", "node_count", required=True, type=int, help="Compute nodes (1 to 500).")
-@click.option("--admin-user", default="hpcadmin", show_default=True, help="Administrator of every VM.")
+@click.option("--nodes", "node_count", required=True, type=int, metavar="N", help="Compute nodes (1 to 500).")
+@click.option(
+    "--admin-user", default="hpcadmin", show_default=True, metavar="USER", help="Administrator of every VM."
+)
 @click.option("--image", default=None, metavar="IMAGE", help="Node image [default: Ubuntu_22.04_HPC_Gen2].")
 @click.option(
     "--node-prefix", default=None, metavar="PREFIX", help="Node names' prefix [default: IaaSLnxCN]."
 )
-@click.option("--head-node-size", default=None, metavar="SIZE", help="[default: Standard_DS4_v2]")
+@click.option(
+    "--head-node-size",
+    default=None,
+    metavar="SIZE",
+    help="The head node's VM size [default: Standard_DS4_v2].",
+)
 @click.option(
     "--password-env",
     default=PASSWORD_ENV,
@@ -69,7 +96,12 @@ from hpcjob.cli.app import cluster
 )
 @click.option("--no-check", is_flag=True, help="Do not mount the share and run `hpcjob doctor` afterwards.")
 @click.option(
-    "--poll-interval", type=float, default=15.0, show_default=True, help="Seconds between progress polls."
+    "--poll-interval",
+    type=float,
+    default=15.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds between progress polls.",
 )
 @click.option("--default", "make_default", is_flag=True, help="Make the new cluster the default.")
 def cluster_onboard(
@@ -159,7 +191,14 @@ def cluster_onboard(
     click.echo(f"cluster {name} is ready: next, `hpcjob nodes --cluster {name}`, then `hpcjob submit ...`")
 
 
-@cluster.command("delete")
+@cluster.command(
+    "delete",
+    short_help="Delete the Azure resource group of NAME, then its profile.",
+    epilog="""\b
+    Examples:
+      hpcjob cluster delete gpu1
+    """,
+)
 @click.argument("name")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def cluster_delete(name: str, yes: bool) -> None:

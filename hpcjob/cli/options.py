@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import shlex
 import sys
@@ -63,6 +64,93 @@ class Seconds(_SecondsType):
 TEXT = Text()
 PORT = click.IntRange(1, 65535)
 
+# The headings a command's --help lists its options under, in this order (HelpCommand).
+THE_CLUSTER = "The cluster"
+AZURE = "Azure resources"
+CREDENTIALS = "Credentials and TLS"
+SHAPE = "Job shape"
+NODES = "Nodes and cluster"
+SHARE = "Share"
+FILTER = "Execution filter (HPC administrators, with --install)"
+SOFTWARE = "Software"
+OUTPUT = "Output"
+FAILURE = "Failure handling"
+OTHER = "Other options"
+HEADINGS = (THE_CLUSTER, AZURE, CREDENTIALS, SHAPE, NODES, SHARE, FILTER, SOFTWARE, OUTPUT, FAILURE, OTHER)
+
+
+def headed(names: dict[str, str]) -> dict[str, str]:
+    """{heading: "name name ..."} (parameter names) as {name: heading}, in that order: HelpCommand's
+    `groups`."""
+    return {name: heading for heading, listed in names.items() for name in listed.split()}
+
+
+# The heading of each option this module defines (and of --json), by parameter name, in the
+# order --help lists them; a command gives its own options' headings (HelpCommand's `groups`).
+GROUPS = headed(
+    {
+        SHAPE: "nodes nproc_per_node gpus_per_node runtime name run_id",
+        NODES: "cluster_name backend_kind node_names exclude_nodes node_group vm_size priority job_template "
+        "rdzv_port command_limit",
+        SHARE: "share mount_point mount_options job_folder smb_user smb_server smb_port",
+        SOFTWARE: "requirements wheelhouse no_env env_on image python env_items",
+        OUTPUT: "as_json tag_items",
+        FAILURE: "hang_timeout max_restarts min_nodes rdzv_timeout rdzv_last_call rdzv_keep_alive",
+    }
+)
+
+
+class _Examples(click.Command):
+    """The epilog (a command's examples) flush left, under its own heading as the options are."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.epilog:
+            formatter.write_paragraph()
+            formatter.write_text(inspect.cleandoc(self.epilog))
+
+
+class HelpCommand(_Examples):
+    """A command of hpcjob: with `groups` (parameter name -> heading, over GROUPS), its --help lists the
+    options under headings in HEADINGS order, instead of one flat list of them all: under each, the
+    command's own options first, as `groups` orders them, then the shared ones in GROUPS order."""
+
+    def __init__(self, *args: Any, groups: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.groups = (
+            None if groups is None else {**groups, **{k: v for k, v in GROUPS.items() if k not in groups}}
+        )
+
+    def heading(self, param: click.Parameter) -> str | None:
+        """The option's heading; None: the command has none for it (the tests make that a mistake)."""
+        if self.groups is None:
+            return None
+        if "--help" in param.opts:  # its name is click's own: help, or _click_default_help in click 8.3+
+            return OTHER
+        return self.groups.get(param.name or "")
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.groups is None:
+            super().format_options(ctx, formatter)
+            return
+        order = list(self.groups)
+        sections: dict[str, list[tuple[str, str]]] = {heading: [] for heading in HEADINGS}
+        params = [p for p in self.get_params(ctx) if isinstance(p, click.Option)]
+        for param in sorted(params, key=lambda p: order.index(p.name) if p.name in order else len(order)):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                sections[self.heading(param) or OTHER].append(record)
+        for heading, records in sections.items():
+            if records:
+                with formatter.section(heading):
+                    formatter.write_dl(records)
+
+
+class HelpGroup(click.Group, _Examples):
+    """hpcjob and its command groups: their commands and groups are HelpCommands and HelpGroups."""
+
+    command_class = HelpCommand
+    group_class = type
+
 
 def job_options(command: F) -> F:
     """The options that describe a job, shared by every command that builds one."""
@@ -71,17 +159,20 @@ def job_options(command: F) -> F:
             "-n",
             "--nodes",
             type=click.IntRange(1),
+            metavar="N",
             help="Number of nodes [default: the number of --node names].",
         ),
         click.option(
             "--nproc-per-node",
             type=click.IntRange(1),
+            metavar="N",
             help="Processes per node, one per GPU [default: --gpus-per-node, else 1; with run --local, "
             "the GPUs each local node gets].",
         ),
         click.option(
             "--gpus-per-node",
             type=click.IntRange(1),
+            metavar="N",
             help="GPUs per node, to check --nproc-per-node against.",
         ),
         click.option(
@@ -100,6 +191,7 @@ def job_options(command: F) -> F:
         click.option(
             "--name",
             type=TEXT,
+            metavar="NAME",
             help="Job name: its folder's and the run id's start [default: the script's name].",
         ),
         click.option(
@@ -128,7 +220,12 @@ def job_options(command: F) -> F:
             help="The job's folder under the mount point, in your own folder hpcjob/USER/ on a cluster's "
             "share [default: hpcjob/USER/NAME; a local run's: hpcjob/NAME].",
         ),
-        click.option("--rdzv-port", type=PORT, help="Rendezvous port on the first node [default: 29400]."),
+        click.option(
+            "--rdzv-port",
+            type=PORT,
+            metavar="PORT",
+            help="Rendezvous port on the first node [default: 29400].",
+        ),
         click.option(
             "--rdzv-timeout",
             type=click.IntRange(1),
@@ -155,6 +252,7 @@ def job_options(command: F) -> F:
         click.option(
             "--max-restarts",
             type=click.IntRange(0),
+            metavar="N",
             default=0,
             show_default=True,
             help="torchrun restarts of the worker group after a failure.",
@@ -168,7 +266,12 @@ def job_options(command: F) -> F:
             "[default: all nodes].",
         ),
         click.option(
-            "--python", type=TEXT, default="python3", show_default=True, help="Python on the nodes."
+            "--python",
+            type=TEXT,
+            default="python3",
+            show_default=True,
+            metavar="PYTHON",
+            help="Python on the nodes.",
         ),
         click.option(
             "--command-limit",
@@ -179,6 +282,7 @@ def job_options(command: F) -> F:
         click.option(
             "--run-id",
             type=TEXT,
+            metavar="RUN",
             help="Unique id of this run: HPC Pack job name, rendezvous id, log folder [default: generated].",
         ),
         click.option(
@@ -200,7 +304,9 @@ def job_options(command: F) -> F:
         click.option(
             "--priority",
             type=click.Choice(PRIORITIES),
-            help="Job priority [default: the cluster's, Normal].",
+            metavar="PRIORITY",
+            help=f"Job priority: {', '.join(PRIORITIES[:-1])} or {PRIORITIES[-1]} [default: the cluster's, "
+            "Normal].",
         ),
         click.option(
             "--job-template",
@@ -287,7 +393,9 @@ def smb_options(command: F) -> F:
         click.option(
             "--smb-server", type=TEXT, metavar="HOST", help="Connect here instead of the share's host name."
         ),
-        click.option("--smb-port", type=PORT, default=445, show_default=True, help="SMB port."),
+        click.option(
+            "--smb-port", type=PORT, metavar="PORT", default=445, show_default=True, help="SMB port."
+        ),
     ]
     for option in reversed(options):
         command = option(command)

@@ -34,7 +34,16 @@ def parse_since(text: str, now: float) -> float:
         ) from None
 
 
-@cli.group("runs", invoke_without_command=True)
+@cli.group(
+    "runs",
+    invoke_without_command=True,
+    short_help="The runs this machine started, newest first.",
+    epilog="""\b
+    Examples:
+      hpcjob runs --since 7d --tag lr=0.1
+      hpcjob runs --cluster lab --state Failed --last 5 --json
+    """,
+)
 @click.option("--cluster", "cluster_name", type=TEXT, metavar="NAME", help="Only the runs on this cluster.")
 @click.option(
     "--backend",
@@ -123,7 +132,15 @@ def runs(
         click.echo(line)
 
 
-@runs.command("show")
+@runs.command(
+    "show",
+    short_help="One run whole: command, nodes, root cause, metrics, logs.",
+    epilog="""\b
+    Examples:
+      hpcjob runs show 42          # HPC Pack job 42, submitted from here
+      hpcjob runs show 42 --json
+    """,
+)
 @click.argument("run_id", metavar="RUN")
 @click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
 def runs_show(run_id: str, as_json: bool) -> None:
@@ -176,7 +193,14 @@ def describe(entry: HistoryEntry) -> list[str]:
     return lines
 
 
-@runs.command("plot")
+@runs.command(
+    "plot",
+    short_help="Draw runs' metrics over time into a PNG.",
+    epilog="""\b
+    Examples:
+      hpcjob runs plot 42 43 -o compare.png
+    """,
+)
 @click.argument("run_ids", metavar="RUN...", nargs=-1, required=True)
 @click.option(
     "-o", "--output", "out", type=click.Path(dir_okay=False), default="run.png", show_default=True,
