@@ -7,6 +7,7 @@ import hashlib
 import http.server
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -18,8 +19,12 @@ from pathlib import Path
 
 import pytest
 
+import hpcjob as hpcjob_package
+from hpcjob.azure.data import packaged_template
 from hpcjob.azure.template import (
     TEMPLATE_COMMIT,
+    TEMPLATE_PATH,
+    TEMPLATE_SHA256,
     TEMPLATE_URL,
     OnboardRequest,
     SizeTable,
@@ -27,6 +32,7 @@ from hpcjob.azure.template import (
     fabric_warning,
 )
 from hpcjob.backends import open_backend
+from hpcjob.backends.local import free_port
 from hpcjob.job.spec import HpcjobError
 from hpcjob.store.config import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, get_profile
 
@@ -415,6 +421,70 @@ def test_a_template_that_is_not_the_pinned_one_is_refused(hpcjob: CommandRunner,
         "--template", str(other), "--print-only",
     )  # fmt: skip
     assert done.returncode == 2 and "is not the pinned one" in done.stderr
+
+
+# A sitecustomize that makes every connection fail in the Python that imports it.
+NO_NETWORK = """
+import socket
+
+def _refused(*args, **kwargs):
+    raise OSError("no network in this test")
+
+socket.socket.connect = socket.socket.connect_ex = _refused
+socket.create_connection = socket.getaddrinfo = _refused
+"""
+
+
+def offline(tmp_path: Path, package: Path | None = None) -> dict[str, str]:
+    """The environment of an hpcjob with no network (and `package`'s copy of hpcjob, if given)."""
+    cut = tmp_path / "no-network"
+    cut.mkdir()
+    (cut / "sitecustomize.py").write_text(NO_NETWORK)
+    paths = [str(cut), *([str(package)] if package else []), os.environ.get("PYTHONPATH", "")]
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, paths)),
+        "HTTPS_PROXY": f"http://127.0.0.1:{free_port()}",  # and a proxy that refuses, in case
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }
+
+
+def test_print_only_needs_no_network_the_template_comes_with_the_package(
+    hpcjob: CommandRunner, az_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = offline(tmp_path)
+    probe = [sys.executable, "-c", "import socket; socket.create_connection(('127.0.0.1', 9), timeout=5)"]
+    cut = subprocess.run(probe, capture_output=True, text=True, timeout=60, env={**az_env, **env})
+    assert cut.returncode != 0 and "no network in this test" in cut.stderr  # the cut holds
+    args = ["gpu1", "--resource-group", "rg-gpu1", "--location", "eastus", *A100, "--nodes", "2"]
+    done = hpcjob("cluster", "onboard", *args, "--print-only", "--out", str(tmp_path / "out"), **env)
+    assert done.returncode == 0, done.stderr
+    assert f"--template-uri {TEMPLATE_URL}" in done.stdout  # what az deploys: the pinned URL, as before
+    with_copy = tmp_path / "with-copy"
+    again = onboard(hpcjob, "--print-only", "--out", str(with_copy))  # --template: the same parameters
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "out" / "parameters.json").read_text() == (with_copy / "parameters.json").read_text()
+    assert az_calls(az_env) == []
+
+
+def test_the_packaged_template_is_the_pinned_one() -> None:
+    where, data = packaged_template()
+    assert hashlib.sha256(data).hexdigest() == TEMPLATE_SHA256
+    assert data == TEMPLATE.read_bytes() and where.endswith(TEMPLATE_PATH.rsplit("/", 1)[-1])
+
+
+def test_a_tampered_packaged_template_is_refused_in_one_line(hpcjob: CommandRunner, tmp_path: Path) -> None:
+    package = tmp_path / "copy"
+    shutil.copytree(
+        Path(hpcjob_package.__file__).parent, package / "hpcjob", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    packaged = package / "hpcjob" / "azure" / "arm" / TEMPLATE_PATH.rsplit("/", 1)[-1]
+    packaged.write_bytes(packaged.read_bytes().replace(b'"maxValue": 500', b'"maxValue": 5000'))
+    args = ["gpu1", "--resource-group", "rg-gpu1", "--location", "eastus", *A100, "--nodes", "2"]
+    done = hpcjob("cluster", "onboard", *args, "--print-only", **offline(tmp_path, package))
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"hpcjob: error: the ARM template {packaged} is not the pinned one")
+    assert done.stderr.rstrip().endswith("reinstall hpcjob")
 
 
 def test_delete_removes_the_resource_group_and_the_profile(

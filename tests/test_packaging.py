@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcjob.azure.template import TEMPLATE_SHA256
 from hpcjob.backends.local import free_port
 from hpcjob.extras import EXTRAS
 
@@ -35,13 +36,16 @@ from .conftest import GOLDEN, REFERENCE, REPO
 RUNTIME_FILES = (
     "hpcjob/azure/arm/sizes.json",
     "hpcjob/azure/arm/parameters.json.j2",
+    "hpcjob/azure/arm/new-1hn-lnxcn-no-ad.json",
+    "hpcjob/azure/arm/hpcpack-template-LICENSE",
     "hpcjob/node/node.sh",
     "hpcjob/node/worker.py",
     "hpcjob/node/filter.sh",
     "hpcjob/node/mount_filter.py",
     "hpcjob/checks/probes/allreduce.py",
 )
-# Folders of package data: every file in them is read by some command (READMEs are for people).
+# Folders of package data: every file in them is read by some command (READMEs are for people) or is the
+# licence of one that is (hpcpack-template-LICENSE).
 DATA_DIRS = ("hpcjob/azure/arm", "hpcjob/node", "hpcjob/job/render/templates")
 
 # Run in the installed copy and in the checkout: what each read of package data gives, as JSON.
@@ -76,6 +80,7 @@ json.dump({
     "winrm": {name: winrm_script(name) for name in sorted(SCRIPTS)},
     "bootstrap": list(bootstrap_command()),
     "probe": probe.is_file() and probe.resolve().is_relative_to(home),
+    "template": hashlib.sha256(data.packaged_template()[1]).hexdigest(),
 }, sys.stdout, sort_keys=True)
 """
 
@@ -151,16 +156,17 @@ def test_the_installed_package_reads_its_data_as_the_checkout_does(
     assert checkout.returncode == 0, checkout.stderr
     seen = json.loads(installed.stdout)
     assert seen["sizes"] and seen["probe"] and all(seen["templates"].values()), seen
+    assert seen["template"] == TEMPLATE_SHA256  # the pinned ARM template: onboarding needs no network
     assert seen == json.loads(checkout.stdout)
 
 
 def test_cluster_onboard_runs_from_a_non_editable_install(built: tuple[Path, Path], tmp_path: Path) -> None:
     _, target = built
-    template = REFERENCE / "arm" / "GeneratedTemplates" / "new-1hn-lnxcn-no-ad.json"
+    # No --template: the installed package's own copy of the pinned template.
     done = _run(
         ["-m", "hpcjob.cli", "cluster", "onboard", "gpu1", "--resource-group", "rg-gpu1",
          "--location", "eastus", "--vm-size", "Standard_NC24ads_A100_v4", "--nodes", "2",
-         "--template", str(template), "--print-only", "--out", str(tmp_path / "out")],
+         "--print-only", "--out", str(tmp_path / "out")],
         target,
         tmp_path,
     )  # fmt: skip
@@ -376,10 +382,10 @@ def test_every_command_runs_in_the_base_install_without_a_traceback(
                "--vm-size", "Standard_NC24ads_A100_v4", "--nodes", "2", "--print-only"]  # fmt: skip
     out = str(tmp_path / "onboard")
     hpcjob(*onboard, "--template", str(template), "--out", out, says="az deployment group create")
-    # Without --template, the template is downloaded with requests (a traceback here once): through a
-    # proxy that refuses, so that the test does not depend on the network.
+    # Without --template, the copy that comes with the package (once a download, and a traceback here):
+    # through a proxy that refuses, to show that nothing is downloaded.
     proxy = {"HTTPS_PROXY": f"http://127.0.0.1:{free_port()}", "NO_PROXY": "", "no_proxy": ""}
-    hpcjob(*onboard, "--out", out, code=1, error="cannot read the ARM template", extra_env=proxy)
+    hpcjob(*onboard, "--out", out, says="az deployment group create", extra_env=proxy)
     # The upload over SMB (smbprotocol) to a port where nothing listens.
     upload = ["--upload", "--smb-user", "u", "--smb-server", "127.0.0.1", "--smb-port", str(free_port())]
     hpcjob(

@@ -56,24 +56,27 @@ def run_az(argv: Sequence[str], stdin: str | None = None) -> Any:
     return json.loads(text) if text.strip() else None
 
 
-def load_template(source: Path | None, url: str, sha256: str) -> dict[str, Any]:
-    """The pinned template, from `source` (a local copy) or its URL; refused unless its SHA-256 is the
-    pinned one (a copy or a download that is not the template hpcjob was written for)."""
-    if source is not None:
-        data = source.read_bytes()
-    else:
-        import requests
+def load_template(source: Path | None, sha256: str) -> dict[str, Any]:
+    """The pinned template, from `source` (a local copy) or the copy the package holds (no network);
+    refused unless its SHA-256 is the pinned one (a copy that is not the template hpcjob was written for,
+    or a damaged install)."""
+    from hpcjob.azure.data import packaged_template
 
+    if source is not None:
+        where, data = str(source), source.read_bytes()
+    else:
         try:
-            answer = requests.get(url, timeout=60)
-            answer.raise_for_status()
-        except requests.RequestException as exc:
-            raise HpcjobError(f"cannot read the ARM template {url}: {' '.join(str(exc).split())}") from None
-        data = answer.content
+            where, data = packaged_template()
+        except OSError as exc:
+            raise HpcjobError(
+                f"cannot read the ARM template that comes with hpcjob ({' '.join(str(exc).split())}): "
+                "reinstall hpcjob"
+            ) from None
     if hashlib.sha256(data).hexdigest() != sha256:
-        raise SpecError(
-            f"the ARM template {source or url} is not the pinned one (its SHA-256 differs from {sha256})"
-        )
+        said = f"the ARM template {where} is not the pinned one (its SHA-256 differs from {sha256})"
+        if source is not None:
+            raise SpecError(said)  # the user's copy: exit 2
+        raise HpcjobError(f"{said}: reinstall hpcjob")  # the package's own copy: a damaged install
     template: dict[str, Any] = json.loads(data)
     return template
 

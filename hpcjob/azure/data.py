@@ -1,13 +1,16 @@
-"""The package's Azure data (hpcjob/azure/arm/): the GPU sizes hpcjob knows and the template's
-parameters file, read from the installed package."""
+"""The package's Azure data (hpcjob/azure/arm/): the GPU sizes hpcjob knows, the template's parameters
+file and the pinned template itself, read from the installed package."""
 
 from __future__ import annotations
 
-from hpcjob.azure.template import SizeTable
+from hpcjob.azure.template import TEMPLATE_PATH, SizeTable
 
 # The size table and onboarding's parameters template: package data (hpcjob/azure/arm/), so an installed
 # hpcjob has them.
 ARM_PACKAGE, ARM_DIR = "hpcjob.azure", "arm"
+# The pinned template, byte for byte (Azure/hpcpack-template at TEMPLATE_COMMIT, MIT: its licence is
+# hpcpack-template-LICENSE beside it): onboarding checks a request against it with no network.
+TEMPLATE_FILE = TEMPLATE_PATH.rsplit("/", 1)[-1]
 
 
 def size_table() -> SizeTable:
@@ -17,3 +20,12 @@ def size_table() -> SizeTable:
 
     sizes = resources.files(ARM_PACKAGE) / ARM_DIR / "sizes.json"
     return SizeTable.from_data(json.loads(sizes.read_text(encoding="utf-8")))
+
+
+def packaged_template() -> tuple[str, bytes]:
+    """The pinned template as the package holds it: where it is (for messages) and its bytes, unchecked
+    (hpcjob.azure.az.load_template checks its SHA-256)."""
+    from importlib import resources
+
+    copy = resources.files(ARM_PACKAGE) / ARM_DIR / TEMPLATE_FILE
+    return str(copy), copy.read_bytes()

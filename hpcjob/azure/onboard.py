@@ -95,7 +95,6 @@ def onboard(
     from hpcjob.azure.az import load_template, run_az
     from hpcjob.azure.template import (
         TEMPLATE_SHA256,
-        TEMPLATE_URL,
         az_commands,
         check_parameters,
         check_request,
@@ -110,7 +109,7 @@ def onboard(
 
     table = size_table()
     parameters = template_parameters(request, table)
-    template = load_template(options.template_file, TEMPLATE_URL, TEMPLATE_SHA256)
+    template = load_template(options.template_file, TEMPLATE_SHA256)
     hidden = {"adminPassword": "x" * 12, "authenticationKey": "x"}  # names and types; values come later
     # The request's own words win where both see a problem with the same parameter.
     problems = {**check_parameters({**parameters, **hidden}, template), **check_request(request, table)}

@@ -4,7 +4,8 @@ to ask Azure for, checked before anything is deployed, and the `az` commands tha
 Pure: the size table (hpcjob/azure/arm/sizes.json) and the template's JSON come in as data, the
 commands go out as argument lists; hpcjob/azure/az.py runs them. The template is referred to by a URL
 pinned to a commit and its content by its SHA-256, never by a moving branch (its defaults have changed
-before).
+before). A copy of it comes with the package (hpcjob/azure/arm/): a request is checked against that copy,
+with no network; `az` deploys from the pinned URL, whose content is the same.
 """
 
 from __future__ import annotations
