@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -166,6 +167,46 @@ def test_cluster_list_is_a_table_that_marks_the_default(config_file: Path) -> No
     empty = hpcjob("cluster", "list")
     assert (empty.returncode, empty.stdout) == (0, "")
     assert empty.stderr.startswith("no cluster configured in ")
+
+
+def test_cluster_list_marks_a_profile_whose_ca_file_is_gone_and_says_the_fix(
+    tmp_path: Path, config_file: Path
+) -> None:
+    """A stopped emulator takes its folder, CA file and all, with it (and a cleaned /tmp its share): the
+    list still lists every profile, marks those, and says the fix of each in one line."""
+    from hpcjob.emulator.headnode import PASSWORD_ENV
+
+    emulator, other, share = tmp_path / "hpcjob-emulator-x", tmp_path / "pki", tmp_path / "share"
+    for folder in (emulator, other, share):
+        folder.mkdir()
+    emulator_ca, _ = make_certificate(str(emulator))
+    other_ca, _ = make_certificate(str(other))
+    for args in (
+        ["emu", "--url", "https://127.0.0.1:4443", "--user", "alice", "--password-env", PASSWORD_ENV,
+         "--ca-bundle", emulator_ca, "--local-share", str(share), "--node-group", "GPUNodes"],
+        ["lab", "--url", "https://lab", "--user", "bob", "--ca-bundle", other_ca],
+        ["prod", "--url", "https://prod", "--user", "carol", "--default"],
+    ):  # fmt: skip
+        assert hpcjob("cluster", "add", *args).returncode == 0
+    shutil.rmtree(emulator)
+    shutil.rmtree(other)
+    shutil.rmtree(share)
+    listed = hpcjob("cluster", "list")
+    assert listed.returncode == 0, listed.stderr
+    header, *lines = listed.stdout.splitlines()
+    assert header.endswith("NODE GROUP  PROBLEM")
+    rows = {line.removeprefix("*").split()[0]: line for line in lines}
+    assert rows["emu"].endswith("GPUNodes    CA file missing, local share missing")
+    assert rows["lab"].endswith("  CA file missing") and rows["prod"].startswith("*")
+    assert rows["prod"].split()[-3:] == ["carol", "-", "-"]  # nothing missing: nothing said
+    assert listed.stderr.splitlines() == [
+        f"hpcjob: warning: cluster emu: CA file {emulator_ca} and local share {share} are gone; start "
+        "`hpcjob emulator --user alice --profile emu` again and run the `hpcjob cluster add` line it prints",
+        f"hpcjob: warning: cluster lab: CA file {other_ca} is gone; put it back, or add the profile again: "
+        "`hpcjob cluster add lab --url ... --ca-bundle FILE`",
+    ]
+    # Only the list looks past it: a command that uses the profiles still says what is gone.
+    assert one_line(load_config).endswith(f"cluster emu: ca_bundle {emulator_ca!r}: no such file")
 
 
 BASE = {"url": '"https://head"', "user": '"alice"'}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -173,9 +174,9 @@ def cluster_add(
 def cluster_list() -> None:
     """List the cluster profiles; * marks the one used without --cluster."""
     from hpcjob.cli.tables import table
-    from hpcjob.store.config import config_path, load_config
+    from hpcjob.store.config import config_path, listed_config
 
-    profiles, chosen = load_config()
+    profiles, gone, chosen = listed_config()
     if not profiles:
         click.echo(
             f"no cluster configured in {config_path()}: add one with `hpcjob cluster add NAME --url ...`",
@@ -192,10 +193,38 @@ def cluster_list() -> None:
             p.share,
             p.node_group,
         )
+        + ((", ".join(f"{_GONE[key][0]} missing" for key in gone.get(p.name, {})),) if gone else ())
         for p in sorted(profiles.values(), key=lambda p: p.name)
     ]
-    for line in table(("DEFAULT", "NAME", "BACKEND", "URL", "USER", "SHARE", "NODE GROUP"), rows):
+    header = ("DEFAULT", "NAME", "BACKEND", "URL", "USER", "SHARE", "NODE GROUP")
+    for line in table(header + (("PROBLEM",) if gone else ()), rows):
         click.echo(line)
+    for name, missing in sorted(gone.items()):
+        click.echo(f"hpcjob: warning: cluster {name}: {_gone_fix(profiles[name], missing)}", err=True)
+
+
+# What `cluster list` says of a profile's file that is gone, and the option that gives it again.
+_GONE = {"ca_bundle": ("CA file", "--ca-bundle FILE"), "local_share": ("local share", "--local-share DIR")}
+# The password of the profiles the emulator prints (hpcjob.emulator.headnode.PASSWORD_ENV, not imported:
+# that would load the emulator).
+_EMULATOR_PASSWORD = "env:HPCJOB_EMULATOR_PASSWORD"
+
+
+def _gone_fix(profile: ClusterProfile, missing: dict[str, str]) -> str:
+    """What of the profile is gone, and the fix, in one line: an emulator's profile is mended by the
+    emulator started again (a new CA, a new port), another by its files put back or given again."""
+    what = " and ".join(f"{_GONE[key][0]} {path}" for key, path in missing.items())
+    if profile.password == _EMULATOR_PASSWORD:
+        # The emulator prints the lines of profile NAME and NAME-winrm (--profile, default emulator).
+        name = profile.name.removesuffix("-winrm") if profile.backend == "winrm" else profile.name
+        start = ["hpcjob", "emulator", "--user", profile.user] + (
+            ["--profile", name] if name != "emulator" else []
+        )
+        fix = f"start `{shlex.join(start)}` again and run the `hpcjob cluster add` line it prints"
+    else:
+        again = " ".join(_GONE[key][1] for key in missing)
+        fix = f"put it back, or add the profile again: `hpcjob cluster add {profile.name} --url ... {again}`"
+    return f"{what} {'is' if len(missing) == 1 else 'are'} gone; {fix}"
 
 
 @cluster.command(

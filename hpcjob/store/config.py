@@ -92,6 +92,16 @@ MIN_POLL_S = 0.1
 MAX_POLL_S = 300.0
 
 
+class GoneFile(SpecError):
+    """A file or folder of this machine that a profile names is gone: `key` (ca_bundle, local_share) names
+    `path`. A stopped emulator's CA file, its temporary folder removed, is one."""
+
+    def __init__(self, message: str, key: str, path: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.path = path
+
+
 @dataclass(frozen=True)
 class ClusterProfile:
     """One cluster. Every field is checked here, whether it comes from the file or from the CLI."""
@@ -240,9 +250,10 @@ class ClusterProfile:
         if self.local_share is not None and not (
             os.path.isabs(self.local_share) and os.path.isdir(self.local_share)
         ):
-            raise SpecError(
-                f"{where}: local_share {self.local_share!r} must be an existing folder's absolute path"
-            )
+            message = f"{where}: local_share {self.local_share!r} must be an existing folder's absolute path"
+            if os.path.isabs(self.local_share) and not os.path.lexists(self.local_share):
+                raise GoneFile(message, "local_share", self.local_share)
+            raise SpecError(message)
         if self.node_group is not None and not GROUP_NAME.fullmatch(self.node_group):
             raise SpecError(
                 f"{where}: node_group {self.node_group!r} must be a node group name (letters, digits, "
@@ -367,7 +378,8 @@ def _check_ca_bundle(where: str, path: str) -> None:
     if not os.path.isabs(path):
         raise SpecError(f"{where}: ca_bundle {path!r} must be an absolute path")
     if not os.path.isfile(path):
-        raise SpecError(f"{where}: ca_bundle {path!r}: no such file")
+        message = f"{where}: ca_bundle {path!r}: no such file"
+        raise GoneFile(message, "ca_bundle", path) if not os.path.lexists(path) else SpecError(message)
     # A bundle that holds no certificate would fail every request, after the read retries.
     try:
         ssl.create_default_context(cafile=path)
@@ -434,14 +446,36 @@ def _read(path: Path) -> dict[str, Any]:
 
 def load_config() -> tuple[dict[str, ClusterProfile], str | None]:
     """Every profile, checked, and the name of the one used without --cluster (None: no choice)."""
+    profiles, _, chosen = _load_config(keep_gone=False)
+    return profiles, chosen
+
+
+def listed_config() -> tuple[dict[str, ClusterProfile], dict[str, dict[str, str]], str | None]:
+    """load_config for `hpcjob cluster list`: a profile that names a file or folder of this machine that is
+    gone (a stopped emulator's CA file) is there without it, and what is gone, {name: {key: path}}, comes
+    with the profiles, so that the list shows it instead of failing; any other mistake is an error still."""
+    return _load_config(keep_gone=True)
+
+
+def _load_config(keep_gone: bool) -> tuple[dict[str, ClusterProfile], dict[str, dict[str, str]], str | None]:
     path = config_path()
     data = _read(path)
     profiles = {}
+    gone: dict[str, dict[str, str]] = {}
     for name, table in data.get("clusters", {}).items():
-        try:
-            profiles[name] = ClusterProfile.from_table(name, table)
-        except SpecError as exc:
-            raise SpecError(f"{path}: {exc}") from None
+        missing: dict[str, str] = {}
+        while name not in profiles:  # each gone file found is left out: two at most
+            try:
+                kept = {k: v for k, v in table.items() if k not in missing} if missing else table
+                profiles[name] = ClusterProfile.from_table(name, kept)
+            except GoneFile as exc:
+                if not keep_gone:
+                    raise SpecError(f"{path}: {exc}") from None
+                missing[exc.key] = exc.path
+            except SpecError as exc:
+                raise SpecError(f"{path}: {exc}") from None
+        if missing:
+            gone[name] = missing
     default = data.get("default")
     if default is not None and default not in profiles:
         raise SpecError(
@@ -451,7 +485,7 @@ def load_config() -> tuple[dict[str, ClusterProfile], str | None]:
     chosen = os.environ.get(CLUSTER_ENV) or default
     if chosen is None and len(profiles) == 1:
         chosen = next(iter(profiles))
-    return profiles, chosen
+    return profiles, gone, chosen
 
 
 def load_profiles() -> dict[str, ClusterProfile]:
