@@ -205,7 +205,11 @@ def test_cluster_list_marks_a_profile_whose_ca_file_is_gone_and_says_the_fix(
         f"hpcjob: warning: cluster lab: CA file {other_ca} is gone; put it back, or add the profile again: "
         "`hpcjob cluster add lab --url ... --ca-bundle FILE`",
     ]
-    # Only the list looks past it: a command that uses the profiles still says what is gone.
+    # A command uses the profile it names: the default, whole, is used; a gone one says what is gone.
+    assert get_profile(None).name == "prod"
+    assert one_line(lambda: get_profile("emu")).endswith(
+        f"cluster emu: ca_bundle {emulator_ca!r}: no such file"
+    )
     assert one_line(load_config).endswith(f"cluster emu: ca_bundle {emulator_ca!r}: no such file")
 
 

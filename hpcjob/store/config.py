@@ -71,7 +71,7 @@ AUTH_KEY_ENV = "HPCJOB_AUTH_KEY"
 # profile's user and password source, and reaches hpcjob through its environment, never its argv.
 CREDENTIAL_USER_ENV = "HPCJOB_CREDENTIAL_USER"
 CREDENTIAL_PASSWORD_ENV = "HPCJOB_CREDENTIAL_PASSWORD"
-# The profile's password variable as this module's docs and the README name it: kept out of local tasks
+# The profile's password variable as this module's docs and docs/options.md name it: kept out of local tasks
 # whether or not a profile names it.
 DOCUMENTED_PASSWORD_ENV = "HPCJOB_PASSWORD"
 
@@ -493,8 +493,9 @@ def load_profiles() -> dict[str, ClusterProfile]:
 
 
 def get_profile(name: str | None) -> ClusterProfile:
-    """The named profile, else $HPCJOB_CLUSTER, else the file's default, else the only one."""
-    profiles, default = load_config()
+    """The named profile, else $HPCJOB_CLUSTER, else the file's default, else the only one. Another
+    profile's file that is gone (a stopped emulator's CA file) is no reason to refuse this one."""
+    profiles, gone, default = _load_config(keep_gone=True)
     chosen = name or default
     if chosen is None:
         if not profiles:
@@ -508,6 +509,8 @@ def get_profile(name: str | None) -> ClusterProfile:
         raise SpecError(
             f"no cluster {chosen!r} in {config_path()}; configured: {', '.join(sorted(profiles)) or 'none'}"
         )
+    for key, path in gone.get(chosen, {}).items():
+        raise SpecError(f"{config_path()}: cluster {chosen}: {key} {path!r}: no such file")
     return profiles[chosen]
 
 
