@@ -89,9 +89,13 @@ def test_a_failed_submit_and_a_failed_cancel_say_both_and_what_is_left(
         f"`hpcjob cancel {job} --cluster emu`"
     )
     assert head.job_state(job) == "Configuring"
-    # The run was recorded with its job before the submit: the run id finds the job.
+    # The run was recorded with its job before the submit, and ends failed, saying why: the run id still
+    # finds the job.
     record = find_run("exp-1")
-    assert (record.state, record.job_id, record.cluster) == ("created", str(job), "emu")
+    assert (record.state, record.job_id, record.cluster) == ("failed", str(job), "emu")
+    assert record.failure == result.err.splitlines()[-1].removeprefix("hpcjob: error: ") + (
+        " (while submitting the job)"
+    )
     canceled = hpcjob("cancel", "exp-1")
     assert (canceled.code, canceled.out) == (0, f"job {job} canceled\n")
     assert head.job_state(job) == "Canceled"
@@ -140,7 +144,82 @@ def test_a_submit_lost_twice_is_canceled_and_says_why(
         f"{job} so that it does not run unseen\n"
     )
     assert head.job_state(job) == "Canceled"
-    assert find_run("exp-1").state == "canceled"
+    record = find_run("exp-1")
+    assert (record.state, record.job_id) == ("failed", str(job))
+    assert record.failure is not None and f"hpcjob canceled job {job} so that" in record.failure
+
+
+@pytest.fixture
+def mounting(
+    head: HeadNode, cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> Callable[..., Result]:
+    """The CLI with a profile `emu` whose jobs have a mount step: its share a folder here (no SMB), and
+    no execution filter on the emulated nodes, so that the mount job fails."""
+    share = tmp_path / "share"
+    share.mkdir()
+    return cli_with_profile(
+        PASSWORD,
+        url=head.url,
+        user="alice",
+        ca_bundle=head.ca_file,
+        node_group="GPUNodes",
+        share="//HEAD/CcpSpoolDir",
+        local_share=str(share),
+        mount_point=str(tmp_path / "mnt"),
+    )
+
+
+def test_a_failed_mount_step_ends_the_run_failed_with_why(
+    mounting: Callable[..., Result], script: str, client: RestClient
+) -> None:
+    result = mounting("submit", "-n", "1", "--run-id", "exp-1", script)
+    assert result.code == 1
+    said = result.err.splitlines()[-1].removeprefix("hpcjob: error: ")
+    assert said.startswith("the mount job ") and "execution filter is not installed" in said
+    record = find_run("exp-1")
+    assert (record.state, record.job_id) == ("failed", None)  # never "mounting": nothing goes on
+    assert record.mount_job_id == str(the_job(client, "exp-1-mount"))
+    assert record.failure == f"{said} (while mounting the share)"
+    listed = mounting("runs", "--state", "failed", "--json")
+    assert [run["run_id"] for run in json.loads(listed.out)] == ["exp-1"]
+    shown = mounting("runs", "show", "exp-1")
+    assert "  state:    failed\n" in shown.out and f"  why:      {record.failure}\n" in shown.out
+
+
+def test_ctrl_c_during_the_mount_step_ends_the_run_failed(
+    mounting: Callable[..., Result], script: str, client: RestClient
+) -> None:
+    from hpcjob.runner.submit import submit_to_cluster
+
+    def progress(line: str) -> None:
+        if line.startswith("mounting the share"):  # the mount job is submitted: hpcjob waits for it
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        submit_to_cluster(
+            {"script": script, "nodes": 1},
+            "exp-1",
+            "emu",
+            None,
+            mount_step=True,
+            progress=progress,
+            command="",
+        )
+    record = find_run("exp-1")
+    assert (record.state, record.failure) == ("failed", "interrupted (Ctrl-C) while mounting the share")
+    assert record.mount_job_id == str(the_job(client, "exp-1-mount")) and record.job_id is None
+
+
+def test_a_network_down_while_creating_the_job_ends_the_run_failed(
+    hpcjob: Callable[..., Result], script: str, head: HeadNode, client: RestClient
+) -> None:
+    head.inject(method="POST", path=r"/jobs/jobFile$", drop="before", times=None)
+    result = submit(hpcjob, script, "exp-1")
+    assert result.code == 1 and len(result.err.splitlines()) == 1, result.err
+    record = find_run("exp-1")
+    assert (record.state, record.job_id) == ("failed", None)
+    assert record.failure == result.err.removeprefix("hpcjob: error: ").rstrip() + " (while creating the job)"
+    assert client.find_job("exp-1") is None
 
 
 def test_a_reused_run_id_is_refused_before_anything_is_sent(

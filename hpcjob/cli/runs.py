@@ -173,6 +173,8 @@ def describe(entry: HistoryEntry) -> list[str]:
     lines.append(
         f"  state:    {state}" + (f" after {duration(entry.wall_s)}" if entry.wall_s is not None else "")
     )
+    if record.failure:  # the submission failed before its job was submitted
+        lines.append(f"  why:      {record.failure}")
     if entry.command:
         lines.append(f"  command:  {entry.command}")
     if entry.tags:

@@ -3,6 +3,7 @@ the run recorded at each step."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -142,7 +143,7 @@ def submit_run(
     for; `gpus_per_node`: each node's GPUs, for the history's GPU-hours [default: the spec's]). The
     run's latest record, and its plan."""
     from hpcjob.job.render import plan_json
-    from hpcjob.store.runs import RunRecord, check_new_run_id, save_run
+    from hpcjob.store.runs import SUBMIT_FAILED, RunRecord, check_new_run_id, save_run
     from hpcjob.store.staging import stage_run
 
     if spec.wheelhouse is not None and open_folder is None:
@@ -161,6 +162,10 @@ def submit_run(
     latest = first
     job = plan_json(plan)
 
+    def save(run: RunRecord) -> None:
+        gpus = gpus_per_node or spec.gpus_per_node
+        save_run(run, command=command, plan=job, tags=tags, gpus_per_node=gpus)
+
     def record(step: Submission) -> None:
         nonlocal latest
         pid, pid_start = step.process or (first.pid, first.pid_start)
@@ -172,12 +177,30 @@ def submit_run(
             pid=pid,
             pid_start=pid_start,
         )
-        gpus = gpus_per_node or spec.gpus_per_node
-        save_run(latest, command=command, plan=job, tags=tags, gpus_per_node=gpus)
+        save(latest)
 
     check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload
-    backend.submit(plan, mount=mount_step, progress=progress, record=record)
+    try:
+        backend.submit(plan, mount=mount_step, progress=progress, record=record)
+    except BaseException as exc:  # a step failed, the network, Ctrl-C: the record must not say "mounting"
+        if latest.state not in (None, "submitted"):  # recorded, and the job is not in the scheduler
+            latest = replace(latest, state=SUBMIT_FAILED, failure=submit_failure(exc, latest.state))
+            with contextlib.suppress(Exception):  # the history itself failing: the first error says more
+                save(latest)
+        raise
     return latest, plan
+
+
+# What a submission was doing at each step it records (hpcjob.job.results.Submission).
+_DOING = {"creating": "creating the job", "mounting": "mounting the share", "created": "submitting the job"}
+
+
+def submit_failure(exc: BaseException, step: str | None) -> str:
+    """Why a submission stopped at `step`, in one line (the run's record keeps it)."""
+    doing = _DOING.get(str(step), "submitting the job")
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted (Ctrl-C) while {doing}"
+    return f"{' '.join(str(exc).split()) or type(exc).__name__} (while {doing})"
 
 
 def job_spec(fields: Mapping[str, Any]) -> JobSpec:

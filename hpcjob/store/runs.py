@@ -44,13 +44,16 @@ class RunRecord:
     smb_user: str | None = None
     job_id: str | None = None
     cluster: str | None = None
-    # On a cluster: creating, mounting, created, submitted or canceled (rest.Submission); else None.
+    # On a cluster: creating, mounting, created, submitted or canceled (rest.Submission), or failed (the
+    # submission stopped before the job was submitted: `failure` says why); else None.
     state: str | None = None
     mount_job_id: str | None = None
     # A local run: the hpcjob process that runs it, as (pid, start time in clock ticks), so that
     # `status` and `cancel` in another shell find it, and never a process that reused its pid.
     pid: int | None = None
     pid_start: int | None = None
+    # Why the submission failed (state SUBMIT_FAILED), in one line.
+    failure: str | None = None
 
     @classmethod
     def of(cls, plan: JobPlan, job_folder: str, backend: str, **where: Any) -> RunRecord:
@@ -102,6 +105,9 @@ MIGRATIONS = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 ENDED_STATES = ("Finished", "Failed", "Canceled")
+# A submission's last step when it stopped before its job was submitted (a step failed, Ctrl-C): never
+# left at creating, mounting or created, which would read as a submission still going on.
+SUBMIT_FAILED = "failed"
 _RUN_ID_TIME = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 
 
