@@ -278,6 +278,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_the_dumped_flight_recorder_opens_in_torch_s_own_analyzer(tmp_path: Path) -> None:
     """torch 2.14.1's gloo dump keys `pg_config` by '' while its entries name ('0', 'default_pg'): worker.py
     keys it by the groups' names, so that `torchfrtrace` reads it (KeyError: ('0', 0) before)."""

@@ -188,6 +188,7 @@ def test_channels_last_keeps_the_numbers_and_bf16_changes_only_the_last_digits()
 # --- end to end -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_resnet_trains_on_jpegs_decoded_on_the_device(
     training_dir: Path, jpeg_folder: Path, tmp_path: Path
 ) -> None:
