@@ -33,6 +33,7 @@ from hpcjob.job.results import (
     signal_of_exit_code,
     untrusted_json,
 )
+from hpcjob.job.tracebacks import RANK_PREFIX
 from hpcjob.store.share import ShareFolder, UnreadableFile
 
 SUMMARY_FILE = "summary.json"
@@ -316,9 +317,10 @@ def read_rank_ends(folder: ShareFolder, log_folder: str) -> list[RootCause]:
     return parse_exit_records(lines)
 
 
-def reason_line(folder: ShareFolder, log_folder: str, node: str) -> str:
+def reason_line(folder: ShareFolder, log_folder: str, node: str, rank: int | None = None) -> str:
     """The line of a node's stderr that says why it failed: the last exception that is not torchrun's
-    wrapper, else the last line that is not decoration ('bash: ...: command not found')."""
+    wrapper (of `rank`'s, where torch's hook wrote its `[rankN]: ` before them, when there are any), else
+    the last line that is not decoration ('bash: ...: command not found')."""
     try:
         data = folder.read_capped(_join(log_folder, f"{node}.err"), REASON_BYTES, from_end=True)
     except UnreadableFile as exc:
@@ -334,8 +336,14 @@ def reason_line(folder: ShareFolder, log_folder: str, node: str) -> str:
             return ""
     lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines()]
     lines = [line for line in lines if line and line.strip("=-* ") and not line.startswith("hpcjob: node ")]
-    exceptions = [line for line in lines if _EXCEPTION.match(line) and not _WRAPPER.search(line)]
-    found = (exceptions or lines or [""])[-1]
+    exceptions: list[tuple[str, str]] = []  # (the rank that wrote it, or "", the line without its prefix)
+    for line in lines:
+        prefix = RANK_PREFIX.match(line)
+        text = line[prefix.end() :] if prefix else line
+        if _EXCEPTION.match(text) and not _WRAPPER.search(text):
+            exceptions.append((prefix.group(1) if prefix else "", text))
+    of_rank = [text for who, text in exceptions if who == str(rank)]
+    found = (of_rank or [text for _, text in exceptions] or lines or [""])[-1]
     return found if len(found) <= 300 else found[:297] + "..."
 
 
@@ -362,4 +370,5 @@ def read_root_cause(
     if cause is None:
         return None
     signal = cause.signal or (signal_of_exit_code(cause.exit_code) if cause.rank is None else None)
-    return dataclasses.replace(cause, signal=signal, reason=reason_line(folder, log_folder, cause.node))
+    reason = reason_line(folder, log_folder, cause.node, cause.rank)
+    return dataclasses.replace(cause, signal=signal, reason=reason)

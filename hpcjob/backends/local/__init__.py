@@ -63,7 +63,8 @@ from hpcjob.job.results import (
     job_exit_code,
 )
 from hpcjob.job.spec import HpcjobError, JobSpec
-from hpcjob.store.logs import SUMMARY_FILE, RunLogs, Tail, node_tails, read_root_cause
+from hpcjob.job.tracebacks import TracebackFilter
+from hpcjob.store.logs import SUMMARY_FILE, RunLogs, Tail, node_tails, output_line, read_root_cause
 from hpcjob.store.share import LocalFolder
 
 if TYPE_CHECKING:
@@ -340,6 +341,7 @@ class LocalBackend:
         failed_first: _Node | None = None
         stopped_at: float | None = None
         watchdog = Watchdog(f"{plan.run_id}/")
+        tracebacks = TracebackFilter()  # what is echoed of the nodes' output (their logs keep it all)
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held by a submitted job's starter
             for index, node in enumerate(nodes):
@@ -350,7 +352,7 @@ class LocalBackend:
                     if node.process is not None:
                         node.process.refresh()  # remember each new process of the task
                 if echo_output:
-                    _echo(nodes, progress)
+                    _echo(nodes, progress, tracebacks)
                 for node in nodes:
                     if node.result.state is State.RUNNING and node.running():
                         node.alive_at = time.time()
@@ -394,7 +396,7 @@ class LocalBackend:
                     node.process.popen.wait()
             watchdog.close()
         if echo_output:
-            _echo(nodes, progress, final=True)
+            _echo(nodes, progress, tracebacks, final=True)
         summary = self._summary(plan, nodes, state, failed_first, stopped_at, time.monotonic() - start)
         # Tells `hpcjob logs --follow` and `run --local`, which read it as it comes, that the job has ended:
         # whole or not at all.
@@ -617,11 +619,19 @@ def _cancel_when_starter_ends() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _echo(nodes: Sequence[_Node], progress: Printer, final: bool = False) -> None:
-    """The nodes' new lines, but the metrics line, which the summary shows in a person's units (the log
-    keeps it, for `hpcjob logs` and the history)."""
+def _echo(
+    nodes: Sequence[_Node], progress: Printer, tracebacks: TracebackFilter, final: bool = False
+) -> None:
+    """The nodes' new lines, but the metrics line, which the summary shows in a person's units, with a
+    failing script's tracebacks cut to its own frames and each shown once, and torchrun's report of the
+    failure left out (hpcjob.job.tracebacks; the first-failure line says it). The logs keep every line,
+    for `hpcjob logs` and the history."""
     for node in nodes:
-        for tail in node.tails:
+        for stream, tail in zip(("stdout", "stderr"), node.tails, strict=True):  # node_tails' order
             for line in tail.read(final):
-                if not line[len(tail.prefix) :].startswith(METRICS_PREFIX):
-                    progress(line)
+                text = line[len(tail.prefix) :]
+                if not text.startswith(METRICS_PREFIX):
+                    for shown in tracebacks.feed(node.task.node, stream, text):
+                        progress(output_line(*shown))
+    for shown in tracebacks.flush(final):
+        progress(output_line(*shown))
