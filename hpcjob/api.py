@@ -192,16 +192,9 @@ def render_job(
     and submit commands}. Job options by their JobSpec names; `owner`, whose folder on the share holds
     the job folder, as the command line's render takes it [default: the default cluster profile's user,
     else this machine's]."""
-    from hpcjob.job.plan import make_plan
-    from hpcjob.job.spec import JobSpec, parse_share
-
-    if isinstance(options.get("share"), str):
-        options["share"] = parse_share(options["share"])
-    options.setdefault("owner", runner.render_owner())
-    spec = JobSpec(script=str(script), script_args=tuple(args), node_names=tuple(node_names), **options)
-    plan = make_plan(spec, spec.node_names, run_id or runner.new_run_id(spec.name))
-    formats = [name for name in runner.RENDERERS if name != "clusrun" or plan.mount is not None]
-    return runner.rendered(plan, formats)
+    fields = {"script": str(script), "script_args": tuple(args), "node_names": tuple(node_names), **options}
+    fields.setdefault("owner", runner.render_owner())
+    return runner.render_job(runner.job_spec(fields), run_id)
 
 
 __all__ = [

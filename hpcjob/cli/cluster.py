@@ -22,9 +22,9 @@ from hpcjob.cli.options import (
     TEXT,
     THE_CLUSTER,
     backend_option,
-    build_spec,
     cluster_option,
     headed,
+    job_fields,
     job_options,
     named_or_newest,
     smb_options,
@@ -44,7 +44,6 @@ from hpcjob.runner import (
 
 if TYPE_CHECKING:
     from hpcjob.job.results import JobInfo
-    from hpcjob.job.spec import JobSpec
     from hpcjob.store.config import ClusterProfile
 
 
@@ -243,15 +242,6 @@ def cluster_remove(name: str) -> None:
     click.echo(f"cluster {name} removed")
 
 
-def _spec_with_profile(params: dict[str, Any], profile: ClusterProfile) -> JobSpec:
-    """Job options win; the profile fills in the rest (hpcjob.runner.with_profile), in `params` too: the
-    SMB server and port the upload then uses."""
-    from hpcjob.runner import with_profile
-
-    params.update(with_profile(params, profile))
-    return build_spec(params)
-
-
 @cli.command(
     context_settings=PASS_THROUGH,
     short_help="Submit SCRIPT to an HPC Pack cluster.",
@@ -298,31 +288,18 @@ def submit(
     folder to the share, mounts the share on the nodes, creates the job from the job XML and submits
     it. Prints the job id; with --wait, follows it to the end.
     """
-    from hpcjob.job.plan import make_plan
-    from hpcjob.job.render import job_xml, mount_job_xml
-    from hpcjob.job.spec import SpecError, parse_tags
+    from hpcjob.job.spec import parse_tags
+    from hpcjob.runner import job_spec, smb_access, submit_preview
     from hpcjob.store.config import get_profile
     from hpcjob.store.runs import check_new_run_id
-    from hpcjob.store.staging import code_files
 
     tags = parse_tags(tag_items)
-    spec = _spec_with_profile(params, get_profile(cluster_name))
+    profile = get_profile(cluster_name)
+    spec = job_spec(job_fields(params), profile)
     run_id = params["run_id"] or new_run_id(spec.name)
     check_new_run_id(run_id)
-    code_dir = Path(spec.script).resolve().parent
     if dry_run:
-        if not spec.node_names:
-            raise SpecError("--dry-run asks the cluster nothing: name the nodes with --node")
-        plan = make_plan(spec, spec.node_names, run_id)
-        files = list(code_files(code_dir))
-        if spec.share:
-            click.echo(
-                f"# would upload {len(files)} file(s), {sum(f.size for f in files)} bytes, from {code_dir} "
-                f"to {spec.share.unc}/{spec.job_folder} (unchanged files are skipped)"
-            )
-        if mount_step and plan.mount:
-            click.echo(f"# would mount the share on the nodes first, as root, with:\n{mount_job_xml(plan)}")
-        click.echo(f"# would create and submit the job:\n{job_xml(plan)}")
+        click.echo(submit_preview(spec, run_id, mount_step=mount_step))
         return
 
     cluster = ClusterAccess(cluster_name, backend_kind)
@@ -330,7 +307,7 @@ def submit(
     def progress(line: str) -> None:
         click.echo(line, err=as_json)
 
-    smb = (params.get("smb_user"), params.get("smb_server"), params["smb_port"])
+    smb = smb_access(params, profile)
     try:
         record, _, summary = submit_and_follow(
             cluster,
@@ -618,11 +595,8 @@ def mount(
     exits 1 when a node failed. Jobs that hpcjob submits mount it the same way on every node they start
     on, after a reboot too.
     """
-    from hpcjob.job.plan import mount_step
-    from hpcjob.job.render import JobShape, mount_check_job_xml
-    from hpcjob.job.render.text import filter_install_command
     from hpcjob.job.spec import SpecError
-    from hpcjob.runner import mount_request, mount_share
+    from hpcjob.runner import mount_preview, mount_request, mount_share
     from hpcjob.store.config import get_profile
 
     if (allow_images or allow_docker_options or allow_volumes) and not install:
@@ -632,15 +606,7 @@ def mount(
         allow_images, allow_docker_options, allow_volumes,
     )  # fmt: skip
     if dry_run:
-        nodes = request.nodes
-        if not nodes:
-            raise SpecError("--dry-run asks the cluster nothing: name the nodes with --node")
-        step = mount_step(request.allowed.unc, request.point, request.allowed.options, nodes)
-        if install:
-            click.echo(f"# would run as root on {', '.join(nodes)} (clusrun /user:system or an admin job):")
-            click.echo(filter_install_command([request.allowed], request.containers))
-        job = mount_check_job_xml(new_run_id("mount"), step, JobShape(nodes, request.group))
-        click.echo(f"# would submit, as you, the mount job:\n{job}")
+        click.echo(mount_preview(request, install=install))
         return
     results = mount_share(
         ClusterAccess(cluster_name, backend_kind),

@@ -33,20 +33,32 @@ from hpcjob.runner.access import (
 )
 from hpcjob.runner.follow import RunOutput, follow_run
 from hpcjob.runner.local import LocalOptions, run_local, start_local, submit_local
-from hpcjob.runner.mount import MountRequest, mount_request, mount_share, prepare_share
-from hpcjob.runner.render import RENDERERS, Rendered, recorded_plan, render_run, rendered
+from hpcjob.runner.mount import MountRequest, mount_preview, mount_request, mount_share, prepare_share
+from hpcjob.runner.render import (
+    RENDERERS,
+    Rendered,
+    recorded_plan,
+    render_job,
+    render_run,
+    rendered,
+    submit_preview,
+)
 from hpcjob.runner.submit import (
+    SMB_OPTIONS,
     job_spec,
     locked_wheels,
     read_requirements,
     requirements_text,
+    smb_access,
     submit_and_follow,
+    submit_failure,
     submit_run,
     submit_to_cluster,
 )
 
 __all__ = [
     "RENDERERS",
+    "SMB_OPTIONS",
     "ClusterAccess",
     "HpcjobWarning",
     "LocalOptions",
@@ -62,6 +74,7 @@ __all__ = [
     "job_spec",
     "keep_open",
     "locked_wheels",
+    "mount_preview",
     "mount_request",
     "mount_share",
     "new_run_id",
@@ -70,6 +83,7 @@ __all__ = [
     "profile_mount_point",
     "read_requirements",
     "recorded_plan",
+    "render_job",
     "render_owner",
     "render_run",
     "rendered",
@@ -79,9 +93,12 @@ __all__ = [
     "run_local",
     "run_of",
     "run_status",
+    "smb_access",
     "start_local",
     "submit_and_follow",
+    "submit_failure",
     "submit_local",
+    "submit_preview",
     "submit_run",
     "submit_to_cluster",
     "with_profile",

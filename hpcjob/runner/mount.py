@@ -73,6 +73,26 @@ def mount_request(
     return MountRequest(allowed, point, group, parse_node_names(names) if names else (), containers)
 
 
+def mount_preview(request: MountRequest, *, install: bool) -> str:
+    """What `hpcjob mount` would do on the nodes it names, sending nothing (`mount --dry-run`): with
+    `install`, the filter's install command (as root), then the mount job, as job XML."""
+    from hpcjob.job.plan import mount_step
+    from hpcjob.job.render import JobShape, mount_check_job_xml
+    from hpcjob.job.render.text import filter_install_command
+
+    nodes = request.nodes
+    if not nodes:
+        raise SpecError("--dry-run asks the cluster nothing: name the nodes with --node")
+    lines = []
+    if install:
+        lines.append(f"# would run as root on {', '.join(nodes)} (clusrun /user:system or an admin job):")
+        lines.append(filter_install_command([request.allowed], request.containers))
+    step = mount_step(request.allowed.unc, request.point, request.allowed.options, nodes)
+    job = mount_check_job_xml(new_run_id("mount"), step, JobShape(nodes, request.group))
+    lines.append(f"# would submit, as you, the mount job:\n{job}")
+    return "\n".join(lines)
+
+
 def prepare_share(cluster: ClusterAccess, unc: str) -> str:
     """An administrator's: hpcjob/ on the share made theirs, with every cluster user allowed to make a
     folder of their own in it and nobody else to move it (hpcjob.store.share.SmbFolder.prepare_common). What

@@ -30,6 +30,41 @@ def rendered(plan: JobPlan, formats: Iterable[str] = RENDERERS) -> dict[str, str
     return {name: render[name](plan) for name in formats}
 
 
+def render_job(spec: JobSpec, run_id: str | None = None) -> dict[str, str]:
+    """SPEC on its named nodes in every format that applies (no cluster-run text without a share),
+    contacting nothing and recording nothing (hpcjob.render_job)."""
+    from hpcjob.job.plan import make_plan
+
+    if not spec.node_names:
+        raise SpecError("render_job needs the nodes: give node_names")
+    plan = make_plan(spec, spec.node_names, run_id or new_run_id(spec.name))
+    return rendered(plan, [name for name in RENDERERS if name != "clusrun" or plan.mount is not None])
+
+
+def submit_preview(spec: JobSpec, run_id: str, *, mount_step: bool) -> str:
+    """What `submit` would do with SPEC on its named nodes, sending nothing (`submit --dry-run`): the
+    upload, the mount job (as root, with `mount_step`), and the job, as job XML."""
+    from hpcjob.job.plan import make_plan
+    from hpcjob.job.render import job_xml, mount_job_xml
+    from hpcjob.store.staging import code_files
+
+    if not spec.node_names:
+        raise SpecError("--dry-run asks the cluster nothing: name the nodes with --node")
+    plan = make_plan(spec, spec.node_names, run_id)
+    lines = []
+    if spec.share:
+        code_dir = Path(spec.script).resolve().parent
+        files = list(code_files(code_dir))
+        lines.append(
+            f"# would upload {len(files)} file(s), {sum(f.size for f in files)} bytes, from {code_dir} "
+            f"to {spec.share.unc}/{spec.job_folder} (unchanged files are skipped)"
+        )
+    if mount_step and plan.mount:
+        lines.append(f"# would mount the share on the nodes first, as root, with:\n{mount_job_xml(plan)}")
+    lines.append(f"# would create and submit the job:\n{job_xml(plan)}")
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Rendered:
     """A job rendered for submitting by hand: its plan, its texts, and whether it is the job folder's

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobSummary, Submission
     from hpcjob.job.spec import JobSpec
+    from hpcjob.store.config import ClusterProfile
     from hpcjob.store.runs import RunRecord
     from hpcjob.store.share import ShareFolder
 
@@ -203,17 +204,31 @@ def submit_failure(exc: BaseException, step: str | None) -> str:
     return f"{' '.join(str(exc).split()) or type(exc).__name__} (while {doing})"
 
 
-def job_spec(fields: Mapping[str, Any]) -> JobSpec:
-    """A JobSpec from options by its own names, the share as a UNC or a Share; checks that the script
-    exists."""
+# Options every front door may pass with the job's that say how to reach the share, not what the job is.
+SMB_OPTIONS = ("smb_user", "smb_server", "smb_port")
+
+
+def job_spec(fields: Mapping[str, Any], profile: ClusterProfile | None = None) -> JobSpec:
+    """The one way from a front door's options to a JobSpec (the command line's, hpcjob.submit's,
+    hpcjob.render_job's): options by JobSpec's names, the share as a UNC or a Share, a cluster `profile`
+    filling in what they do not say (with_profile). Checks that the script exists. The SMB options are
+    not the job's: smb_access reads them."""
     from hpcjob.job.spec import JobSpec, parse_share
 
-    values = dict(fields)
+    values = with_profile(dict(fields), profile) if profile is not None else dict(fields)
+    for key in SMB_OPTIONS:
+        values.pop(key, None)
     if isinstance(values.get("share"), str):
         values["share"] = parse_share(values["share"])
     if not Path(values["script"]).is_file():
         raise SpecError(f"script {values['script']} does not exist")
     return JobSpec(**values)
+
+
+def smb_access(fields: Mapping[str, Any], profile: ClusterProfile) -> tuple[str | None, str | None, int]:
+    """How the upload reaches the share: the options' SMB user, server and port, the profile filling in."""
+    filled = with_profile(dict(fields), profile)
+    return filled.get("smb_user"), filled.get("smb_server"), filled.get("smb_port", 445)
 
 
 def submit_to_cluster(
@@ -230,9 +245,8 @@ def submit_to_cluster(
     """Submit a job (options by their JobSpec names, and smb_user, smb_server and smb_port) to the
     cluster of profile `cluster_name`, the profile filling in what the options do not say."""
     cluster = ClusterAccess(cluster_name, backend_kind)
-    filled = with_profile(dict(fields), cluster.profile)
-    smb = (filled.pop("smb_user", None), filled.pop("smb_server", None), filled.pop("smb_port", 445))
-    spec = job_spec(filled)
+    spec = job_spec(fields, cluster.profile)
+    smb = smb_access(fields, cluster.profile)
     record, plan, _ = submit_and_follow(
         cluster,
         spec,
