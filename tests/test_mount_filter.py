@@ -695,7 +695,7 @@ def test_the_emulated_agent_reads_its_docker_settings_as_the_real_one_does(tmp_p
     run`, here before the image (what the spec and the policy refuse)."""
     from types import SimpleNamespace
 
-    from hpcjob.emulator.cluster import Cluster
+    from hpcjob.emulator.agent import container_start
 
     log = tmp_path / "docker.log"
     (tmp_path / "docker").write_text(
@@ -707,7 +707,7 @@ def test_the_emulated_agent_reads_its_docker_settings_as_the_real_one_does(tmp_p
     job = SimpleNamespace(props={"Owner": "HPC\\alice"})
     task = SimpleNamespace(system_id=5, props={"RequeueCount": "0"})
     variables = {"A_CCP_DOCKER_IMAGE": "--privileged", "CCP_DOCKER_IMAGE": "img:1"}
-    script = Cluster._container_start(job, task, str(tmp_path), variables, 2)  # type: ignore[arg-type]
+    script = container_start(job, task, str(tmp_path), variables, 2)  # type: ignore[arg-type]
     subprocess.run(
         ["bash", script], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, check=True, capture_output=True
     )

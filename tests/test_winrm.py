@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from hpcjob.backends import open_backend
 from hpcjob.backends.scheduler import RetryPolicy
 from hpcjob.emulator import HeadNode
-from hpcjob.emulator.cluster import Actor, NodeSpec
+from hpcjob.emulator.base import Actor
+from hpcjob.emulator.nodes import NodeSpec
 from hpcjob.job.render.winrm import SCRIPTS, bootstrap_command, script_input, winrm_script
 from hpcjob.store.config import ClusterProfile
 
@@ -250,7 +251,7 @@ def test_no_value_can_change_a_script(data: dict[str, Any], name: str) -> None:
 
 def test_the_emulator_refuses_what_powershell_would(head: HeadNode) -> None:
     """An unknown cmdlet or parameter, a syntax error, or a program that is not PowerShell."""
-    from hpcjob.emulator.cluster import Actor
+    from hpcjob.emulator.base import Actor
 
     alice = Actor("alice", admin=True)
     command, arguments = bootstrap_command()

@@ -6,8 +6,8 @@ process. See README.md in this folder.
 """
 
 from hpcjob.emulator.cli import main
-from hpcjob.emulator.cluster import NodeSpec
 from hpcjob.emulator.headnode import DEFAULT_NODES, PASSWORD_ENV, HeadNode, resolves
+from hpcjob.emulator.nodes import NodeSpec
 from hpcjob.emulator.server import Fault, RequestLog, RequestRecord
 
 __all__ = [

@@ -22,7 +22,10 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from hpcjob.emulator import props as P
-from hpcjob.emulator.cluster import NODE_HEALTHS, NODE_STATES, Actor, ApiError, Cluster, Job, Node, Task
+from hpcjob.emulator.base import Actor, ApiError
+from hpcjob.emulator.cluster import Cluster
+from hpcjob.emulator.jobs import Job, Task
+from hpcjob.emulator.nodes import NODE_HEALTHS, NODE_STATES, Node
 
 NO_BODY = object()
 QUERY_LIFETIME_S = 3600.0  # continuation rowsets live 60 minutes (CHANGELOG 2016 U3 QFE)

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
 
-from hpcjob.emulator.cluster import NodeSpec
 from hpcjob.emulator.headnode import PASSWORD_ENV, HeadNode
+from hpcjob.emulator.nodes import NodeSpec
 
 
 class _Parser(argparse.ArgumentParser):

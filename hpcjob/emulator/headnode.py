@@ -22,7 +22,8 @@ from types import TracebackType
 from typing import Any, Literal
 
 from hpcjob.emulator.api import Api
-from hpcjob.emulator.cluster import Cluster, NodeSpec
+from hpcjob.emulator.cluster import Cluster
+from hpcjob.emulator.nodes import NodeSpec
 from hpcjob.emulator.powershell import PowerShellHost
 from hpcjob.emulator.props import ENDED
 from hpcjob.emulator.server import Fault, Faults, RequestLog, _Server, make_server

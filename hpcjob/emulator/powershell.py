@@ -28,7 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcjob.emulator import api as A
-from hpcjob.emulator.cluster import Actor, ApiError, Cluster, Job, Node, Task
+from hpcjob.emulator.base import Actor, ApiError
+from hpcjob.emulator.cluster import Cluster
+from hpcjob.emulator.jobs import Job, Task
+from hpcjob.emulator.nodes import Node
 
 # Documented parameters of each command the scripts may call, plus PowerShell's common parameters. The
 # HPC cmdlets': their reference pages (learn.microsoft.com/powershell/module/hpc/<cmdlet>, from

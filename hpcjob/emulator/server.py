@@ -26,7 +26,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from hpcjob.emulator.api import NO_BODY, Reply, Request, parse_query
-from hpcjob.emulator.cluster import Actor, ApiError
+from hpcjob.emulator.base import Actor, ApiError
 
 MAX_BODY = 64 * 1024 * 1024
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from xml.sax.saxutils import escape
 
 from hpcjob.emulator.api import Reply, Request
-from hpcjob.emulator.cluster import Actor
+from hpcjob.emulator.base import Actor
 
 NS = {
     "s": "http://www.w3.org/2003/05/soap-envelope",

@@ -1,0 +1,182 @@
+"""The emulated cluster's nodes: how they are configured, their records, states and health, and groups.
+
+A node is a name with a state (Online, Offline, Draining...), a health (OK, Error...), cores, sockets,
+memory and the groups it belongs to; it also keeps which jobs hold how many of its cores, which the
+scheduler fills and the jobs' state machine empties. The built-in groups exist with no node in them;
+any other group exists because a node names it. What a change of health does to the tasks on a node is
+the jobs' concern (`JobBook.node_lost`); this module only keeps the records. Callers hold the cluster's
+lock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcjob.emulator.base import ApiError, now
+
+NODE_STATES = (
+    "Unknown",
+    "Provisioning",
+    "Offline",
+    "Starting",
+    "Online",
+    "Draining",
+    "Rejected",
+    "Removing",
+    "NotDeployed",
+    "Stopping",
+)
+NODE_HEALTHS = ("OK", "Warning", "Error", "Transitional", "Unapproved")
+BUILTIN_GROUPS = {
+    "HeadNodes": "The head nodes in the cluster",
+    "ComputeNodes": "The compute nodes in the cluster",
+    "WCFBrokerNodes": "The broker nodes in the cluster",
+    "WorkstationNodes": "The workstation nodes in the cluster",
+    "LinuxNodes": "The Linux nodes in the cluster",
+}
+
+
+@dataclass
+class NodeSpec:
+    """A compute node as configured: what the node APIs report and what the scheduler allocates."""
+
+    name: str
+    state: str = "Online"
+    health: str = "OK"
+    cores: int = 4
+    sockets: int = 1
+    memory_mb: int = 16384
+    groups: Sequence[str] = ("ComputeNodes", "LinuxNodes")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeSpec:
+        """From a typed Node object as ``GET /cluster/nodes`` returns it (keys case-insensitive)."""
+        low = {str(k).lower(): v for k, v in data.items()}
+        if not isinstance(low.get("name"), str) or not low["name"]:
+            raise ValueError(f"a node needs a Name: {dict(data)}")
+        groups = low.get("groups", ["ComputeNodes", "LinuxNodes"])
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise ValueError(f"Groups of node {low['name']} must be a list of names")
+        return cls(
+            name=low["name"],
+            state=str(low.get("state", "Online")),
+            health=str(low.get("health", "OK")),
+            cores=int(low.get("cores", 4)),
+            sockets=int(low.get("sockets", 1)),
+            memory_mb=int(low.get("memorysize", 16384)),
+            groups=tuple(groups),
+        )
+
+
+@dataclass
+class Node:
+    id: int
+    name: str
+    state: str
+    health: str
+    cores: int
+    sockets: int
+    memory_mb: int
+    groups: list[str]
+    online_time: dt.datetime | None = None
+    offline_time: dt.datetime | None = None
+    held: dict[int, int] = field(default_factory=dict)  # job id -> cores held
+
+    def in_group(self, group: str) -> bool:
+        return any(g.lower() == group.lower() for g in self.groups)
+
+
+class NodeRegistry:
+    """The nodes by lower-case name, in the order they were added (their Ids), and the groups they make."""
+
+    def __init__(self, specs: Iterable[NodeSpec]) -> None:
+        self.nodes: dict[str, Node] = {}
+        for spec in specs:
+            self.add(spec)
+        if not self.nodes:
+            raise ValueError("the cluster needs at least one node")
+
+    def add(self, spec: NodeSpec) -> None:
+        if spec.name.lower() in self.nodes:
+            raise ValueError(f"duplicate node name {spec.name}")
+        check_node(spec.state, spec.health)
+        self.nodes[spec.name.lower()] = Node(
+            id=len(self.nodes) + 1,
+            name=spec.name,
+            state=spec.state,
+            health=spec.health,
+            cores=spec.cores,
+            sockets=spec.sockets,
+            memory_mb=spec.memory_mb,
+            groups=list(spec.groups),
+            online_time=now() if spec.state == "Online" else None,
+            offline_time=None if spec.state == "Online" else now(),
+        )
+
+    def node(self, name: str) -> Node:
+        found = self.nodes.get(name.strip().lower())
+        if found is None:
+            raise ApiError(404, f"The node {name} was not found.")
+        return found
+
+    @staticmethod
+    def change(
+        node: Node,
+        *,
+        state: str | None = None,
+        health: str | None = None,
+        groups: Sequence[str] | None = None,
+        cores: int | None = None,
+    ) -> None:
+        """Set what is given, after checking the state and health; a move to or from Online is stamped."""
+        check_node(state or node.state, health or node.health)
+        if state is not None and state != node.state:
+            if state == "Online":
+                node.online_time = now()
+            elif node.state == "Online":
+                node.offline_time = now()
+            node.state = state
+        if health is not None:
+            node.health = health
+        if groups is not None:
+            node.groups = list(groups)
+        if cores is not None:
+            node.cores = cores
+
+    def drain(self) -> None:
+        """A Draining node goes Offline once no job holds it."""
+        for node in self.nodes.values():
+            if node.state == "Draining" and not node.held:
+                node.state = "Offline"
+                node.offline_time = now()
+
+    def groups(self) -> dict[str, tuple[str, bool]]:
+        """Group name -> (description, managed): the built-in groups and every group a node names."""
+        found = {name: (text, True) for name, text in BUILTIN_GROUPS.items()}
+        known = {g.lower() for g in found}
+        for node in self.nodes.values():
+            for group in node.groups:
+                if group.lower() not in known:
+                    known.add(group.lower())
+                    found[group] = ("", False)
+        return found
+
+    def group(self, name: str) -> tuple[str, str, bool]:
+        for group, (text, managed) in self.groups().items():
+            if group.lower() == name.strip().lower():
+                return group, text, managed
+        raise ApiError(404, f"The node group {name} was not found.")
+
+    def group_members(self, name: str) -> list[str]:
+        group, _, _ = self.group(name)
+        return [n.name for n in self.nodes.values() if n.in_group(group)]
+
+
+def check_node(state: str, health: str) -> None:
+    if state not in NODE_STATES:
+        raise ValueError(f"node state {state!r} is not one of {', '.join(NODE_STATES)}")
+    if health not in NODE_HEALTHS:
+        raise ValueError(f"node health {health!r} is not one of {', '.join(NODE_HEALTHS)}")
