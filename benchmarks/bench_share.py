@@ -13,8 +13,8 @@ Needs root and samba (scripts/bootstrap.sh --test).
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -36,7 +36,6 @@ from tests.testbed.agent import start_job  # noqa: E402
 
 TRAIN = REPO / "training"
 TRAIN_ARGS = ("--epochs", "1", "--max-steps-per-epoch", "5", "--train-samples", "1024", "--no-resume")
-FIRST_STEP = re.compile(r"^first step done at (\d+\.\d+)$", re.M)
 
 
 def make_code_folder(root: Path, megabytes: int) -> Path:
@@ -76,11 +75,14 @@ def bench_upload(megabytes: int) -> None:
 
 
 def first_step(log_dir: Path) -> float:
-    for out in log_dir.glob("*.out"):
-        found = FIRST_STEP.search(out.read_text())
-        if found:
-            return float(found.group(1))
-    raise SystemExit(f"no first step in {log_dir}")
+    """When rank 0 was done with its first training step (Unix time): the `first_step` line of its
+    metrics over time (training/timeline.py), not the log's line, which is for people."""
+    for path in (log_dir / "metrics").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") == "first_step" and event.get("rank") == 0:
+                return float(event["t"])
+    raise SystemExit(f"no first step in {log_dir}/metrics")
 
 
 def across_hosts(index: int) -> float:

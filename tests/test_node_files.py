@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,6 +92,27 @@ def test_an_interface_without_address_fails_fast(job_dir: Path) -> None:
     assert result.returncode == 1
     assert "started" not in result.stdout
     assert "no IPv4 address found on nosuch0; set HPCJOB_IFNAME" in result.stderr
+
+
+@pytest.mark.parametrize("clock", ["bash", "date"])
+def test_the_task_start_is_exported_as_unix_time(job_dir: Path, clock: str) -> None:
+    """HPCJOB_TASK_START: bash's clock (EPOCHREALTIME), else date's; what the training program counts its
+    first step from."""
+    before = time.time()
+    show = 'echo "$HPCJOB_TASK_START"; bash -c \'echo "$HPCJOB_TASK_START"\''  # and in a child: exported
+    if clock == "date":  # unset, bash's variable is an ordinary one: as on a bash older than 5
+        show = f"unset EPOCHREALTIME; . .hpcjob/node.sh X run-1 && {show}"
+        base = {"PATH": os.environ["PATH"], "CCP_NODES": "1 Y 2", "HPCJOB_IFNAME": "lo"}
+        result = subprocess.run(
+            ["/bin/bash", "-c", show], cwd=job_dir, env=base, capture_output=True, text=True
+        )
+    else:
+        result = source_helper(job_dir, "X", show, CCP_NODES="1 Y 2", HPCJOB_IFNAME="lo")
+    after = time.time()
+    assert result.returncode == 0, result.stderr
+    here, child = result.stdout.split()
+    assert here == child and re.fullmatch(r"\d+\.\d+", here), result.stdout
+    assert before - 0.01 <= float(here) <= after
 
 
 def write_record(job_dir: Path, rank: int, code: int, node: str, when: float) -> None:

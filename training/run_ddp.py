@@ -78,6 +78,8 @@ from operations import (
 from timeline import Timeline, default_folder
 
 MOMENTUM = 0.9
+# When the task started (Unix time): hpcjob's node.sh sets it.
+TASK_START_VAR = "HPCJOB_TASK_START"
 T = TypeVar("T")
 
 
@@ -441,6 +443,20 @@ def epoch_gpu_util(ctx: Context, monitor: GpuMonitor | None) -> float | None:
     return sum(utils) / len(utils) if utils else None
 
 
+def first_step_done(ctx: Context, timeline: Timeline | None, started: float) -> None:
+    """Start-up cost, in a person's words: how long after the task's start (node.sh's HPCJOB_TASK_START;
+    without hpcjob, this process's) the run's first step was done, and at what local time. The exact
+    time goes to the rank's timeline (a `first_step` line), for programs such as the benchmarks."""
+    now = time.time()
+    try:
+        since = now - float(os.environ[TASK_START_VAR])
+    except (KeyError, ValueError):
+        since = time.perf_counter() - started
+    ctx.log(f"first step done {since:.1f} s after start ({time.strftime('%H:%M:%S', time.localtime(now))})")
+    if timeline is not None:
+        timeline.first_step(now, since)
+
+
 def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMonitor | None = None) -> None:
     checkpoint_path = args.checkpoint_dir / CHECKPOINT_NAME
     checkpoint = (
@@ -547,10 +563,9 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
             ctx.device,
             max_steps=args.max_steps_per_epoch,
             step_sleep=args.step_sleep,
-            # Start-up cost, for launcher benchmarks: wall-clock time of this run's first step.
-            on_first_step=(lambda: ctx.log(f"first step done at {time.time():.3f}"))
-            if epoch == completed + 1
-            else None,
+            on_first_step=(
+                partial(first_step_done, ctx, timeline, started) if epoch == completed + 1 else None
+            ),
             options=options,
             on_progress=partial(timeline.step, epoch) if timeline is not None else None,
             progress_every=args.metrics_every,

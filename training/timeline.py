@@ -1,10 +1,12 @@
 """A rank's metrics over time, as JSON lines: what `hpcjob runs plot` draws and elastic summaries read.
 
 Each rank appends to ``<folder>/<NODE>-<local rank>.jsonl`` (hpcjob's run log folder, ``metrics/``):
-one ``start`` line at each start of the workers (a restart of an elastic job too), a ``step`` line every
-N steps (the loss, samples/s and data-wait share of those steps, this rank's GPU utilisation and memory
-when a GPU is watched) and an ``epoch`` line with the epoch's global results. Each line is written whole
-and flushed (a reader skips one cut short); fields it cannot know are absent, never zeros.
+one ``start`` line at each start of the workers (a restart of an elastic job too), a ``first_step``
+line when the first training step of that start is done (``t``, and ``after_start_s``: seconds since the
+task started), a ``step`` line every N steps (the loss, samples/s and data-wait share of those steps,
+this rank's GPU utilisation and memory when a GPU is watched) and an ``epoch`` line with the epoch's
+global results. Each line is written whole and flushed (a reader skips one cut short); fields it cannot
+know are absent, never zeros.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ class Timeline:
     def start(self, first_epoch: int) -> None:
         """The workers (re)started here, to train from `first_epoch`."""
         self._write("start", first_epoch=first_epoch)
+
+    def first_step(self, when: float, after_start_s: float) -> None:
+        """The first training step since the workers started was done at `when` (Unix time), this long
+        after the task started."""
+        self._write("first_step", t=round(when, 3), after_start_s=round(after_start_s, 3))
 
     def begin_epoch(self) -> None:
         self._last = (time.perf_counter(), 0.0, 0, 0.0)

@@ -14,7 +14,13 @@
 #                   writes "<code> <time>" to logs/RUN_ID/NODE.exit: it tells `hpcjob logs --follow`
 #                   the task ended, and when (the first node to end badly is a job's root cause).
 #   HPCJOB_BEAT_DIR where each rank beats when the job has HPCJOB_BEAT_S (--hang-timeout; worker.py).
+#   HPCJOB_TASK_START when this task started (Unix time, seconds with a fraction): the training program
+#                   says how long after it the first step was done.
 
+# First, so that it is the task's start: bash's own clock (no process started for it; its decimal point is
+# the locale's), else date's.
+HPCJOB_TASK_START=${EPOCHREALTIME:-$(date +%s.%N)}
+HPCJOB_TASK_START=${HPCJOB_TASK_START/,/.}
 hpcjob_store=${1%%.*}
 HPCJOB_NODE=${CCP_NODES#* }
 HPCJOB_NODE=${HPCJOB_NODE%% *}
@@ -40,7 +46,7 @@ fi
 HPCJOB_LOG_DIR="$PWD/logs/$2"
 HPCJOB_EXIT_DIR="$HPCJOB_LOG_DIR/.hpcjob-exits"
 HPCJOB_BEAT_DIR="$HPCJOB_LOG_DIR/.hpcjob-beats"
-export HPCJOB_NODE HPCJOB_IS_HOST HPCJOB_IFNAME HPCJOB_ADDR HPCJOB_LOG_DIR HPCJOB_EXIT_DIR HPCJOB_BEAT_DIR GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME
+export HPCJOB_NODE HPCJOB_IS_HOST HPCJOB_IFNAME HPCJOB_ADDR HPCJOB_LOG_DIR HPCJOB_EXIT_DIR HPCJOB_BEAT_DIR GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME HPCJOB_TASK_START
 unset hpcjob_store
 
 hpcjob_exit() {
