@@ -11,21 +11,37 @@ At the very end of a successful run, rank 0 prints exactly one line::
 
     HPCJOB_METRICS {"accuracy": 0.8812, "data_wait_fraction": 0.032, ...}
 
-The prefix is ``HPCJOB_METRICS`` followed by one space, then a single-line JSON object with at
-least these keys:
+The prefix is ``HPCJOB_METRICS`` followed by one space, then a single-line JSON object. It holds
+only what this invocation measured; a run resumed from a checkpoint counts none of the earlier epochs'
+figures as its own. Always:
 
 * ``epochs_completed`` (int): epochs finished, including those from a resumed checkpoint
-* ``train_loss``, ``test_loss`` (float): mean losses of the last finished epoch
-* ``accuracy`` (float): fraction of correct test predictions in [0, 1], last finished epoch
-* ``samples_per_sec`` (float): training samples of all ranks per second of training-loop time
-* ``data_wait_fraction`` (float): share of training-loop time spent waiting for the DataLoader
+* ``epochs_trained`` (int), ``steps`` (int): epochs and training steps this invocation trained; 0 when
+  the checkpoint it resumed already covered ``--epochs`` (it trained nothing)
+* ``resumed_from_epoch`` (int), and ``resumed_from`` (str, the checkpoint file) when it resumed
 * ``world_size`` (int): number of processes of this run
 * ``wall_time_s`` (float): wall time of this invocation, from argument parsing to this line
+
+and only when it trained (``epochs_trained`` > 0):
+
+* ``train_loss``, ``test_loss`` (float): mean losses of the last epoch
+* ``accuracy`` (float): fraction of correct test predictions in [0, 1], last epoch
+* ``samples_per_sec`` (float): training samples of all ranks per second of training-loop time, over the
+  epochs this invocation trained
+* ``data_wait_fraction`` (float): share of that training-loop time spent waiting for the DataLoader
 * ``gpus`` (list, only when the ranks' GPUs were watched): per rank ``rank``, ``node``, ``gpu``,
   ``util_mean_pct``, ``util_peak_pct``, ``memory_peak_mib``, ``samples``
 
 Non-finite numbers (a diverged run) are written as ``null``. The launcher takes the last such
 line of the log. Nothing else starts with this prefix.
+
+Checkpoints under hpcjob
+------------------------
+hpcjob gives every run a folder of its own, ``$HPCJOB_CHECKPOINT_DIR`` (``<job folder>/checkpoints/<run
+id>``), the default of ``--checkpoint-dir``: a new run starts fresh, a restart (or a later attempt) of
+the same run finds its own checkpoint there. ``hpcjob run --resume-from RUN`` sets ``$HPCJOB_RESUME_FROM``
+to that earlier run's folder, the default of ``--resume-from``: read when the run's own folder has no
+checkpoint yet, never written.
 
 Exit codes: 0 success, 1 data/checkpoint/runtime error, 2 bad arguments or environment.
 """
@@ -78,6 +94,10 @@ from operations import (
 from timeline import Timeline, default_folder
 
 MOMENTUM = 0.9
+# What hpcjob sets for every task (hpcjob.job.plan): the run's own checkpoint folder, and with
+# `--resume-from RUN` the earlier run's, to start from.
+CHECKPOINT_DIR_VAR = "HPCJOB_CHECKPOINT_DIR"
+RESUME_VAR = "HPCJOB_RESUME_FROM"
 # When the task started (Unix time): hpcjob's node.sh sets it.
 TASK_START_VAR = "HPCJOB_TASK_START"
 T = TypeVar("T")
@@ -189,9 +209,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds before a collective with a lost peer fails",
     )
     runtime.add_argument(
-        "--checkpoint-dir", type=Path, default=Path("checkpoints"), help="default: ./checkpoints"
+        "--checkpoint-dir",
+        type=Path,
+        default=Path(os.environ.get(CHECKPOINT_DIR_VAR) or "checkpoints"),
+        help=f"where the run saves its checkpoint, and resumes from it (default: ${CHECKPOINT_DIR_VAR}, the "
+        "run's own folder under hpcjob, else ./checkpoints)",
     )
-    runtime.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
+    runtime.add_argument(
+        "--resume-from",
+        type=Path,
+        metavar="DIR",
+        default=Path(os.environ[RESUME_VAR]) if os.environ.get(RESUME_VAR) else None,
+        help=f"start from the checkpoint in DIR when --checkpoint-dir has none yet; DIR is only read "
+        f"(default: ${RESUME_VAR}, which `hpcjob run --resume-from RUN` sets)",
+    )
+    runtime.add_argument(
+        "--no-resume", action="store_true", help="ignore existing checkpoints (and --resume-from)"
+    )
     runtime.add_argument(
         "--metrics-dir",
         type=Path,
@@ -383,24 +417,32 @@ def loader_workers(args: argparse.Namespace, data: DataBundle) -> int:
     return default_workers(node_cpus(), processes_on_node(os.environ))
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """Where this invocation started: the checkpoint it read (None: from scratch) and its epoch."""
+
+    path: Path | None = None
+    epoch: int = 0
+
+
 def final_metrics(
     args: argparse.Namespace,
     ctx: Context,
-    metrics: EpochMetrics,
-    totals: Totals,
-    resumed_from: int,
+    resumed: Resumed,
     started: float,
+    trained: tuple[EpochMetrics, Totals, int] | None = None,
     gpus: Sequence[dict[str, object]] = (),
 ) -> dict[str, object]:
+    """The metrics line: what this invocation measured. `trained`: the last epoch it trained, its own
+    epochs' counters and its steps; None when it trained nothing (the checkpoint it resumed covered
+    --epochs): then no losses, accuracy or throughput, which would be the earlier run's."""
+    last, totals, steps = trained if trained is not None else (None, Totals(), 0)
     result: dict[str, object] = {
-        "epochs_completed": metrics.epoch,
+        "epochs_completed": last.epoch if last is not None else resumed.epoch,
         "epochs_requested": args.epochs,
-        "resumed_from_epoch": resumed_from,
-        "train_loss": metrics.train_loss,
-        "test_loss": metrics.test_loss,
-        "accuracy": metrics.accuracy,
-        "samples_per_sec": totals.samples_per_sec,
-        "data_wait_fraction": totals.data_wait_fraction,
+        "epochs_trained": last.epoch - resumed.epoch if last is not None else 0,
+        "steps": steps,
+        "resumed_from_epoch": resumed.epoch,
         "world_size": ctx.env.world_size,
         "backend": ctx.backend,
         "device": ctx.device.type,
@@ -410,9 +452,43 @@ def final_metrics(
         "channels_last": args.channels_last,
         "wall_time_s": time.perf_counter() - started,
     }
+    if resumed.path is not None:
+        result["resumed_from"] = str(resumed.path)
+    if last is not None:
+        result.update(
+            train_loss=last.train_loss,
+            test_loss=last.test_loss,
+            accuracy=last.accuracy,
+            samples_per_sec=totals.samples_per_sec,
+            data_wait_fraction=totals.data_wait_fraction,
+        )
     if gpus:  # no GPU watched: no field, rather than zeros
         result["gpus"] = list(gpus)
     return result
+
+
+def read_checkpoints(args: argparse.Namespace, ctx: Context) -> tuple[Checkpoint | None, Path]:
+    """The checkpoint to resume (None: start from scratch) and its path: the run's own (--checkpoint-dir),
+    else the one --resume-from names, which must be there. Every rank decides the same way (the
+    collectives of on_all_ranks): a rank that found its own still joins the second read."""
+    own = args.checkpoint_dir / CHECKPOINT_NAME
+    if args.no_resume:
+        return None, own
+    checkpoint = ctx.on_all_ranks(lambda: load_checkpoint(own), "reading the checkpoint")
+    if args.resume_from is None:
+        return checkpoint, own
+    other = args.resume_from / CHECKPOINT_NAME
+
+    def read_other() -> Checkpoint | None:
+        if checkpoint is not None:
+            return None
+        found = load_checkpoint(other)
+        if found is None:
+            raise CheckpointError(f"no checkpoint to resume from: {other} does not exist (--resume-from)")
+        return found
+
+    found = ctx.on_all_ranks(read_other, "reading the checkpoint to resume from")
+    return (checkpoint, own) if found is None else (found, other)
 
 
 def agree_on_checkpoint(ctx: Context, checkpoint: Checkpoint | None, path: Path) -> None:
@@ -458,25 +534,15 @@ def first_step_done(ctx: Context, timeline: Timeline | None, started: float) -> 
 
 
 def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMonitor | None = None) -> None:
-    checkpoint_path = args.checkpoint_dir / CHECKPOINT_NAME
-    checkpoint = (
-        None
-        if args.no_resume
-        else ctx.on_all_ranks(lambda: load_checkpoint(checkpoint_path), "reading the checkpoint")
-    )
-    agree_on_checkpoint(ctx, checkpoint, checkpoint_path)
+    checkpoint_path = args.checkpoint_dir / CHECKPOINT_NAME  # where this run saves
+    checkpoint, source = read_checkpoints(args, ctx)
+    agree_on_checkpoint(ctx, checkpoint, source)
     completed = checkpoint.epoch if checkpoint else 0
+    resumed = Resumed(source if checkpoint is not None else None, completed)
 
     if checkpoint is not None and not epochs_to_run(completed, args.epochs):
-        ctx.log(
-            f"checkpoint {checkpoint_path} already covers {completed} of {args.epochs} epoch(s); "
-            "nothing to train"
-        )
-        ctx.log(
-            format_metrics_line(
-                final_metrics(args, ctx, checkpoint.metrics, checkpoint.totals, completed, started)
-            )
-        )
+        ctx.log(f"checkpoint {source} already covers {completed} of {args.epochs} epoch(s); nothing to train")
+        ctx.log(format_metrics_line(final_metrics(args, ctx, resumed, started)))
         return
 
     data = prepare_data(args, ctx)
@@ -488,19 +554,20 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
         model = model.to(memory_format=torch.channels_last)
     lr = args.lr * ctx.env.world_size if args.scale_lr else args.lr
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
-    totals = Totals()
+    totals = Totals()  # over all epochs, the resumed ones' too: kept in the checkpoint
+    mine, steps = Totals(), 0  # this invocation's own: its metrics line
     last: EpochMetrics | None = None
 
     if checkpoint is not None:
-        resumed = checkpoint
+        loaded = checkpoint
 
         def restore() -> None:
             try:
-                model.load_state_dict(resumed.model)
-                optimizer.load_state_dict(resumed.optimizer)
+                model.load_state_dict(loaded.model)
+                optimizer.load_state_dict(loaded.optimizer)
             except (RuntimeError, ValueError, KeyError) as exc:
                 raise CheckpointError(
-                    f"checkpoint {checkpoint_path} does not fit this model/data ({one_line(exc)[:200]}); "
+                    f"checkpoint {source} does not fit this model/data ({one_line(exc)[:200]}); "
                     "use --no-resume or another --checkpoint-dir"
                 ) from exc
             for group in optimizer.param_groups:
@@ -508,10 +575,9 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
 
         # load_state_dict copies into the existing on-device tensors, so CPU-loaded data is fine.
         ctx.on_all_ranks(restore, "restoring the checkpoint")
-        totals, last = checkpoint.totals, checkpoint.metrics
+        totals = checkpoint.totals
         ctx.log(
-            f"resumed from {checkpoint_path} at epoch {completed}, "
-            f"continuing with epoch {completed + 1}/{args.epochs}"
+            f"resumed from {source} at epoch {completed}, continuing with epoch {completed + 1}/{args.epochs}"
         )
 
     ddp_model = DistributedDataParallel(
@@ -574,7 +640,7 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
         sums = ctx.all_reduce(local_sums(train_stats, eval_stats))
         (slowest,) = ctx.all_reduce([train_stats.loop_s], op=dist.ReduceOp.MAX)
         last, epoch_totals = epoch_metrics(epoch, sums, slowest)
-        totals = totals.add(epoch_totals)
+        totals, mine, steps = totals.add(epoch_totals), mine.add(epoch_totals), steps + train_stats.steps
         util = epoch_gpu_util(ctx, monitor)
         ctx.log(format_epoch_line(last, args.epochs) + (f" gpu_util={util:.0f}%" if util is not None else ""))
         if timeline is not None:
@@ -588,7 +654,7 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
         timeline.close()
     assert last is not None  # epochs_to_run was not empty
     gpus = gpu_use(ctx, monitor)
-    ctx.log(format_metrics_line(final_metrics(args, ctx, last, totals, completed, started, gpus)))
+    ctx.log(format_metrics_line(final_metrics(args, ctx, resumed, started, (last, mine, steps), gpus)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -241,12 +241,23 @@ def test_single_process_run_then_covered_then_resumed(
     assert out.splitlines()[-1].startswith(METRICS_PREFIX)
     written = (tmp_path / CHECKPOINT_NAME).stat().st_mtime_ns
 
+    assert (first["epochs_trained"], first["resumed_from_epoch"]) == (1, 0) and first["steps"] == 1024 // 32
+    assert "resumed_from" not in first
+
     assert run_ddp.main([*flags, "--epochs", "1"]) == 0
     out = capsys.readouterr().out
     assert "already covers 1 of 1 epoch(s)" in out and "epoch 1/1" not in out
     (covered,) = metrics_lines(out)
-    for key in ("accuracy", "train_loss", "test_loss", "samples_per_sec", "epochs_completed"):
-        assert covered[key] == first[key]
+    # It trained nothing, and says so: none of the first run's figures as its own.
+    assert covered["epochs_completed"] == 1 and covered["epochs_trained"] == covered["steps"] == 0
+    assert covered["resumed_from"] == str(tmp_path / CHECKPOINT_NAME)
+    assert not covered.keys() & {
+        "accuracy",
+        "train_loss",
+        "test_loss",
+        "samples_per_sec",
+        "data_wait_fraction",
+    }
     assert (tmp_path / CHECKPOINT_NAME).stat().st_mtime_ns == written
 
     assert run_ddp.main([*flags, "--epochs", "2"]) == 0
@@ -255,10 +266,55 @@ def test_single_process_run_then_covered_then_resumed(
     assert "epoch 2/2 " in out and "epoch 1/2" not in out
     (resumed,) = metrics_lines(out)
     assert resumed["epochs_completed"] == 2 and resumed["resumed_from_epoch"] == 1
+    assert (
+        resumed["epochs_trained"] == 1 and resumed["steps"] == 1024 // 32 and resumed["samples_per_sec"] > 0
+    )
 
     assert run_ddp.main([*flags, "--epochs", "1", "--no-resume"]) == 0
     out = capsys.readouterr().out
     assert "resumed from" not in out and "epoch 1/1 " in out
+
+
+@pytest.mark.usefixtures("no_torchrun")
+def test_a_run_saves_in_its_own_folder_and_starts_from_another_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, second = tmp_path / "checkpoints" / "first", tmp_path / "checkpoints" / "second"
+    monkeypatch.setenv("HPCJOB_CHECKPOINT_DIR", str(first))  # as hpcjob gives each run its own
+    assert run_ddp.main([*SMALL_RUN, "--epochs", "1", "--max-steps-per-epoch", "4"]) == 0
+    capsys.readouterr()
+    written = (first / CHECKPOINT_NAME).stat().st_mtime_ns
+
+    monkeypatch.setenv("HPCJOB_CHECKPOINT_DIR", str(second))  # a new run: fresh, not the first's
+    assert run_ddp.main([*SMALL_RUN, "--epochs", "1", "--max-steps-per-epoch", "4"]) == 0
+    (fresh,) = metrics_lines(capsys.readouterr().out)
+    assert fresh["epochs_trained"] == 1 and fresh["resumed_from_epoch"] == 0
+    (second / CHECKPOINT_NAME).unlink()
+
+    monkeypatch.setenv("HPCJOB_RESUME_FROM", str(first))  # `hpcjob run --resume-from FIRST`
+    assert run_ddp.main([*SMALL_RUN, "--epochs", "2", "--max-steps-per-epoch", "4"]) == 0
+    out = capsys.readouterr().out
+    assert f"resumed from {first / CHECKPOINT_NAME} at epoch 1" in out
+    (resumed,) = metrics_lines(out)
+    assert (resumed["epochs_trained"], resumed["resumed_from"]) == (1, str(first / CHECKPOINT_NAME))
+    # Its epoch went to its own folder; the first run's checkpoint is only read.
+    assert torch.load(second / CHECKPOINT_NAME, weights_only=True)["epoch"] == 2
+    assert (first / CHECKPOINT_NAME).stat().st_mtime_ns == written
+
+    # Its own checkpoint wins over the one it started from (a restart, a later attempt of the run).
+    assert run_ddp.main([*SMALL_RUN, "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"checkpoint {second / CHECKPOINT_NAME} already covers 2 of 2" in out
+
+    # The program's own option still names the folder; asked to resume from nothing, it says so.
+    other = tmp_path / "mine"
+    argv = [*SMALL_RUN, "--epochs", "1", "--checkpoint-dir", str(other), "--resume-from", str(tmp_path)]
+    assert run_ddp.main(argv) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    missing = tmp_path / CHECKPOINT_NAME
+    assert line == f"error: rank 0: no checkpoint to resume from: {missing} does not exist (--resume-from)"
+    assert run_ddp.main([*argv, "--no-resume", "--max-steps-per-epoch", "2"]) == 0
+    assert (other / CHECKPOINT_NAME).is_file()
 
 
 @pytest.mark.usefixtures("no_torchrun")
