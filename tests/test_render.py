@@ -130,6 +130,8 @@ def test_job_xml_root_namespace_version_and_shape() -> None:
     assert [(v.findtext("j:Name", namespaces=NS), v.findtext("j:Value", namespaces=NS)) for v in variables][
         5:
     ] == [  # after the flight recorder's five (test_plan_json_is_the_whole_plan)
+        # The run's own checkpoint folder: a new run starts fresh, a restart of it finds its own.
+        ("HPCJOB_CHECKPOINT_DIR", f"/app/hpcjob/run_ddp/checkpoints/{RUN_ID}"),
         ("NCCL_DEBUG", "WARN"),
         # A node that lost the share gets it back from hpcjob's execution filter before the task starts.
         ("HPCJOB_MOUNT", "//HEADNODE/CcpSpoolDir/app|/app"),
@@ -147,6 +149,7 @@ def test_plan_json_is_the_whole_plan() -> None:
         **{"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"},
         **{"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": dump},
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump,
+        "HPCJOB_CHECKPOINT_DIR": f"{plan.job_dir}/checkpoints/{RUN_ID}",
         "NCCL_DEBUG": "WARN",
         "HPCJOB_MOUNT": plan.mount.filter_request if plan.mount else "",
     }

@@ -54,6 +54,18 @@ FLIGHT_RECORDER_ENTRIES = "2000"
 FLIGHT_RECORDER_FILE = "nccl-trace-rank-"  # in the log folder, + the rank
 # Seconds between a rank's beats (hpcjob/node/worker.py), set for a job with a --hang-timeout.
 BEAT_VAR = "HPCJOB_BEAT_S"
+# Each run's own checkpoint folder, `<job folder>/checkpoints/<run id>`, in every task's environment:
+# where the training program saves and resumes (docs/training.md, the contract for a script of one's
+# own). A new run starts fresh; a restart, or a later attempt of the same run, finds its own. With
+# `--resume-from RUN`, RESUME_VAR names that earlier run's folder, to start from and never write.
+CHECKPOINT_VAR = "HPCJOB_CHECKPOINT_DIR"
+RESUME_VAR = "HPCJOB_RESUME_FROM"
+CHECKPOINTS_FOLDER = "checkpoints"
+
+
+def checkpoint_folder(job_folder: str, run_id: str) -> str:
+    """A run's checkpoint folder, relative to the share's root as the job folder is."""
+    return f"{job_folder}/{CHECKPOINTS_FOLDER}/{run_id}"
 
 
 def flight_recorder_env(log_dir: str) -> tuple[tuple[str, str], ...]:
@@ -315,8 +327,13 @@ def make_plan(
     )
     mount = None
     given = {name for name, _ in spec.env}  # the job's own --env wins over the size's and hpcjob's settings
-    defaults = (*nccl_env(spec.vm_size), *flight_recorder_env(log_dir))
+    checkpoints = (CHECKPOINT_VAR, f"{root.rstrip('/')}/{checkpoint_folder(spec.job_folder, run_id)}")
+    defaults = (*nccl_env(spec.vm_size), *flight_recorder_env(log_dir), checkpoints)
     env = (*((name, value) for name, value in defaults if name not in given), *spec.env)
+    if spec.resume_dir is not None:
+        if RESUME_VAR in given:
+            raise SpecError(f"--resume-from and --env {RESUME_VAR} both say where to start from: give one")
+        env = (*env, (RESUME_VAR, spec.resume_dir))
     files: tuple[tuple[str, str], ...] = ()
     if spec.requirements is not None:
         text = spec.requirements

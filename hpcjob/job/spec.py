@@ -306,6 +306,9 @@ class JobSpec:
     # The nodes' Azure VM size: the job gets the NCCL settings Azure's HPC images use for it
     # (hpcjob.job.fabric), unless its --env names them.
     vm_size: str | None = None
+    # An earlier run's checkpoint folder on the nodes, to start from (`--resume-from RUN`, which
+    # hpcjob.runner.resume finds in the run history): HPCJOB_RESUME_FROM in the tasks' environment.
+    resume_dir: str | None = None
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem
@@ -438,6 +441,12 @@ class JobSpec:
         check_env_place(self.env_on, self.node_env_dir)
         check_docker(self.image, self.docker_gpus, self.docker_options)
         check_vm_size(self.vm_size)
+        if self.resume_dir is not None and (
+            not self.resume_dir.startswith("/")
+            or "/../" in f"{self.resume_dir}/"
+            or NOT_XML.search(self.resume_dir)
+        ):
+            raise SpecError(f"--resume-from: {self.resume_dir!r} is not an absolute folder on the nodes")
 
     def _validate_env(self) -> None:
         total = 0

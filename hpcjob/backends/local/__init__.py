@@ -39,6 +39,7 @@ from hpcjob.backends.local.procs import (
 from hpcjob.job.plan import (
     ENV_ON_VAR,
     ENVS_VAR,
+    RESUME_VAR,
     JobPlan,
     MountStep,
     TaskPlan,
@@ -427,7 +428,10 @@ class LocalBackend:
 
     def _start(self, plan: JobPlan, index: int, node: _Node) -> None:
         task = node.task
-        env = {k: v for k, v in os.environ.items() if k != MARKER_VAR and k not in self.hidden_env}
+        # Not this shell's HPCJOB_RESUME_FROM: a run starts from another's checkpoint only when its own
+        # plan says so (--resume-from), as on a node.
+        left_out = {MARKER_VAR, RESUME_VAR, *self.hidden_env}
+        env = {k: v for k, v in os.environ.items() if k not in left_out}
         variables = dict(plan.env)  # the task's own, as a node gets them
         if index < len(self.gpu_devices) and self.gpu_devices[index] is not None:
             variables["CUDA_VISIBLE_DEVICES"] = str(self.gpu_devices[index])  # this node's own GPUs
