@@ -121,6 +121,7 @@ def submit(
     image: str | None = None,
     name: str | None = None,
     run_id: str | None = None,
+    resume_from: str | None = None,
     backend: str | None = None,
     mount_step: bool = True,
     wait: bool = False,
@@ -131,6 +132,8 @@ def submit(
     """Submit SCRIPT (its folder is the code) with ARGS: to `cluster` (a profile's name; its backend
     unless `backend` names another), or with cluster=None to this machine. `requirements`: a pip
     requirements file (None: requirements.txt beside the script, if there is one; False: none).
+    `resume_from`: an earlier run of this machine's (run id or job id) whose latest checkpoint the new
+    run starts from, as `--resume-from` (None: a new run starts fresh, saving into a folder of its own).
     More job options by their JobSpec names (node_group, env_on, runtime_s, ...). With `wait`, the
     returned run's `summary` is set."""
     said = progress or _quiet
@@ -149,6 +152,7 @@ def submit(
             said,
         ),
         "image": image,
+        "resume_from": resume_from,
         **({"name": name} if name else {}),
         **options,
     }

@@ -77,7 +77,7 @@ def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     assert metrics["accuracy"] > 0.2  # ten classes: better than chance
     job_dir = tmp_path / "hpcjob" / "run_ddp"
     assert summary["job_dir"] == str(job_dir)
-    assert (job_dir / "checkpoints" / "checkpoint.pt").is_file()
+    assert (job_dir / "checkpoints" / run_id / "checkpoint.pt").is_file()  # the run's own folder
     outputs = [(job_dir / "logs" / run_id / f"LOCAL{i}.out").read_text() for i in (1, 2)]
     assert sum(out.count("HPCJOB_METRICS") for out in outputs) == 1  # rank 0's, on either node
     assert "] epoch 2/2" in result.stderr  # live progress, prefixed by node
@@ -124,7 +124,7 @@ def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     )
     assert shown.returncode == 0, shown.stderr
     assert f"run {run_id} (run_ddp) on local" in shown.stdout
-    assert f"checkpoints: {tmp_path}/hpcjob/run_ddp/checkpoints" in shown.stdout
+    assert f"checkpoints: {tmp_path}/hpcjob/run_ddp/checkpoints/{run_id}\n" in shown.stdout
     assert "LOCAL2" in shown.stdout and "accuracy" in shown.stdout
     # Its metrics over time, drawn from the timeline the training program wrote: no GPU, no GPU panels.
     picture = tmp_path / "run.png"
@@ -174,7 +174,7 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(tmp_path: Path) -> None
     assert leftover_processes(run_id) == []
 
 
-def test_ctrl_c_cancels_and_a_new_run_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+def test_ctrl_c_cancels_and_a_new_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     run_id = "e2e-cancel-1"
     args = ["-n", "2", str(TRAIN), *SMALL, "--step-sleep", "0.05"]
     process = subprocess.Popen(
@@ -183,7 +183,7 @@ def test_ctrl_c_cancels_and_a_new_run_resumes_from_the_checkpoint(tmp_path: Path
         stderr=subprocess.PIPE,
         text=True,
     )
-    checkpoint = tmp_path / "hpcjob" / "run_ddp" / "checkpoints" / "checkpoint.pt"
+    checkpoint = tmp_path / "hpcjob" / "run_ddp" / "checkpoints" / run_id / "checkpoint.pt"
     deadline = time.monotonic() + 180
     while not checkpoint.exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.2)
@@ -196,8 +196,8 @@ def test_ctrl_c_cancels_and_a_new_run_resumes_from_the_checkpoint(tmp_path: Path
     assert {n["state"] for n in summary["nodes"]} == {"Canceled"}
     assert leftover_processes(run_id) == []
 
-    resumed = subprocess.run(
-        hpcjob_run(tmp_path, "e2e-resume-1", *args, "--epochs", "3"),
+    resumed = subprocess.run(  # asked to: a new run starts fresh unless --resume-from names one
+        hpcjob_run(tmp_path, "e2e-resume-1", "--resume-from", run_id, *args, "--epochs", "3"),
         capture_output=True,
         text=True,
         timeout=240,

@@ -95,7 +95,8 @@ GROUPS = headed(
         SHARE: "share mount_point mount_options job_folder smb_user smb_server smb_port",
         SOFTWARE: "requirements wheelhouse no_env env_on image python env_items",
         OUTPUT: "as_json tag_items",
-        FAILURE: "hang_timeout max_restarts min_nodes rdzv_timeout rdzv_last_call rdzv_keep_alive",
+        FAILURE: "hang_timeout max_restarts min_nodes resume_from rdzv_timeout rdzv_last_call "
+        "rdzv_keep_alive",
     }
 )
 
@@ -284,6 +285,14 @@ def job_options(command: F) -> F:
             type=TEXT,
             metavar="RUN",
             help="Unique id of this run: HPC Pack job name, rendezvous id, log folder [default: generated].",
+        ),
+        click.option(
+            "--resume-from",
+            type=TEXT,
+            metavar="RUN",
+            help="Start from the latest checkpoint of RUN, an earlier run of this machine's on the same "
+            "share (its run id, or job id): the tasks get its checkpoint folder as $HPCJOB_RESUME_FROM, and "
+            "save into their own [default: a new run starts fresh].",
         ),
         click.option(
             "--runtime",
@@ -508,6 +517,7 @@ def job_fields(params: dict[str, Any]) -> dict[str, Any]:
         "exclude_nodes": tuple(params["exclude_nodes"]),
         "requirements": requirements_text(script, params["requirements"], params["no_env"]),
         "wheelhouse": wheelhouse_target(params["wheelhouse"]),
+        "resume_from": params["resume_from"],
     }
     for key in ("env_on", "node_env_dir", "image", "docker_gpus", "docker_options", "vm_size"):  # or profile
         if params.get(key):

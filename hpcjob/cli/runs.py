@@ -185,7 +185,9 @@ def describe(entry: HistoryEntry) -> list[str]:
         lines.append(f"  job:      {entry.plan.get('command_line', '')}")
     base = record.local_root or record.share or "the share"
     lines.append(f"  logs:     {base}/{record.log_folder}")
-    lines.append(f"  checkpoints: {base}/{record.job_folder}/checkpoints (the training program's default)")
+    from hpcjob.runner.resume import checkpoints_shown
+
+    lines.append(f"  checkpoints: {checkpoints_shown(entry)}")
     if entry.node_hours is not None:
         gpu_hours = f", {entry.gpu_hours:.2f} GPU-hours" if entry.gpu_hours is not None else ""
         lines.append(f"  cost:     {entry.node_hours:.2f} node-hours{gpu_hours}")

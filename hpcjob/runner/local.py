@@ -60,7 +60,7 @@ def start_local(
     values = {**fields, "share": None}
     values.pop("mount_point", None)  # the local folder stands in for the share: the plan puts it there
     values["rdzv_port"] = values.get("rdzv_port") or free_port()
-    spec = job_spec(values)
+    spec = job_spec(values, local=True)
     if importlib.util.find_spec("torch") is None:
         raise SpecError(f"a local run needs torch in {sys.executable}: pip install 'hpcjob[train]'")
     if fields.get("nproc_per_node") is None and fields.get("gpus_per_node") is None:

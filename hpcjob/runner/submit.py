@@ -144,6 +144,7 @@ def submit_run(
     for; `gpus_per_node`: each node's GPUs, for the history's GPU-hours [default: the spec's]). The
     run's latest record, and its plan."""
     from hpcjob.job.render import plan_json
+    from hpcjob.runner.resume import check_resume
     from hpcjob.store.runs import SUBMIT_FAILED, RunRecord, check_new_run_id, save_run
     from hpcjob.store.staging import stage_run
 
@@ -153,8 +154,14 @@ def submit_run(
     plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
     if open_folder is not None:
         code_dir = Path(spec.script).resolve().parent
+        folder = open_folder(plan)
+        try:  # on the share the upload opens: the run to start from saved a checkpoint
+            check_resume(spec, plan, folder, local=backend.kind == "local")
+        except BaseException:
+            folder.close()
+            raise
         staged = stage_run(
-            code_dir, open_folder(plan), spec.job_folder, plan.run_id, plan.files, wheels, spec.user_folder
+            code_dir, folder, spec.job_folder, plan.run_id, plan.files, wheels, spec.user_folder
         )
         progress(staged)
     else:
@@ -208,14 +215,19 @@ def submit_failure(exc: BaseException, step: str | None) -> str:
 SMB_OPTIONS = ("smb_user", "smb_server", "smb_port")
 
 
-def job_spec(fields: Mapping[str, Any], profile: ClusterProfile | None = None) -> JobSpec:
+def job_spec(
+    fields: Mapping[str, Any], profile: ClusterProfile | None = None, *, local: bool = False
+) -> JobSpec:
     """The one way from a front door's options to a JobSpec (the command line's, hpcjob.submit's,
     hpcjob.render_job's): options by JobSpec's names, the share as a UNC or a Share, a cluster `profile`
     filling in what they do not say (with_profile). Checks that the script exists. The SMB options are
-    not the job's: smb_access reads them."""
+    not the job's: smb_access reads them. `resume_from`, a run to start from, becomes the folder of its
+    checkpoints (hpcjob.runner.resume; `local`: as a local run reads it)."""
     from hpcjob.job.spec import JobSpec, parse_share
+    from hpcjob.runner.resume import resolve
 
     values = with_profile(dict(fields), profile) if profile is not None else dict(fields)
+    values = resolve(values, local=local)
     for key in SMB_OPTIONS:
         values.pop(key, None)
     if isinstance(values.get("share"), str):

@@ -30,6 +30,7 @@ $script:JobOptions = @{
     Python       = '--python'
     CommandLimit = '--command-limit'
     RunId        = '--run-id'
+    ResumeFrom   = '--resume-from'
     Runtime      = '--runtime'
     HangTimeout  = '--hang-timeout'
     Priority     = '--priority'
@@ -365,6 +366,7 @@ function Submit-HpcTorchJob {
         [string]$Python,
         [ValidateRange(1, 1048576)][int]$CommandLimit,
         [string]$RunId,
+        [string]$ResumeFrom,
         [string]$Runtime,
         [string]$HangTimeout,
         [ValidateSet('Lowest', 'BelowNormal', 'Normal', 'AboveNormal', 'Highest')][string]$Priority,
@@ -440,6 +442,7 @@ function Invoke-HpcTorchJob {
         [string]$Python,
         [ValidateRange(1, 1048576)][int]$CommandLimit,
         [string]$RunId,
+        [string]$ResumeFrom,
         [string]$Runtime,
         [string]$HangTimeout,
         [ValidateSet('Lowest', 'BelowNormal', 'Normal', 'AboveNormal', 'Highest')][string]$Priority,
