@@ -79,7 +79,15 @@ def format_summary(summary: JobSummary) -> str:
     lines += [f"  {event}" for event in summary.events]
     if summary.root_cause:
         lines.append(f"  first failure: {summary.root_cause.describe()}")
-    if summary.metrics:
+    if summary.metrics and summary.trained_nothing:
+        from hpcjob.job.results import nothing_trained_line
+
+        lines.append(f"  {nothing_trained_line(summary.metrics)}")
+        # An older training program copied the checkpoint's figures: never shown as this run's.
+        copied = ("samples_per_sec", "data_wait_fraction", "accuracy", "train_loss", "test_loss")
+        own = {key: value for key, value in summary.metrics.items() if key not in copied}
+        lines.append(f"  metrics: {metrics_line(own)}")
+    elif summary.metrics:
         lines.append(f"  metrics: {metrics_line(summary.metrics)}")
     if summary.gpu_use:
         lines += gpu_table(summary.gpu_use, now=False, indent="  ")

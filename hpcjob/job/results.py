@@ -156,6 +156,35 @@ def latest_gpu_use(lines: Iterable[str]) -> list[GpuUse]:
     return _by_node(latest.values(), "util_pct", "util_pct", "memory_mib")
 
 
+def _count(metrics: Mapping[str, object], key: str) -> int | None:
+    value = metrics.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def trained_nothing(metrics: Mapping[str, object] | None) -> bool:
+    """Whether the training program says the run trained nothing: no epoch or step of its own (it resumed
+    a checkpoint that already covered its epochs). The metrics of a run_ddp.py before `epochs_trained`:
+    resumed at the epoch it completed (and a throughput copied from the checkpoint, which is not the
+    run's)."""
+    if not metrics:
+        return False
+    trained, steps = _count(metrics, "epochs_trained"), _count(metrics, "steps")
+    if trained is not None or steps is not None:
+        return trained == 0 or steps == 0
+    resumed, completed = _count(metrics, "resumed_from_epoch"), _count(metrics, "epochs_completed")
+    return resumed is not None and completed is not None and 0 < completed <= resumed
+
+
+def nothing_trained_line(metrics: Mapping[str, object]) -> str:
+    """What a summary says of a run that trained nothing, from its metrics."""
+    resumed, wanted = _count(metrics, "resumed_from_epoch"), _count(metrics, "epochs_requested")
+    if resumed is not None and wanted is not None:
+        covered = f"the checkpoint it resumed already covered {resumed} of {wanted} epoch(s)"
+    else:
+        covered = "no training step of its own"
+    return f"trained nothing: {covered}; no samples/s"
+
+
 @dataclass
 class JobSummary:
     name: str
@@ -176,15 +205,23 @@ class JobSummary:
     def gpu_use(self) -> list[GpuUse]:
         return gpu_use_of_run(self.metrics)
 
+    @property
+    def trained_nothing(self) -> bool:
+        """The training program says it trained nothing (trained_nothing): its metrics hold no
+        throughput of its own."""
+        return trained_nothing(self.metrics)
+
     def to_json(self) -> str:
         data = asdict(self)
         if self.gpu_use:
             data["gpu_use"] = [asdict(use) for use in self.gpu_use]
+        if self.trained_nothing:
+            data["trained_nothing"] = True
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> JobSummary:
-        # Fields of a newer hpcjob are left out (gpu_use is derived from the metrics).
+        # Fields of a newer hpcjob are left out (gpu_use and trained_nothing are derived from the metrics).
         data = _known(cls, json.loads(text))
         data["state"] = State(data["state"])
         data["nodes"] = [

@@ -331,7 +331,11 @@ class HistoryEntry:
 
     @property
     def samples_per_s(self) -> float | None:
-        value = (self.summary.metrics or {}).get("samples_per_sec") if self.summary else None
+        """The run's own throughput; None where it measured none (a run that trained nothing: an older
+        training program copied the checkpoint's)."""
+        if self.summary is None or self.summary.trained_nothing:
+            return None
+        value = (self.summary.metrics or {}).get("samples_per_sec")
         return float(value) if isinstance(value, int | float) else None
 
     def to_dict(self) -> dict[str, Any]:
