@@ -1,6 +1,6 @@
 """Red-team battery: bad input to every command, each refused the way the project rule says.
 
-The rule (README, "Bad input exits 2 with one line that names the problem, before anything is
+The rule (docs/options.md, "Bad input exits 2 with one line that names the problem, before anything is
 started"; hpcjob/cli/app.py): bad input gets ONE line on stderr starting with `hpcjob: error: `, and a
 non-zero exit: 2 for the user's bad input (bad options, values, files, unknown profiles), 1 for a
 cluster, share or network failure, 130 for an interrupt. No Python traceback, nothing on stdout, and
@@ -330,7 +330,7 @@ CASES = [
         "nodes-insecure-password-variable-unset",
         "nodes",
         config=NO_PASSWORD_VARIABLE + "insecure = true\n",
-        # README: "--insecure warns every time it is used": hpcjob warns as it connects, before it
+        # docs: "--insecure warns every time it is used": hpcjob warns as it connects, before it
         # looks for the password.
         warning="the profile is insecure: hpcjob warns on every use of it",
     ),

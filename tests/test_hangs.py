@@ -244,7 +244,7 @@ def test_a_rank_beats_and_when_asked_says_where_its_script_is(tmp_path: Path, py
 
 
 def torchfrtrace(folder: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    """The installed `torchfrtrace` (PyTorch's flight-recorder analyzer) on a folder, as the README says
+    """The installed `torchfrtrace` (PyTorch's flight-recorder analyzer) on a folder, as the docs say
     to run it: its output, both streams (it reports through logging)."""
     return subprocess.run(
         [

@@ -349,7 +349,7 @@ def test_logs_fall_back_to_the_schedulers_output_without_the_share(cluster: Clus
 
 
 def test_the_readme_flow_by_hand_runs_on_the_head_node(cluster: Cluster, tmp_path: Path) -> None:
-    """README "See the job before you run it": upload and render the job file, render the mount step
+    """docs/render.md: upload and render the job file, render the mount step
     in a second call, submit the file on the head node (`job submit /jobfile:`; here its REST twin). The
     nodes' Python a stand-in that finds the uploaded code in the job's folder and says what torchrun would
     be given (the job files `submit` renders the same way train for real: tests/test_api.py)."""
