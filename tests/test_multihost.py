@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.job.render import JOB_NAMESPACE
-
 from .conftest import REPO
 from .testbed import TestBed, require_testbed
 from .testbed.agent import kill_node_processes, start_job
@@ -42,7 +40,7 @@ def client_env(bed: TestBed) -> dict[str, str]:
     return {**os.environ, "HPCJOB_SMB_USER": bed.smb.username, "HPCJOB_SMB_PASSWORD": bed.smb.password}
 
 
-def render_and_upload(bed: TestBed, run_id: str, *script_args: str) -> list[ET.Element]:
+def render_and_upload(bed: TestBed, run_id: str, *script_args: str) -> ET.Element:
     """`hpcjob render --upload`: the job XML, with training/ sent to the share over SMB."""
     assert bed.smb is not None
     command = [
@@ -71,8 +69,7 @@ def render_and_upload(bed: TestBed, run_id: str, *script_args: str) -> list[ET.E
     result = subprocess.run(command, capture_output=True, text=True, env=client_env(bed), timeout=120)
     assert result.returncode == 0, result.stderr
     assert bed.smb.password not in result.stdout + result.stderr
-    root = ET.fromstring(result.stdout.encode())
-    return root.findall(f"{{{JOB_NAMESPACE}}}Tasks/{{{JOB_NAMESPACE}}}Task")
+    return ET.fromstring(result.stdout.encode())
 
 
 def wait_all(processes: list[subprocess.Popen[str]], log_dir: Path, timeout: float) -> list[int]:
@@ -89,10 +86,10 @@ def wait_all(processes: list[subprocess.Popen[str]], log_dir: Path, timeout: flo
 
 def test_the_job_runs_across_hosts_with_code_and_logs_on_the_share(bed: TestBed, tmp_path: Path) -> None:
     run_id = "multihost-1"
-    tasks = render_and_upload(bed, run_id, "--epochs", "2", *SMALL)
+    job = render_and_upload(bed, run_id, "--epochs", "2", *SMALL)
     job_dir = bed.share_folder / "hpcjob" / getpass.getuser() / "run_ddp"  # render's owner: this machine's
     assert (job_dir / "run_ddp.py").is_file() and (job_dir / ".hpcjob" / "node.sh").is_file()
-    processes = start_job(bed, tasks, "101", tmp_path)
+    processes = start_job(bed, job, "101", tmp_path)
     codes = wait_all(processes, job_dir / "logs" / run_id, 240)
     err = {n: (job_dir / "logs" / run_id / f"{n}.err").read_text() for n in ("NODE1", "NODE2")}
     assert codes == [0, 0], err
@@ -117,10 +114,10 @@ def test_the_job_runs_across_hosts_with_code_and_logs_on_the_share(bed: TestBed,
 
 def test_a_dead_host_ends_the_other_task_instead_of_hanging(bed: TestBed, tmp_path: Path) -> None:
     run_id = "multihost-kill-1"
-    tasks = render_and_upload(
+    job = render_and_upload(
         bed, run_id, "--epochs", "50", "--step-sleep", "0.02", "--pg-timeout", "60", *SMALL
     )
-    processes = start_job(bed, tasks, "102", tmp_path)
+    processes = start_job(bed, job, "102", tmp_path)
     out = bed.share_folder / "hpcjob" / getpass.getuser() / "run_ddp" / "logs" / run_id
     deadline = time.monotonic() + 180
     while (

@@ -1,7 +1,8 @@
 """What HPC Pack's Linux agent does with a task (facts/hpcpack-jobs.md section 5), on a test-bed host.
 
 `cmd.sh` = "#!/bin/bash" + the task's CommandLine, run by /bin/bash in the WorkDirectory with stdout
-and stderr to the task's files, with CCP_JOBID, CCP_TASKID and CCP_NODES set.
+and stderr to the task's files, with the job's environment variables and CCP_JOBID, CCP_TASKID and
+CCP_NODES set.
 """
 
 from __future__ import annotations
@@ -13,14 +14,19 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from hpcjob.job.render import JOB_NAMESPACE
+
 from .bed import TestBed
 from .hosts import Host
 
+NAMESPACE = f"{{{JOB_NAMESPACE}}}"
+
 
 def start_task(
-    host: Host, task: ET.Element, task_id: int, job_id: str, folder: Path
+    host: Host, task: ET.Element, task_id: int, job_id: str, folder: Path, job_env: dict[str, str]
 ) -> subprocess.Popen[str]:
-    """Start one task of a job XML on `host`; `folder` (new) holds its cmd.sh, as the agent's task folder."""
+    """Start one task of a job XML on `host`, with the job's environment variables; `folder` (new) holds
+    its cmd.sh, as the agent's task folder."""
     folder.mkdir(parents=True)
     (folder / "cmd.sh").write_text("#!/bin/bash\n\n" + (task.get("CommandLine") or ""), encoding="utf-8")
     (folder / "run.sh").write_text(
@@ -28,6 +34,7 @@ def start_task(
         f'/bin/bash {folder}/cmd.sh > "{task.get("StdOutFilePath")}" 2> "{task.get("StdErrFilePath")}"\n'
     )
     env = {
+        **job_env,
         # This Python first: the command's `python3` is the one with torch.
         "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": "/root",
@@ -39,12 +46,16 @@ def start_task(
     return host.run(["/bin/bash", str(folder / "run.sh")], env=env)
 
 
-def start_job(
-    bed: TestBed, tasks: list[ET.Element], job_id: str, folder: Path
-) -> list[subprocess.Popen[str]]:
-    """Start every task of a job on the host its RequiredNodes names."""
+def start_job(bed: TestBed, job: ET.Element, job_id: str, folder: Path) -> list[subprocess.Popen[str]]:
+    """Start every task of a job XML on the host its RequiredNodes names, each with the job's
+    EnvironmentVariables, as the agent gives them to every task."""
+    env = {
+        variable.findtext(f"{NAMESPACE}Name") or "": variable.findtext(f"{NAMESPACE}Value") or ""
+        for variable in job.iter(f"{NAMESPACE}Variable")
+    }
+    tasks = job.findall(f"{NAMESPACE}Tasks/{NAMESPACE}Task")
     return [
-        start_task(bed[task.get("RequiredNodes") or ""], task, index, job_id, folder / f"task{index}")
+        start_task(bed[task.get("RequiredNodes") or ""], task, index, job_id, folder / f"task{index}", env)
         for index, task in enumerate(tasks, 1)
     ]
 
