@@ -40,8 +40,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import tomli_w
-
 from hpcjob.extras import missing_extra
 from hpcjob.job.spec import (
     CLUSTER_BACKENDS,
@@ -538,6 +536,8 @@ def remove_profile(name: str) -> None:
 
 def _write(path: Path, data: dict[str, Any]) -> None:
     """Replace the file in one step: a crash leaves the old file or the new one, never half of one."""
+    import tomli_w  # writing alone needs it: reading profiles (every command) is tomllib's
+
     text = tomli_w.dumps(data)
     target = Path(os.path.realpath(path))  # through a symlink (kept dotfiles) to the file it names
     temp = None
