@@ -299,3 +299,31 @@ def test_doctor_local_checks_this_machine_for_a_local_run(tmp_path: Path) -> Non
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert mixed.returncode == 2 and "--local checks this machine" in mixed.stderr
+
+
+@pytest.mark.parametrize(("gpus", "nccl"), [(None, None), (1, "skip"), (2, "pass")])
+def test_doctor_local_tries_nccl_with_two_gpus_and_says_why_not_with_one(
+    monkeypatch: pytest.MonkeyPatch, gpus: int | None, nccl: str | None
+) -> None:
+    """On one GPU (an H200 here, 2026-11-27) a 2-node local run uses gloo: NCCL refuses two ranks on one
+    GPU. The line says so instead of leaving NCCL out unsaid."""
+    from hpcjob.checks import cluster as steps
+    from hpcjob.checks.verdicts import PASS, Check
+
+    tried: list[str] = []
+
+    def allreduce(backend: str, *_: object) -> Check:
+        tried.append(backend)
+        return Check(f"all-reduce {backend}", PASS, "measured")
+
+    passed = Check("x", PASS, "")
+    monkeypatch.setattr(steps, "_local_python", lambda: (passed, passed, gpus))
+    monkeypatch.setattr(steps, "_local_gpus", lambda cuda: passed)
+    monkeypatch.setattr(steps, "_local_allreduce", allreduce)
+    monkeypatch.setattr(steps, "_local_disk", lambda: passed)
+    monkeypatch.setattr(steps, "_local_docker", lambda cuda: passed)
+    checks = {c.name: c for c in steps.local_checkup(lambda line: None).checks}
+    assert tried == (["gloo", "nccl"] if nccl == "pass" else ["gloo"])
+    assert (checks["all-reduce nccl"].result if "all-reduce nccl" in checks else None) == nccl
+    if nccl == "skip":
+        assert checks["all-reduce nccl"].detail == "1 GPU: NCCL needs a GPU for each of 2 ranks"

@@ -346,6 +346,8 @@ def local_checkup(progress: Progress, share_root: Path | None = None) -> Checkup
         checks.append(_local_allreduce("gloo", progress, share_root))
         if cuda is not None and cuda >= 2:
             checks.append(_local_allreduce("nccl", progress, share_root))
+        elif cuda:  # NCCL refuses two ranks on one GPU: a local run of 2 nodes uses gloo there
+            checks.append(Check("all-reduce nccl", SKIP, f"{cuda} GPU: NCCL needs a GPU for each of 2 ranks"))
     with socket.socket() as probe:
         try:
             probe.bind(("", DEFAULT_RDZV_PORT))
