@@ -77,7 +77,10 @@ def test_device_decode_gives_the_cpu_path_s_tensors(jpeg_folder: Path) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_decode_gives_the_cpu_path_s_tensors_within_tolerance(jpeg_folder: Path) -> None:
-    """nvJPEG rounds its IDCT differently from libjpeg: a few grey levels here and there, no more."""
+    """nvJPEG decodes differently from libjpeg-turbo (likely its chroma upsampling: the random images'
+    colour edges): measured on an H200 (torch 2.11+cu130, torchvision 0.26, 2026-11-27), a mean of 0.074
+    in normalised units (about 5 grey levels), 99 % within 0.33, at most 0.63. A wrong transform (channel
+    order, normalisation, size) is off by several units on average: the bound is that, with room."""
     on_cpu = load_image_folder(jpeg_folder, SMALL, "cpu")
     encoded = load_image_folder(jpeg_folder, SMALL, "device")
     cpu = make_loaders(on_cpu, batch_size=4, **ONE_RANK)
@@ -85,7 +88,7 @@ def test_gpu_decode_gives_the_cpu_path_s_tensors_within_tolerance(jpeg_folder: P
     for (cpu_images, cpu_labels), (gpu_images, gpu_labels) in zip(cpu.test, gpu.test, strict=True):
         assert gpu_images.is_cuda and torch.equal(gpu_labels.cpu(), cpu_labels)
         difference = (gpu_images.cpu() - cpu_images).abs()
-        assert difference.mean().item() < 0.02 and difference.max().item() < 0.3
+        assert difference.mean().item() < 0.12 and difference.max().item() < 1.0
 
 
 def test_device_decode_trains_in_the_sampler_s_order(jpeg_folder: Path) -> None:
