@@ -238,9 +238,12 @@ def test_two_local_nodes_show_the_script_s_error_first(
     script.parent.mkdir()
     script.write_text(source)
     share = tmp_path / "share"
+    # A run id of each case's own: the two run at once under xdist, and a local run stops its nodes by a
+    # marker made of its run id (hpcjob.backends.local.procs).
+    run_id = "fails-import" if source == IMPORT_FAILS else "fails-step"
     command = [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2", "--grace-period", "5"]
     result = subprocess.run(
-        [*command, "--mount-point", str(share), "--run-id", "fails-1", str(script)],
+        [*command, "--mount-point", str(share), "--run-id", run_id, str(script)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -257,7 +260,7 @@ def test_two_local_nodes_show_the_script_s_error_first(
     )
     assert len(first) == 1 and error in first[0], said
     # The logs keep everything: each node's stderr has the whole trace, and torchrun's report.
-    logs = share / "hpcjob" / "fails" / "logs" / "fails-1"
+    logs = share / "hpcjob" / "fails" / "logs" / run_id
     summary = json.loads((logs / "summary.json").read_text())
     failed = summary["root_cause"]["node"]
     err = (logs / f"{failed}.err").read_text()
