@@ -181,8 +181,13 @@ Row = tuple[object, ...]
 
 
 def row(name: str, job: JobFigures, limit: float, target: str) -> Row:
+    """One workload's figures, said at once too: a run stopped part way still shows what it measured."""
     ratio = job.samples_per_s / limit
     figures = (f"{job.samples_per_s:.0f}", f"{limit:.0f}", f"{ratio:.0%}", f"{job.data_wait:.1%}")
+    print(
+        f"bench_gpu: {name}: {figures[0]}/s of {figures[1]} ({figures[2]}), data wait {figures[3]}",
+        flush=True,
+    )
     return (name, *figures, job.gpu_util, target)
 
 
@@ -190,6 +195,7 @@ def memory_workloads(sizes: Sizes, device: torch.device, seconds: float, work: P
     """(a) and (b): the MLP on synthetic and FashionMNIST-shaped data, and its resident-data limit."""
     print("bench_gpu: the MLP's limit, then the job on synthetic and FashionMNIST-shaped data", flush=True)
     limit = resident_limit("mlp", input_shape("mlp"), sizes.batch, device, seconds, fast=False)
+    print(f"bench_gpu: the MLP's limit, data on the device: {limit:.0f} samples/s", flush=True)
     batch = ["--batch-size", str(sizes.batch)]
     synthetic = ["--data", "synthetic", "--train-samples", str(sizes.samples), "--test-samples", "1000"]
     write_fashion_shaped(work / "fashion", sizes.samples)
@@ -217,6 +223,11 @@ def image_workloads(sizes: Sizes, device: torch.device, seconds: float, work: Pa
     cpu_ceiling = cpu_decode_ceiling(paths, sizes.image_size, cpus)
     device_ceiling = device_decode_ceiling(paths, sizes.image_size, sizes.image_batch, device)
     bound = min(model_limit, max(cpu_ceiling, device_ceiling))
+    print(
+        f"bench_gpu: limit {model_limit:.0f} images/s; decode ceilings: PIL {cpu_ceiling:.0f}, device "
+        f"{device_ceiling:.0f}",
+        flush=True,
+    )
     image = ["--data", "image-folder", "--data-root", str(folder), "--model", sizes.image_model]
     image += ["--image-size", str(sizes.image_size), "--batch-size", str(sizes.image_batch)]
     image += ["--bf16", "--channels-last"]
