@@ -145,12 +145,10 @@ def run(
 ) -> None:
     """Run SCRIPT as a distributed job and wait for it; exit with the job's exit code.
 
-    Without --local, on the default cluster: `hpcjob submit --wait` (the cluster's profile fills in
-    the rest). With --local, each node is a real `python3 -m torch.distributed.run` started the way HPC Pack
-    starts a task, with the rendezvous on loopback and a local folder as the share (one per project
-    folder unless --mount-point). Ctrl-C, SIGTERM and SIGHUP cancel the job; no process of it outlives
-    hpcjob. The exit code is 0 when the job finished, the exit code of what failed first when it
-    failed, 130 when canceled.
+    Without --local: `hpcjob submit --wait` on the default cluster. With --local, each node is a real
+    torchrun started as HPC Pack starts a task, the rendezvous on loopback, a local folder as the share.
+    Ctrl-C cancels the job; no process of it outlives hpcjob. Exit code: 0 when the job finished, that
+    of what failed first, 130 when canceled.
     """
     from hpcjob.cli.tables import format_summary
     from hpcjob.job.spec import SpecError, parse_tags

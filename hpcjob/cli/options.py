@@ -167,8 +167,7 @@ def job_options(command: F) -> F:
             "--nproc-per-node",
             type=click.IntRange(1),
             metavar="N",
-            help="Processes per node, one per GPU [default: --gpus-per-node, else 1; with run --local, "
-            "the GPUs each local node gets].",
+            help="Processes per node, one per GPU [default: --gpus-per-node, else 1].",
         ),
         click.option(
             "--gpus-per-node",
@@ -205,8 +204,8 @@ def job_options(command: F) -> F:
             "--mount-point",
             type=TEXT,
             metavar="PATH",
-            help="Where the share is mounted on the nodes [default: /app]; with --local, the "
-            "local folder that stands in for the share.",
+            help="Where the nodes mount the share [default: /app/USER, render's /app]; --local: the "
+            "folder standing in for it.",
         ),
         click.option(
             "--mount-options",
@@ -218,8 +217,7 @@ def job_options(command: F) -> F:
             "--job-folder",
             type=TEXT,
             metavar="PATH",
-            help="The job's folder under the mount point, in your own folder hpcjob/USER/ on a cluster's "
-            "share [default: hpcjob/USER/NAME; a local run's: hpcjob/NAME].",
+            help="The job's folder on the share, in hpcjob/USER/ [default: hpcjob/USER/NAME].",
         ),
         click.option(
             "--rdzv-port",
@@ -237,15 +235,13 @@ def job_options(command: F) -> F:
             "--rdzv-last-call",
             type=click.IntRange(1),
             metavar="SECONDS",
-            help="Elastic job: how long the rendezvous waits for more nodes once it has --min-nodes "
-            "[default: torchrun's, 30].",
+            help="Elastic job: wait for more nodes once --min-nodes joined [default: 30].",
         ),
         click.option(
             "--rdzv-keep-alive",
             type=click.IntRange(1),
             metavar="SECONDS",
-            help="Seconds between the nodes' heartbeats to the rendezvous: a lost node is dropped after "
-            "three, and an elastic job goes on without it that much sooner [default: torchrun's, 5].",
+            help="Seconds between heartbeats; a lost node is dropped after three [default: 5].",
         ),
         click.option(
             "--env", "env_items", multiple=True, metavar="K=V", help="Job environment variable, repeatable."
@@ -262,9 +258,7 @@ def job_options(command: F) -> F:
             "--min-nodes",
             type=click.IntRange(1),
             metavar="N",
-            help="Elastic job: go on while at least N of its nodes remain, the workers restarted from the "
-            "last checkpoint (needs --max-restarts; the first node hosts the rendezvous and must stay) "
-            "[default: all nodes].",
+            help="Elastic job: go on while N nodes remain, from the last checkpoint (with --max-restarts).",
         ),
         click.option(
             "--python",
@@ -290,25 +284,20 @@ def job_options(command: F) -> F:
             "--resume-from",
             type=TEXT,
             metavar="RUN",
-            help="Start from the latest checkpoint of RUN, an earlier run of this machine's on the same "
-            "share (its run id, or job id): the tasks get its checkpoint folder as $HPCJOB_RESUME_FROM, and "
-            "save into their own [default: a new run starts fresh].",
+            help="Start from the latest checkpoint of an earlier run (run or job id) [default: fresh].",
         ),
         click.option(
             "--runtime",
             type=TEXT,
             metavar="DURATION",
-            help="Run-time limit, e.g. 90m, 12h, 1d12h or DD:HH:MM; the job is canceled past it "
-            "[default: the cluster's].",
+            help="Run-time limit (90m, 12h, 1d12h, DD:HH:MM), canceled past it [default: the cluster's].",
         ),
         click.option(
             "--hang-timeout",
             type=TEXT,
             metavar="DURATION",
-            help="End the job when it hangs this long (e.g. 120 seconds, or 10m): no collective moved on "
-            "while a rank waited in one. The ranks beat; hpcjob, while it follows the job (run, submit "
-            "--wait), names the rank that held the others up and the collective, has the flight recorders "
-            "dumped, and cancels the job.",
+            help="End the job when no collective moved on this long (120, 10m): the rank and the "
+            "collective named, the flight recorders dumped (while hpcjob follows the job).",
         ),
         click.option(
             "--priority",
@@ -334,15 +323,14 @@ def job_options(command: F) -> F:
             "--requirements",
             type=click.Path(dir_okay=False),
             metavar="FILE",
-            help="pip requirements of the job: installed once per content into an environment that every "
-            "task runs with [default: requirements.txt beside SCRIPT, if there is one].",
+            help="pip requirements, installed once into the job's environment [default: "
+            "requirements.txt beside SCRIPT].",
         ),
         click.option(
             "--wheelhouse",
             metavar="PYTHON[:PLATFORM]",
-            help="The nodes have no index: download the requirements' wheels here for their Python and "
-            "platform (e.g. 3.10, or 3.10:manylinux2014_x86_64 [default platform: manylinux_2_28_x86_64]), "
-            "upload the new ones to the share, and install from there.",
+            help="Nodes without an index: the wheels downloaded here for their Python (3.10, "
+            "3.10:manylinux2014_x86_64), installed from the share.",
         ),
         click.option(
             "--no-env",
@@ -352,23 +340,18 @@ def job_options(command: F) -> F:
         click.option(
             "--image",
             metavar="IMAGE",
-            help="Run each task in a container of IMAGE (its own Python), through the HPC Pack node "
-            "agent's Docker support, with the host's network and IPC, the GPUs and the share.",
+            help="Run each task in a container of IMAGE (its own Python), with the GPUs and the share.",
         ),
         click.option(
             "--env-on",
             type=click.Choice(ENV_PLACES),
-            help="Where the environment lives: each node's own disk (built by each node, kept between "
-            "jobs; imports are fast) or the share (built once for all nodes) [default: the cluster "
-            "profile's env_on, else node-local].",
+            help="The environment on each node's disk (fast imports) or the share [default: node-local].",
         ),
         click.option(
             "--vm-size",
             type=TEXT,
             metavar="SIZE",
-            help="The nodes' Azure VM size: the job gets the NCCL settings Azure's HPC images use for it "
-            "(for an ND size: relaxed ordering, its topology file), unless --env names them [default: the "
-            "cluster profile's vm_size].",
+            help="The nodes' Azure VM size, for NCCL's settings on it [default: the profile's vm_size].",
         ),
         click.argument("script", type=click.Path(dir_okay=False)),
         click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
