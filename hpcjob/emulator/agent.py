@@ -333,6 +333,8 @@ class NodeAgent:
         stdout, as the agent streams it), run by bash as root."""
         with self.lock:
             known = self.registry.node(node)
+            if known.lost is not None:
+                return 1, f"The node {known.name} did not answer: it is unreachable."
             if known.state != "Online" or known.health != "OK":
                 return (
                     1,

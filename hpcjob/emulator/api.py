@@ -240,7 +240,7 @@ class Api:
             "NumCores": str(node.cores),
             "NumSockets": str(node.sockets),
             "MemorySize": str(node.memory_mb),
-            "Reachable": str(node.health != "Error"),
+            "Reachable": str(node.health != "Error" and not node.unreachable),
             "CpuSpeed": "2400",
             "DnsSuffix": "",
             "Guid": f"00000000-0000-4000-8000-{node.id:012d}",

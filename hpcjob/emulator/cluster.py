@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from hpcjob.emulator.agent import NodeAgent
 from hpcjob.emulator.base import Actor
-from hpcjob.emulator.jobs import Job, JobBook, Task
-from hpcjob.emulator.nodes import Node, NodeRegistry, NodeSpec
+from hpcjob.emulator.jobs import NODE_LOST_MESSAGE, Job, JobBook, Task
+from hpcjob.emulator.nodes import LOSSES, NODE_HEALTHS, Node, NodeRegistry, NodeSpec
 from hpcjob.emulator.scheduler import Scheduler, validate
 
 
@@ -40,8 +41,17 @@ class Cluster:
         base_env: Mapping[str, str],
         head_name: str,
         password_of: Callable[[str], str] | None = None,
+        detection_delay_s: float = 90.0,
+        unreachable_health: str = "Error",
+        node_lost_message: str = NODE_LOST_MESSAGE,
+        job_retry_count: int = 0,
+        auto_requeue_delay_s: float = 2.0,
     ) -> None:
-        """`password_of(owner)`: the job owner's password, which the agent hands to execution filters."""
+        """`password_of(owner)`: the job owner's password, which the agent hands to execution filters.
+        The rest is what a lost node does (`lose_node`): see HeadNode."""
+        check_losses(
+            detection_delay_s, unreachable_health, node_lost_message, job_retry_count, auto_requeue_delay_s
+        )
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.registry = NodeRegistry(nodes)
@@ -64,6 +74,9 @@ class Cluster:
             step_delay=step_delay,
             validate=lambda job: validate(job, self.registry),
             stop_process=self.agent.stop,
+            node_lost_message=node_lost_message,
+            job_retry_count=job_retry_count,
+            auto_requeue_delay=auto_requeue_delay_s,
         )
         self.scheduler = Scheduler(
             self.lock,
@@ -73,6 +86,8 @@ class Cluster:
             self.agent,
             step_delay=step_delay,
             backfill=backfill,
+            detection_delay=detection_delay_s,
+            unreachable_health=unreachable_health,
         )
         # The parts' own tables, not copies: callers read them under the lock (and tests set base_env).
         self.nodes: dict[str, Node] = self.registry.nodes
@@ -118,6 +133,39 @@ class Cluster:
             self.registry.change(node, state=state, health=health, groups=groups, cores=cores)
             if health == "Error":
                 self.book.node_lost(node.name)
+            self.changed.notify_all()
+
+    def lose_node(self, name: str, how: str = "evicted") -> None:
+        """Lose a node: "evicted" (its VM deallocated) SIGKILLs its task processes before returning;
+        "unreachable" (its agent, or the way to it, gone) leaves them running. The head node notices
+        only after the detection delay: then the node's health is `unreachable_health` and the tasks
+        it took end Failed (killed first if they still run). Its State stays as it is."""
+        if how not in LOSSES:
+            raise ValueError(f"how must be one of {', '.join(LOSSES)}, not {how!r}")
+        with self.lock:
+            node = self.registry.node(name)
+            if node.lost is not None:
+                raise ValueError(f"the node {node.name} is already lost ({node.lost})")
+            node.lost, node.lost_at = how, time.monotonic()
+            taken = self.book.lose_tasks(node.name)
+            doomed = [t.process for t in taken if t.process is not None and not t.exited]
+            self.changed.notify_all()
+        if how == "evicted":
+            for process in doomed:
+                process.kill()
+
+    def restore_node(self, name: str) -> None:
+        """A lost node comes back (its VM started again) and its agent reports: health OK at once, its
+        State as it was. Before the head node noticed the loss, the tasks the node took end now as at
+        detection, except an unreachable node's tasks that still run: they carry on."""
+        with self.lock:
+            node = self.registry.node(name)
+            if node.lost is None:
+                raise ValueError(f"the node {node.name} is not lost")
+            if not node.unreachable:
+                self.book.node_back(node.name, keep_running=node.lost == "unreachable")
+            node.lost, node.unreachable = None, False
+            self.registry.change(node, health="OK")
             self.changed.notify_all()
 
     def take_offline(self, name: str) -> None:
@@ -236,3 +284,21 @@ class Cluster:
     def live_processes(self) -> set[tuple[int, int]]:
         """Every process still alive that a task of this emulator started."""
         return self.agent.live_processes()
+
+
+def check_losses(
+    detection_delay_s: float,
+    unreachable_health: str,
+    node_lost_message: str,
+    job_retry_count: int,
+    auto_requeue_delay_s: float,
+) -> None:
+    """ValueError for settings of node losses that make no sense."""
+    if unreachable_health not in NODE_HEALTHS:
+        raise ValueError(f"unreachable_health must be one of {', '.join(NODE_HEALTHS)}")
+    if detection_delay_s < 0 or auto_requeue_delay_s < 0 or job_retry_count < 0:
+        raise ValueError("detection_delay_s, auto_requeue_delay_s and job_retry_count must not be negative")
+    try:
+        node_lost_message.format(node="NODE")
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(f"node_lost_message may name only {{node}}: {err}") from None

@@ -22,7 +22,8 @@ from types import TracebackType
 from typing import Any, Literal
 
 from hpcjob.emulator.api import Api
-from hpcjob.emulator.cluster import Cluster
+from hpcjob.emulator.cluster import Cluster, check_losses
+from hpcjob.emulator.jobs import NODE_LOST_MESSAGE
 from hpcjob.emulator.nodes import NodeSpec
 from hpcjob.emulator.powershell import PowerShellHost
 from hpcjob.emulator.props import ENDED
@@ -77,6 +78,11 @@ class HeadNode:
         backfill: bool = False,
         error_format: Literal["text", "json"] = "text",
         env: Mapping[str, str] | None = None,
+        detection_delay_s: float = 90.0,
+        unreachable_health: str = "Error",
+        node_lost_message: str = NODE_LOST_MESSAGE,
+        job_retry_count: int = 0,
+        auto_requeue_delay_s: float = 2.0,
     ) -> None:
         """
         nodes: NodeSpec objects or typed Node dicts (``{"Name", "State", "Health", "Cores", "Groups"...}``);
@@ -93,6 +99,17 @@ class HeadNode:
         backfill: let a later job start while an earlier queued one waits (default: strict order).
         error_format: error bodies as text/plain messages, or JSON ``{"Code", "Message", "Values"}``.
         env: the environment every task starts from (default: this process's, without the password).
+        detection_delay_s: how long after a node is lost (`lose_node`) the head node notices it: the
+            heartbeats it misses, HeartbeatInterval x InactivityCount (30 s x 3 by the documented
+            defaults).
+        unreachable_health: the health (REST `Health`, PowerShell `HealthState`) of a node the head node
+            found unreachable; PowerShell's NodeHealth says Unreachable. "Error" is UNVERIFIED.
+        node_lost_message: the ErrorMessage of a task its lost node took (`{node}`: the node's name);
+            UNVERIFIED wording.
+        job_retry_count: the cluster's JobRetryCount as the emulator applies it: how many times a job
+            that failed because a node was lost is requeued by itself (documented default 3; here 0,
+            since whether it applies to tasks that are not rerunnable is UNVERIFIED).
+        auto_requeue_delay_s: how long such a job stays Failed before it is Queued again (UNVERIFIED).
         """
         specs = [n if isinstance(n, NodeSpec) else NodeSpec.from_json(n) for n in (nodes or DEFAULT_NODES)]
         if not users:
@@ -112,6 +129,14 @@ class HeadNode:
         self._step_delay = step_delay
         self._backfill = backfill
         self._error_format = error_format
+        self._losses: dict[str, Any] = {
+            "detection_delay_s": detection_delay_s,
+            "unreachable_health": unreachable_health,
+            "node_lost_message": node_lost_message,
+            "job_retry_count": job_retry_count,
+            "auto_requeue_delay_s": auto_requeue_delay_s,
+        }
+        check_losses(**self._losses)
         base = dict(os.environ if env is None else env)
         base.pop(PASSWORD_ENV, None)  # never hand the emulator's password to a task
         base.pop("NTLM_USER_FILE", None)  # nor another emulator's users file
@@ -148,6 +173,7 @@ class HeadNode:
                 base_env=self._env,
                 head_name=self.head_name,
                 password_of=self._password_of,
+                **self._losses,
             )
             api = Api(self._cluster, version=self.version, head_name=self.head_name)
             self.powershell = PowerShellHost(self._cluster, self._password_ok)
@@ -280,6 +306,26 @@ class HeadNode:
             groups=tuple(groups) if groups is not None else None,
             cores=cores,
         )
+
+    def lose_node(self, name: str, how: Literal["evicted", "unreachable"] = "evicted") -> None:
+        """Lose a node, as a Spot eviction (a deallocated VM) or an agent the head node no longer hears.
+
+        "evicted": the node's task processes are SIGKILLed before this returns. "unreachable": they run
+        on. Nothing else changes until ``detection_delay_s`` later, when the head node notices: REST
+        shows the node's Health as ``unreachable_health``, PowerShell's Get-HpcNode its NodeHealth as
+        Unreachable (``-Health Unreachable`` lists it) and its HealthState as ``unreachable_health``;
+        each task the node took ends Failed with ``node_lost_message`` (its processes killed first if
+        they still run), and its job does what a failed task makes it do (FailOnTaskFailure), or goes
+        back to the queue while ``job_retry_count`` allows. The node's State stays (Online) unless an
+        admin changes it; no job starts there until ``restore_node``. Tasks sent to it before the head
+        node noticed never start, and fail then. ValueError if it is already lost."""
+        self.cluster.lose_node(name, how)
+
+    def restore_node(self, name: str) -> None:
+        """A lost node is back and its agent reports: health OK at once, State as it was. Before the
+        head node noticed the loss, what the node took ends now (an unreachable node's tasks that still
+        run carry on). ValueError if the node is not lost."""
+        self.cluster.restore_node(name)
 
     # ------------------------------------------------------------------------------ fault injection
 

@@ -28,6 +28,10 @@ from hpcjob.emulator.jobxml import parse_job_xml
 from hpcjob.emulator.nodes import NodeRegistry
 
 ACTIVE_TASK = frozenset({"Dispatching", "Running", "Canceling", "Finishing"})
+# What a task taken by a lost node ends with, in the head node's words: the message (`{node}` is the
+# node's name) and an exit code, since none reached the head node. Both UNVERIFIED (the emulator's).
+NODE_LOST_MESSAGE = "The node {node} became unreachable."
+LOST_EXIT_CODE = -1
 
 
 @dataclass(eq=False)
@@ -47,6 +51,10 @@ class Task:
     stop_done: threading.Event = field(default_factory=threading.Event)
     exited: bool = False
     started_at: float = 0.0
+    # The lost node that took the task: the head node ends it only when it notices (fail_lost_tasks);
+    # `lost_gone`: its processes are gone, and their end was reported to nobody.
+    lost_on: str | None = None
+    lost_gone: bool = False
 
     @property
     def state(self) -> str:
@@ -72,6 +80,8 @@ class Job:
     stopping: str | None = None
     # The nodes where a task of the job has started: the agent runs OnJobTaskStart.sh at the first.
     filtered_nodes: set[str] = field(default_factory=set)
+    # When a job that failed for a lost node goes back to the queue by itself (JobRetryCount).
+    auto_requeue_at: float | None = None
 
     @property
     def state(self) -> str:
@@ -96,9 +106,15 @@ class JobBook:
         step_delay: float,
         validate: Callable[[Job], str | None],
         stop_process: Callable[[Task, TaskProcess], None],
+        node_lost_message: str = NODE_LOST_MESSAGE,
+        job_retry_count: int = 0,
+        auto_requeue_delay: float = 2.0,
     ) -> None:
         """`validate(job)`: what the scheduler refuses, or None (for a task added to a queued or running
-        job); `stop_process(task, process)`: stop a task's processes, which reports its end when done."""
+        job); `stop_process(task, process)`: stop a task's processes, which reports its end when done.
+        `node_lost_message`: the ErrorMessage of a task whose node was lost ({node}: its name);
+        `job_retry_count`: the cluster's JobRetryCount, how many times a job that failed for a lost
+        node is requeued by itself, `auto_requeue_delay` seconds after it failed."""
         self.lock = lock
         self.changed = changed
         self.registry = registry
@@ -108,6 +124,9 @@ class JobBook:
         self.step_delay = step_delay
         self.validate = validate
         self.stop_process = stop_process
+        self.node_lost_message = node_lost_message
+        self.job_retry_count = job_retry_count
+        self.auto_requeue_delay = auto_requeue_delay
         self.jobs: dict[int, Job] = {}
         self._next_job = 1
         self._next_seq = 1
@@ -337,6 +356,7 @@ class JobBook:
                 RequeueCount=str(int(job.props["RequeueCount"]) + 1),
             )
             job.stopping = None
+            job.auto_requeue_at = None
             job.seq = self._next_seq
             self._next_seq += 1
             for task in job.tasks:
@@ -364,6 +384,8 @@ class JobBook:
         task.stop_done = threading.Event()
         task.exited = False
         task.nodes = []
+        task.lost_on = None
+        task.lost_gone = False
 
     def list_jobs(
         self,
@@ -504,6 +526,38 @@ class JobBook:
         job.props["EndTime"] = P.format_time(now())
         job.stopping = None
         self.job_state(job, state)
+        retried = state == "Failed" and self._failed_for_lost_node(job)
+        job.auto_requeue_at = time.monotonic() + self.auto_requeue_delay if retried else None
+        self.changed.notify_all()
+
+    def _failed_for_lost_node(self, job: Job) -> bool:
+        """Whether JobRetryCount requeues the job: every failed task failed for a lost node (a system
+        error, not the job's own), and the job has retries left."""
+        failed = [t for t in job.tasks if t.state == "Failed"]
+        lost = bool(failed) and all(t.lost_on is not None for t in failed)
+        return lost and int(job.props["AutoRequeueCount"]) < self.job_retry_count
+
+    def auto_requeue(self, job: Job) -> None:
+        """JobRetryCount: a job that failed for a system error goes back to the queue by itself, as
+        Queued, its unfinished tasks too; RequeueCount and AutoRequeueCount count it."""
+        job.auto_requeue_at = None
+        job.props.update(
+            ErrorMessage="",
+            StartTime="",
+            EndTime="",
+            AllocatedNodes="",
+            RequeueCount=str(int(job.props["RequeueCount"]) + 1),
+            AutoRequeueCount=str(int(job.props["AutoRequeueCount"]) + 1),
+        )
+        job.stopping = None
+        job.filtered_nodes = set()  # a new start on each node: OnJobTaskStart.sh again
+        for task in job.tasks:
+            if task.state != "Finished":
+                self._reset_task(task)
+                task.props["AutoRequeueCount"] = str(int(task.props["AutoRequeueCount"]) + 1)
+                self.task_state(task, "Queued")
+        self.job_state(job, "Queued")
+        job.step_at = time.monotonic() + self.step_delay
         self.changed.notify_all()
 
     def stop_job(self, job: Job, final: str, message: str | None, forced: bool) -> None:
@@ -551,10 +605,47 @@ class JobBook:
             if t.state in ACTIVE_TASK and any(n == node_name for n, _ in t.nodes)
         ]
 
-    def node_lost(self, node_name: str) -> None:
-        """An unreachable node (health Error): its tasks are lost at once."""
+    def lose_tasks(self, node_name: str) -> list[Task]:
+        """The node is lost: its tasks are taken with it (whoever owns the processes decides what happens
+        to them), but the head node does not know it yet: they stay as they are until
+        `fail_lost_tasks`. Returns the tasks it took."""
+        taken = [t for t in self.tasks_on(node_name) if t.lost_on is None]
+        for task in taken:
+            task.lost_on = node_name
+        return taken
+
+    def fail_lost_tasks(self, node_name: str) -> None:
+        """The head node gives up on the node: each task it took ends Failed with the node-lost message
+        (one being stopped ends as its stop said), with no exit code or output; the processes that
+        still run are killed first, and the task ends once they are gone."""
+        message = self.node_lost_message.format(node=node_name)
         for task in self.tasks_on(node_name):
-            self.request_stop(task, "Failed", f"The node {node_name} became unreachable.", forced=True)
+            if task.lost_on != node_name:
+                continue
+            already_stopping = task.stopping is not None
+            if not already_stopping:
+                task.stopping, task.stop_message = "Failed", message
+            task.kill_now.set()
+            if task.process is None or task.lost_gone:
+                task.stop_done.set()
+                self.task_ended(task, LOST_EXIT_CODE, "")
+            elif not task.exited and not already_stopping:
+                self.stop_process(task, task.process)
+
+    def node_back(self, node_name: str, *, keep_running: bool) -> None:
+        """A lost node reports again before the head node gave up on it: the tasks it took whose
+        processes are gone end now, as at detection; with `keep_running` (its processes were never
+        killed), those that still run carry on."""
+        if keep_running:
+            for task in self.tasks_on(node_name):
+                if task.lost_on == node_name and task.process is not None and not task.lost_gone:
+                    task.lost_on = None
+        self.fail_lost_tasks(node_name)
+
+    def node_lost(self, node_name: str) -> None:
+        """A node whose health is set to Error: its tasks are lost, and fail, at once."""
+        self.lose_tasks(node_name)
+        self.fail_lost_tasks(node_name)
 
     def check_job_end(self, job: Job) -> None:
         if any(t.state in ACTIVE_TASK for t in job.tasks):
@@ -575,6 +666,11 @@ class JobBook:
     def task_ended(self, task: Task, code: int, output: str) -> None:
         """A task's processes are all gone: its exit code and output decide its final state."""
         job = task.job
+        if task.lost_on is not None:
+            if task.stopping is None:  # the processes died with the node: the head node waits
+                task.lost_gone = True
+                return
+            code, output = LOST_EXIT_CODE, ""  # nothing of the task reached the head node
         task.props.update(ExitCode=str(code), Output=output, EndTime=P.format_time(now()))
         task.nodes = []
         if task.stopping is not None:

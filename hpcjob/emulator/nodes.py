@@ -30,6 +30,10 @@ NODE_STATES = (
     "Stopping",
 )
 NODE_HEALTHS = ("OK", "Warning", "Error", "Transitional", "Unapproved")
+# How a node can be lost: its VM evicted (deallocated: its processes die with it) or its agent
+# unreachable (the processes run on, unheard); either way the head node learns it only after the
+# node missed its heartbeats.
+LOSSES = ("evicted", "unreachable")
 BUILTIN_GROUPS = {
     "HeadNodes": "The head nodes in the cluster",
     "ComputeNodes": "The compute nodes in the cluster",
@@ -84,6 +88,11 @@ class Node:
     online_time: dt.datetime | None = None
     offline_time: dt.datetime | None = None
     held: dict[int, int] = field(default_factory=dict)  # job id -> cores held
+    # A lost node: how (one of LOSSES), when (time.monotonic()), and whether the head node has
+    # noticed yet (after the detection delay); until then it reports the node as before.
+    lost: str | None = None
+    lost_at: float = 0.0
+    unreachable: bool = False
 
     def in_group(self, group: str) -> bool:
         return any(g.lower() == group.lower() for g in self.groups)

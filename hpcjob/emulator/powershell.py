@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcjob.emulator import api as A
+from hpcjob.emulator import props as P
 from hpcjob.emulator.base import Actor, ApiError
 from hpcjob.emulator.cluster import Cluster
 from hpcjob.emulator.jobs import Job, Task
-from hpcjob.emulator.nodes import Node
+from hpcjob.emulator.nodes import NODE_HEALTHS, NODE_STATES, Node
 
 # Documented parameters of each command the scripts may call, plus PowerShell's common parameters. The
 # HPC cmdlets': their reference pages (learn.microsoft.com/powershell/module/hpc/<cmdlet>, from
@@ -78,6 +79,9 @@ CMDLETS: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 HPC = frozenset(name for name in CMDLETS if "-Hpc" in name)
+# Get-HpcNode -Health: the NodeHealth enum (its page), which has Unreachable; -HealthState takes the
+# NodeHealthState enum, the REST API's NodeHealth (OK, Warning, Error, Transitional, Unapproved).
+HPC_NODE_HEALTHS = ("OK", "Unreachable", "OngoingOperation", "DiagnosticFailed", "ProvisioningFailed")
 _KNOWN = {name.lower(): name for name in CMDLETS}
 # The value of a `Key = <value>` entry of a @{ } literal that reads a property ([string]$_.Name, $job.Id)
 # or a variable ($state): the property's name, or the variable's with its $.
@@ -101,6 +105,8 @@ class Script:
     data_keys: frozenset[str]
     list_field: str | None = None  # a field holding a list of objects, whose fields come after it
     list_at: int = 0  # how many of `fields` come before it
+    # (command, parameter, the argument's text as written) of each parameter given an argument
+    arguments: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def hpc(self) -> list[str]:
@@ -111,6 +117,12 @@ class Script:
 
     def params(self, name: str) -> set[str]:
         return {p.lower() for command, params in self.commands if command == name for p in params}
+
+    def argument(self, command: str, param: str) -> str | None:
+        """The text of the argument the script gives `-param` of `command` (the first call's)."""
+        return next(
+            (text for c, p, text in self.arguments if c == command and p.lower() == param.lower()), None
+        )
 
 
 class PowerShellHost:
@@ -217,9 +229,24 @@ class PowerShellHost:
                         return [self._fields(script, {"$refused": refused})]
                     raise ScriptError(refused)
                 group = value("Group") if "groupname" in script.params("Get-HpcNode") else None
+                wanted = {
+                    key: _enum_values(script, value, param, choices)
+                    for key, param, choices in (
+                        ("NetBiosName", "Name", None),
+                        ("NodeState", "State", NODE_STATES),
+                        ("NodeHealth", "Health", HPC_NODE_HEALTHS),
+                        ("HealthState", "HealthState", NODE_HEALTHS),
+                    )
+                }
                 with self.cluster.lock:
                     nodes = [n for n in self.cluster.nodes.values() if not group or n.in_group(str(group))]
-                    return [self._fields(script, _node_object(n)) for n in nodes]
+                    found = [_node_object(n) for n in nodes]
+                    found = [
+                        o
+                        for o in found
+                        if all(w is None or str(o[k]).lower() in w for k, w in wanted.items())
+                    ]
+                    return [self._fields(script, o) for o in found]
             if script.calls("Get-HpcTask"):
                 with self.cluster.lock:
                     job = self.cluster.job(_int(value("JobId")))
@@ -304,6 +331,7 @@ def parse(text: str) -> Script:
     if tree.root_node.has_error:
         raise ScriptError("ParserError: the script has a syntax error (the emulated head node's parser).")
     commands: list[tuple[str, tuple[str, ...]]] = []
+    arguments: list[tuple[str, str, str]] = []
     fields: list[tuple[str, bool, str]] = []
     list_field: str | None = None
     list_at = 0
@@ -315,6 +343,7 @@ def parse(text: str) -> Script:
             command = _command(node)
             if command is not None:
                 commands.append(command)
+                arguments.extend((command[0], p, text) for p, text in _arguments(node, command[0]))
         elif node.type == "hash_entry":
             key = _text_of(next(c for c in node.children if c.type == "key_expression"))
             value = _text_of(next((c for c in node.children if c.type == "pipeline"), node)).rstrip(";")
@@ -324,7 +353,7 @@ def parse(text: str) -> Script:
             elif value.strip().startswith("@(") and list_field is None:
                 list_field, list_at = key, len(fields)  # the entries that follow are its objects'
     data_keys = frozenset(k.lower() for k in _DATA_KEY.findall(text))
-    return Script(text, tuple(commands), tuple(fields), data_keys, list_field, list_at)
+    return Script(text, tuple(commands), tuple(fields), data_keys, list_field, list_at, tuple(arguments))
 
 
 def _text_of(node: Any) -> str:
@@ -355,6 +384,26 @@ def _command(node: Any) -> tuple[str, tuple[str, ...]] | None:
         if element.type == "command_parameter"
     ]
     return known, tuple(params)
+
+
+def _arguments(node: Any, cmdlet: str) -> list[tuple[str, str]]:
+    """Each parameter of a command that is given an argument, with the argument's text: what follows
+    `-Name` (or `-Name:`) up to the next parameter, `Unreachable,OK` or `$Data.Health`."""
+    if not CMDLETS.get(cmdlet):
+        return []
+    found: list[tuple[str, str]] = []
+    param: str | None = None
+    text = ""
+    elements = [e for c in node.children if c.type == "command_elements" for e in c.children]
+    for element in [*elements, None]:
+        if element is None or element.type == "command_parameter":
+            if param is not None and text:
+                found.append((param, text))
+            if element is not None:
+                param, text = _parameter(cmdlet, _text_of(element)), ""
+        elif element.type != "command_argument_sep" and param is not None:
+            text += _text_of(element)
+    return found
 
 
 def _parameter(cmdlet: str, written: str) -> str:
@@ -431,6 +480,30 @@ def _owner_filter(script: Script, actor: Actor) -> str | None:
     return None if script.params("Get-HpcJob") & {"state", "id", "name"} else actor.name
 
 
+def _enum_values(
+    script: Script, value: Callable[[str], Any], param: str, choices: tuple[str, ...] | None
+) -> set[str] | None:
+    """The lower-case values the script gives Get-HpcNode's `-param` (None: not given): written out
+    (`-Health Unreachable,OK`) or read from `$Data.Key`; an enum's value must be one of `choices`."""
+    text = script.argument("Get-HpcNode", param)
+    if text is None:
+        return None
+    data = _DATA_KEY.fullmatch(text.strip())
+    if data is not None:
+        given = value(data.group(1))
+        items = [str(v) for v in (given if isinstance(given, list) else [given]) if v is not None]
+    else:
+        items = [i.strip().strip("'\"") for i in text.strip().removeprefix("@(").rstrip(")").split(",")]
+    names = choices or ()
+    for item in items if names else ():
+        if item.lower() not in (c.lower() for c in names):
+            raise ScriptError(
+                f"Get-HpcNode : Cannot bind parameter '{param}'. Cannot convert value \"{item}\": "
+                f"specify one of the following enumerator names and try again: {', '.join(names)}"
+            )
+    return {i.lower() for i in items}
+
+
 def _job_object(job: Job) -> dict[str, Any]:
     return {
         "Id": int(job.props["Id"]),
@@ -438,6 +511,8 @@ def _job_object(job: Job) -> dict[str, Any]:
         "State": job.state,
         "ErrorMessage": job.props.get("ErrorMessage", ""),
         "AllocatedNodes": A.job_value(job, "AllocatedNodes"),
+        "RequeueCount": int(job.props["RequeueCount"]),
+        "AutoRequeueCount": int(job.props["AutoRequeueCount"]),
     }
 
 
@@ -452,14 +527,25 @@ def _task_object(task: Task) -> dict[str, Any]:
         "AllocatedNodes": A.task_value(task, "AllocatedNodes"),
         "ErrorMessage": A.task_value(task, "ErrorMessage"),
         "Output": A.task_value(task, "Output"),
+        "StartTime": _invariant_time(A.task_value(task, "StartTime")),
+        "EndTime": _invariant_time(A.task_value(task, "EndTime")),
     }
 
 
+def _invariant_time(text: str) -> str:
+    """A task's time as `[string]$_.StartTime` gives it: PowerShell casts with the invariant culture
+    (MM/dd/yyyy HH:mm:ss); an unset one as empty."""
+    return P.parse_time(text).strftime("%m/%d/%Y %H:%M:%S") if text else ""
+
+
 def _node_object(node: Node) -> dict[str, Any]:
+    """An HpcNode. NodeHealth is Unreachable once the head node gave up on the node (the -Health enum),
+    else its health; HealthState is its health (the -HealthState enum; the property's name UNVERIFIED)."""
     return {
         "NetBiosName": node.name,
         "NodeState": node.state,
-        "NodeHealth": node.health,
+        "NodeHealth": "Unreachable" if node.unreachable else node.health,
+        "HealthState": node.health,
         "ProcessorCores": node.cores,
         "Groups": ", ".join(node.groups),
     }

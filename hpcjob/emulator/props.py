@@ -148,6 +148,7 @@ JOB_PROPS: tuple[Prop, ...] = (
     _ro("AllocatedNodes", "list"),
     _ro("ExcludedNodes", "list"),
     _ro("RequeueCount", "int", "0"),
+    _ro("AutoRequeueCount", "int", "0"),
     _ro("HasRuntime", "bool", "False"),
     _ro("CanGrow", "bool", "False"),
     _ro("CanShrink", "bool", "False"),

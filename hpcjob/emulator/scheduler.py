@@ -5,6 +5,9 @@ Each step of its loop, under the cluster's lock: a Submitted job goes Validating
 when `allocate` finds them nodes (no backfill unless asked for: a job that cannot start holds back the
 later ones); a running job's queued tasks are dispatched to its nodes, in task order, and handed to the
 node agent; a job past its RuntimeSeconds is canceled; a Draining node that no job holds goes Offline.
+A lost node is noticed `detection_delay` seconds after its loss (the heartbeats it missed): its health
+becomes `unreachable_health` and the tasks it took fail; a job that failed for it and has JobRetryCount
+left goes back to the queue by itself. Tasks dispatched to a lost node before that never start.
 The rules of validation and allocation are the scheduler's as facts/hpcpack-rest.md and the README
 describe them: RequestedNodes, NodeGroups with NodeGroupOp (Intersect, Union, Uniform), RequiredNodes,
 the Node and Core units, IsExclusive, AutoCalculateMin/Max. Every state change goes through the
@@ -36,6 +39,8 @@ class Scheduler:
         *,
         step_delay: float,
         backfill: bool,
+        detection_delay: float = 90.0,
+        unreachable_health: str = "Error",
     ) -> None:
         self.lock = lock
         self.changed = changed
@@ -45,6 +50,8 @@ class Scheduler:
         self.agent = agent
         self.step_delay = step_delay
         self.backfill = backfill
+        self.detection_delay = detection_delay
+        self.unreachable_health = unreachable_health
         self.closing = False  # set under the lock: the loop ends at its next step
         self._thread = threading.Thread(target=self._loop, name="hpcjob-emulator-scheduler", daemon=True)
 
@@ -73,7 +80,15 @@ class Scheduler:
     def _tick(self) -> None:
         book = self.book
         clock = time.monotonic()
+        for node in self.nodes.values():
+            if node.lost is not None and (node.unreachable or clock >= node.lost_at + self.detection_delay):
+                if not node.unreachable:  # the heartbeats it missed: the head node gives up on it
+                    node.unreachable = True
+                    self.registry.change(node, health=self.unreachable_health)
+                book.fail_lost_tasks(node.name)
         for job in book.jobs.values():
+            if job.state == "Failed" and job.auto_requeue_at is not None and clock >= job.auto_requeue_at:
+                book.auto_requeue(job)
             if job.state == "Submitted" and clock >= job.step_at:
                 book.job_state(job, "Validating")
                 job.step_at = clock + self.step_delay
@@ -215,6 +230,10 @@ class Scheduler:
         task.props["AllocatedNodes"] = ",".join(n for n, _ in nodes)
         task.props["StartTime"] = P.format_time(now())
         self.book.task_state(task, "Dispatching")
+        lost = next((name for name, _ in nodes if self.nodes[name.lower()].lost is not None), None)
+        if lost is not None:  # nobody answers there: the task waits until the head node gives up
+            task.lost_on = lost
+            return
         try:
             process, folder = self.agent.launch(job, task, nodes)
         except OSError as err:
