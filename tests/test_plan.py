@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpcjob.job.plan import make_plan
-from hpcjob.job.spec import SpecError
+from hpcjob.job.spec import JobSpec, SpecError, parse_share
 
 from .conftest import RUN_ID, cluster_spec
 
@@ -150,3 +150,22 @@ def test_mount_command_is_held_to_the_limit_too() -> None:
     spec = cluster_spec(1, mount_point="/" + "m" * 200, job_folder="j" * 150)
     with pytest.raises(SpecError, match=r"the mount command is \d+ characters, more than the scheduler"):
         make_plan(spec, spec.node_names, RUN_ID, mount_point=None)
+
+
+def test_a_later_attempt_is_a_job_of_its_own_that_resumes_the_run_s_checkpoints() -> None:
+    """Issue 33: each attempt of a run is a new HPC Pack job with its own name, rendezvous id and log
+    folder (no attempt reads another's exit files, beats or dumps); all share the run's checkpoints."""
+    spec = JobSpec(script="train.py", node_names=("N1", "N2"), share=parse_share("//H/CcpSpoolDir"))
+    first = make_plan(spec, spec.node_names, RUN_ID)
+    third = make_plan(spec, ("N3", "N2"), RUN_ID, attempt=3)
+    assert (first.job_name, first.attempt, third.job_name, third.attempt) == (RUN_ID, 1, f"{RUN_ID}.3", 3)
+    assert first.log_dir.endswith(f"/logs/{RUN_ID}") and third.log_dir == f"{first.log_dir}/3"
+    assert f"--rdzv_id={RUN_ID} " in first.command_line and f"--rdzv_id={RUN_ID}.3 " in third.command_line
+    assert f" .hpcjob/node.sh N3 {RUN_ID}/3 && " in third.command_line  # its tasks log into its folder
+    assert {t.stdout_path.rsplit("/", 1)[0] for t in third.tasks} == {third.log_dir}
+    first_env, third_env = dict(first.env), dict(third.env)
+    assert (first_env["HPCJOB_ATTEMPT"], third_env["HPCJOB_ATTEMPT"]) == ("1", "3")
+    assert third_env["HPCJOB_CHECKPOINT_DIR"] == first_env["HPCJOB_CHECKPOINT_DIR"]  # the run's own
+    assert third_env["TORCH_FR_DUMP_TEMP_FILE"].startswith(f"{third.log_dir}/")  # its own dumps
+    with pytest.raises(SpecError, match="attempts count from 1"):
+        make_plan(spec, spec.node_names, RUN_ID, attempt=0)

@@ -56,9 +56,10 @@ class Backend(Protocol):
         """The nodes (upper case) that running jobs hold now."""
         ...
 
-    def plan(self, spec: JobSpec, run_id: str) -> JobPlan:
-        """The job for `spec` on nodes this backend chooses (the spec's, else idle usable ones). Refuses
-        a run id whose jobs exist already (a lost answer is recovered by looking the job up by name)."""
+    def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:
+        """The job for `spec` on nodes this backend chooses (the spec's, else idle usable ones), as
+        attempt `attempt` of run `run_id`. Refuses a job name that exists already (a lost answer is
+        recovered by looking the job up by name)."""
         ...
 
     def submit(

@@ -494,8 +494,9 @@ class RestBackend:
     def busy_nodes(self) -> set[str]:
         return self.client.busy_nodes()
 
-    def plan(self, spec: JobSpec, run_id: str) -> JobPlan:
-        return cluster_plan(spec, run_id, self.nodes, self.busy_nodes, self.client.find_jobs, self.cluster)
+    def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:
+        find = self.client.find_jobs
+        return cluster_plan(spec, run_id, self.nodes, self.busy_nodes, find, self.cluster, attempt)
 
     def submit(
         self,
@@ -510,7 +511,7 @@ class RestBackend:
         steps = (mount_job_xml(plan), plan.mount.mount_point) if mount and plan.mount else None
         job_id = submit_job(
             self.client,
-            plan.run_id,
+            plan.job_name,
             job_xml(plan),
             steps,
             progress,

@@ -83,9 +83,10 @@ def choose_nodes(
     return tuple(n.name for n in ordered[:count])
 
 
-def run_job_names(run_id: str, mount: bool) -> list[str]:
-    """The names of the jobs a run makes: the run id, and its mount job's."""
-    return [run_id, mount_job_name(run_id)] if mount else [run_id]
+def run_job_names(job_name: str, mount: bool) -> list[str]:
+    """The names of the jobs an attempt of a run makes: its job's (JobPlan.job_name), and its mount
+    job's."""
+    return [job_name, mount_job_name(job_name)] if mount else [job_name]
 
 
 def on_cluster(cluster: str) -> str:
@@ -141,6 +142,7 @@ def cluster_plan(
     busy: Callable[[], set[str]],
     find: Callable[[Collection[str]], Mapping[str, int]],
     cluster: str,
+    attempt: int = 1,
 ) -> JobPlan:
     """The job on a cluster's nodes (the spec's, else idle usable ones of its group), refused when the
     cluster has jobs of the run's names already (`find`: name -> job id)."""
@@ -148,8 +150,8 @@ def cluster_plan(
 
     group = spec.node_group
     chosen = spec.node_names or choose_nodes(nodes(group), spec.node_count, busy(), group, spec.exclude_nodes)
-    plan = make_plan(spec, chosen, run_id)
-    names = run_job_names(run_id, plan.mount is not None)
+    plan = make_plan(spec, chosen, run_id, attempt=attempt)
+    names = run_job_names(plan.job_name, plan.mount is not None)
     refuse_taken_names(names, find(names), cluster)
     return plan
 

@@ -274,8 +274,8 @@ class WinRMBackend:
             if node.strip()
         }
 
-    def plan(self, spec: JobSpec, run_id: str) -> JobPlan:
-        return cluster_plan(spec, run_id, self.nodes, self.busy_nodes, self._find, self.cluster)
+    def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:
+        return cluster_plan(spec, run_id, self.nodes, self.busy_nodes, self._find, self.cluster, attempt)
 
     def submit(
         self, plan: JobPlan, *, mount: bool, progress: Progress, record: Callable[[Submission], None]
@@ -285,13 +285,13 @@ class WinRMBackend:
         record(Submission("creating"))
         mount_id = None
         if mount and plan.mount is not None:
-            mount_id = self._create_and_submit(mount_job_xml(plan), mount_job_name(plan.run_id), progress)
+            mount_id = self._create_and_submit(mount_job_xml(plan), mount_job_name(plan.job_name), progress)
             record(Submission("mounting", mount_job_id=mount_id))
             progress(f"mounting the share at {plan.mount.mount_point} on the nodes (job {mount_id})")
             results = self._mount_results(int(mount_id), lambda line: None)
             if not all(r.ok for r in results):
                 raise WinRMError(mount_failure(mount_id, results))
-        job_id = self._create_and_submit(job_xml(plan), plan.run_id, progress)
+        job_id = self._create_and_submit(job_xml(plan), plan.job_name, progress)
         record(Submission("submitted", job_id=job_id, mount_job_id=mount_id))
         return job_id
 

@@ -61,11 +61,40 @@ BEAT_VAR = "HPCJOB_BEAT_S"
 CHECKPOINT_VAR = "HPCJOB_CHECKPOINT_DIR"
 RESUME_VAR = "HPCJOB_RESUME_FROM"
 CHECKPOINTS_FOLDER = "checkpoints"
+# Each run's own output folder, `<job folder>/outputs/<run id>`, in every task's environment: what the
+# training program keeps besides checkpoints (a final model, predictions, plots), which `hpcjob pull`
+# brings home with the checkpoints and logs.
+OUTPUT_VAR = "HPCJOB_OUTPUT_DIR"
+OUTPUTS_FOLDER = "outputs"
+
+
+# Each attempt of a run is one HPC Pack job; the tasks know which (issue 33: a user's script may start
+# afresh on attempt 1 and resume on a later one from HPCJOB_CHECKPOINT_DIR, which all attempts share).
+ATTEMPT_VAR = "HPCJOB_ATTEMPT"
+
+
+def attempt_id(run_id: str, attempt: int) -> str:
+    """What names attempt `attempt` of a run on the cluster: its job, its rendezvous, its processes. The
+    first attempt's is the run id, as a run's job has always been named; a later one's is
+    RUN_ID.ATTEMPT, so that no attempt's job, store or tasks is taken for another's."""
+    return run_id if attempt == 1 else f"{run_id}.{attempt}"
+
+
+def attempt_log_folder(run_id: str, attempt: int) -> str:
+    """Attempt `attempt`'s log folder under the job folder's logs/: RUN_ID for the first (where a run's
+    logs have always been), RUN_ID/ATTEMPT for a later one, so no attempt reads another's exit files,
+    beats or dumps."""
+    return run_id if attempt == 1 else f"{run_id}/{attempt}"
 
 
 def checkpoint_folder(job_folder: str, run_id: str) -> str:
     """A run's checkpoint folder, relative to the share's root as the job folder is."""
     return f"{job_folder}/{CHECKPOINTS_FOLDER}/{run_id}"
+
+
+def output_folder(job_folder: str, run_id: str) -> str:
+    """A run's output folder, relative to the share's root as the job folder is."""
+    return f"{job_folder}/{OUTPUTS_FOLDER}/{run_id}"
 
 
 def flight_recorder_env(log_dir: str) -> tuple[tuple[str, str], ...]:
@@ -243,6 +272,13 @@ class JobPlan:
     files: tuple[tuple[str, str], ...] = ()
     # Its ranks beat, and whoever follows it ends it when it hangs this long (hpcjob.job.hangs).
     hang_timeout_s: float | None = None
+    # Which attempt of the run this job is (1: the first).
+    attempt: int = 1
+
+    @property
+    def job_name(self) -> str:
+        """The HPC Pack job's name: the run id, with the attempt for a later attempt (attempt_id)."""
+        return attempt_id(self.run_id, self.attempt)
 
     @property
     def world_size(self) -> int:
@@ -275,20 +311,24 @@ def make_plan(
     *,
     rdzv_host: str | None = None,
     mount_point: str | None = None,
+    attempt: int = 1,
 ) -> JobPlan:
     """Build the job for `nodes`, in order: the first hosts the rendezvous.
 
     `rdzv_host` replaces the first node's name in the endpoint where the backend knows better (the
     local backend rendezvous on 127.0.0.1); `mount_point` replaces the spec's (the local backend's
-    share is a local folder).
+    share is a local folder). `attempt`: which attempt of run `run_id` the job is (its own job name,
+    rendezvous id and log folder; the run's checkpoints).
     """
     nodes = parse_node_names(nodes)
     if len(nodes) != spec.node_count:
         raise SpecError(f"{len(nodes)} node(s) chosen for a job of {spec.node_count} node(s)")
     check_run_id(run_id)
+    if attempt < 1:
+        raise SpecError(f"attempt {attempt}: attempts count from 1")
     root = (mount_point or spec.mount_point).rstrip("/") or "/"
     job_dir = f"{root.rstrip('/')}/{spec.job_folder}"
-    log_dir = f"{job_dir}/logs/{run_id}"
+    log_dir = f"{job_dir}/logs/{attempt_log_folder(run_id, attempt)}"
     endpoint = f"{rdzv_host or nodes[0]}:{spec.rdzv_port}"
     line = command_line(
         TorchrunCommand(
@@ -296,7 +336,7 @@ def make_plan(
             nnodes=len(nodes),
             nproc_per_node=spec.procs_per_node,
             rdzv_endpoint=endpoint,
-            rdzv_id=run_id,
+            rdzv_id=attempt_id(run_id, attempt),
             store_node=nodes[0],
             script=spec.script_name,
             script_args=spec.script_args,
@@ -306,6 +346,7 @@ def make_plan(
             rdzv_keep_alive=spec.rdzv_keep_alive,
             min_nnodes=spec.min_nodes if spec.elastic else None,
             environment=spec.requirements is not None,
+            log_id=attempt_log_folder(run_id, attempt),
         )
     )
     if len(line) > spec.command_limit:
@@ -328,7 +369,12 @@ def make_plan(
     mount = None
     given = {name for name, _ in spec.env}  # the job's own --env wins over the size's and hpcjob's settings
     checkpoints = (CHECKPOINT_VAR, f"{root.rstrip('/')}/{checkpoint_folder(spec.job_folder, run_id)}")
-    defaults = (*nccl_env(spec.vm_size), *flight_recorder_env(log_dir), checkpoints)
+    defaults = (
+        *nccl_env(spec.vm_size),
+        *flight_recorder_env(log_dir),
+        checkpoints,
+        (ATTEMPT_VAR, str(attempt)),
+    )
     env = (*((name, value) for name, value in defaults if name not in given), *spec.env)
     if spec.resume_dir is not None:
         if RESUME_VAR in given:
@@ -379,6 +425,7 @@ def make_plan(
         min_nodes=spec.min_nodes if spec.elastic else None,
         files=files,
         hang_timeout_s=spec.hang_timeout_s,
+        attempt=attempt,
     )
 
 

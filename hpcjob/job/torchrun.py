@@ -39,6 +39,7 @@ class TorchrunCommand:
     rdzv_keep_alive: int | None = None  # seconds between the agents' heartbeats
     min_nnodes: int | None = None  # elastic: torchrun's --nnodes=MIN:MAX
     environment: bool = False  # run in the job's environment (hpcjob/node/env.py) built from `python`
+    log_id: str | None = None  # the task's log folder under logs/ [default: rdzv_id]
 
 
 def bash_quote(word: str) -> str:
@@ -68,7 +69,7 @@ def command_line(cmd: TorchrunCommand) -> str:
         rdzv_conf += (
             f",keep_alive_interval={cmd.rdzv_keep_alive},keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}"
         )
-    helper = bash_join([".", NODE_HELPER, cmd.store_node, cmd.rdzv_id])
+    helper = bash_join([".", NODE_HELPER, cmd.store_node, cmd.log_id or cmd.rdzv_id])
     python = bash_quote(cmd.python)
     if cmd.environment:  # the node's Python builds (or finds) the job's environment and names its Python
         helper += f" && HPCJOB_PYTHON=$({python} {ENV_BUILDER})"

@@ -157,16 +157,19 @@ class LocalBackend:
     def busy_nodes(self) -> set[str]:
         return set()
 
-    def plan(self, spec: JobSpec, run_id: str) -> JobPlan:
+    def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:
         """LOCAL1..n (or the spec's names) with the rendezvous on loopback and a local folder for
         the share; the spec's share and mount point do not apply here."""
         from hpcjob.store.runs import check_new_run_id
 
-        check_new_run_id(run_id)
+        if attempt == 1:  # a later attempt is of a run in the history already
+            check_new_run_id(run_id)
         root = self.share_root or default_share_root(Path(spec.script).resolve().parent)
         share = share_gpus(visible_gpus(os.environ), spec.node_count, spec.procs_per_node)
         self.gpu_devices, self.gpu_note = share.devices, share.note
-        plan = make_plan(spec, local_node_names(spec), run_id, rdzv_host=LOOPBACK, mount_point=str(root))
+        plan = make_plan(
+            spec, local_node_names(spec), run_id, rdzv_host=LOOPBACK, mount_point=str(root), attempt=attempt
+        )
         engine = container_engine(dict(plan.env))
         if plan.image is not None and shutil.which(engine) is None:
             raise HpcjobError(
@@ -224,12 +227,12 @@ class LocalBackend:
         else:
             runner.stdin.close()
         start = process_table().get(runner.pid, (0, -1, b""))[1]
-        record(Submission("submitted", job_id=plan.run_id, process=(runner.pid, start)))
+        record(Submission("submitted", job_id=plan.job_name, process=(runner.pid, start)))
         if not self.attached:
             progress(
-                f"job {plan.run_id} runs in process {runner.pid}; its output: {log_dir / SUPERVISOR_LOG}"
+                f"job {plan.job_name} runs in process {runner.pid}; its output: {log_dir / SUPERVISOR_LOG}"
             )
-        return plan.run_id
+        return plan.job_name
 
     def status(self, run: RunRecord) -> JobInfo:
         """From the run's summary once it has ended, else from its nodes' end marks."""
@@ -341,7 +344,7 @@ class LocalBackend:
         state = State.RUNNING
         failed_first: _Node | None = None
         stopped_at: float | None = None
-        watchdog = Watchdog(f"{plan.run_id}/")
+        watchdog = Watchdog(f"{plan.job_name}/")
         tracebacks = TracebackFilter()  # what is echoed of the nodes' output (their logs keep it all)
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held by a submitted job's starter
@@ -446,7 +449,7 @@ class LocalBackend:
                 "HPCJOB_ADDR": LOOPBACK,
                 # Every local node's processes share this machine's CPUs (training sizes its loaders).
                 "HPCJOB_PROCESSES_ON_HOST": str(plan.world_size),
-                MARKER_VAR: f"{plan.run_id}/{index + 1}",  # '/': no run id starts another's
+                MARKER_VAR: f"{plan.job_name}/{index + 1}",  # '/': no run id starts another's
             }
         )
         env.update(variables)
@@ -487,7 +490,7 @@ class LocalBackend:
         command = container_command(
             variables,
             task.command_line,
-            name=f"hpcjob-{plan.run_id}-{task.node}",
+            name=f"hpcjob-{plan.job_name}-{task.node}",
             env_file=str(env_file),
             user=f"{os.getuid()}:{os.getgid()}",
             workdir=task.work_directory,

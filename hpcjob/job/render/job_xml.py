@@ -115,7 +115,7 @@ def job_xml(plan: JobPlan) -> str:
     """The training job: exclusive nodes, one pinned torchrun task per node, logs on the share. All
     MinNodes=MaxNodes nodes start it, elastic or not: an elastic job only outlives losing some."""
     job, tasks = _job(
-        plan.run_id,
+        plan.job_name,
         JobShape.of(plan),
         exclusive=True,
         fail_on_task_failure=plan.min_nodes is None,
@@ -147,7 +147,7 @@ def mount_job_xml(plan: JobPlan) -> str:
     """The run's mount job (`<run id>-mount`), on the run's nodes, before its training job."""
     if plan.mount is None:
         raise SpecError("no share given: name it with --share //HEADNODE/CcpSpoolDir[/folder]")
-    return mount_check_job_xml(mount_job_name(plan.run_id), plan.mount, JobShape.of(plan))
+    return mount_check_job_xml(mount_job_name(plan.job_name), plan.mount, JobShape.of(plan))
 
 
 def mount_check_job_xml(name: str, step: MountStep, shape: JobShape) -> str:
