@@ -7,6 +7,10 @@ variable HPCJOB_EMULATOR_PASSWORD, never from the command line.
 Its nodes are processes of this machine: the share is a folder here (``--share-dir``), "mounted" on every
 node at the same path, and ``python3`` on the nodes is the emulator's own Python (its folder comes first
 in the nodes' PATH), the one that has torch.
+
+With ``--stdin-commands`` it reads commands from stdin, one a line, and answers each with one line on
+stdout (``ok: ...`` or ``error: ...``): ``lose NODE [evicted|unreachable]`` loses a node as
+``HeadNode.lose_node`` does, ``restore NODE`` brings it back.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import NoReturn
 
+from hpcjob.emulator.base import ApiError
 from hpcjob.emulator.headnode import PASSWORD_ENV, HeadNode
-from hpcjob.emulator.nodes import NodeSpec
+from hpcjob.emulator.jobs import NODE_LOST_MESSAGE
+from hpcjob.emulator.nodes import LOSSES, NODE_HEALTHS, NodeSpec
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +52,22 @@ def _fail(message: str, code: int) -> NoReturn:
 def _port(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0 or more)")
     return int(text)
 
 
@@ -74,7 +96,69 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile", default="emulator", help="the profile name in the printed commands (and NAME-winrm)"
     )
+    lost = parser.add_argument_group("lost nodes (see --stdin-commands)")
+    lost.add_argument(
+        "--detection-delay",
+        type=_seconds,
+        default=90.0,
+        metavar="SECONDS",
+        help="how long the head node takes to notice a lost node (90: 30 s heartbeats x 3 missed)",
+    )
+    lost.add_argument(
+        "--unreachable-health",
+        choices=NODE_HEALTHS,
+        default="Error",
+        help="a noticed lost node's health through REST (default Error; UNVERIFIED)",
+    )
+    lost.add_argument(
+        "--node-lost-message",
+        default=NODE_LOST_MESSAGE,
+        metavar="TEXT",
+        help="the ErrorMessage of a task its lost node took; {node} is its name (UNVERIFIED wording)",
+    )
+    lost.add_argument(
+        "--job-retry-count",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="JobRetryCount: requeue a job that failed for a lost node up to N times (default 0)",
+    )
+    lost.add_argument(
+        "--auto-requeue-delay",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="how long such a job stays Failed before it is queued again (default 2)",
+    )
+    lost.add_argument(
+        "--stdin-commands",
+        action="store_true",
+        help="read 'lose NODE [evicted|unreachable]' and 'restore NODE' lines from stdin",
+    )
     return parser
+
+
+def serve_commands(head: HeadNode, lines: Iterable[str], answer: Callable[[str], None]) -> None:
+    """Do each command line (`lose NODE [evicted|unreachable]`, `restore NODE`; blank lines and
+    `#` comments are skipped) and `answer` it in one line: `ok: ...` or `error: ...`."""
+    for line in lines:
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        verb, args = words[0].lower(), words[1:]
+        try:
+            if verb == "lose" and len(args) in (1, 2) and (len(args) == 1 or args[1] in LOSSES):
+                how = args[1] if len(args) == 2 else "evicted"
+                head.lose_node(args[0], how)  # type: ignore[arg-type]
+                answer(f"ok: {args[0]} {how}")
+            elif verb == "restore" and len(args) == 1:
+                head.restore_node(args[0])
+                answer(f"ok: {args[0]} restored")
+            else:
+                usage = "lose NODE [evicted|unreachable] or restore NODE"
+                answer(f"error: not a command: {' '.join(words)!r}; {usage}")
+        except (ValueError, ApiError) as err:
+            answer(f"error: {' '.join(str(err).split())}")
 
 
 def profile_command(
@@ -139,6 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             step_delay=args.step_delay,
             command_line_limit=args.command_line_limit or None,
             env=env,
+            detection_delay_s=args.detection_delay,
+            unreachable_health=args.unreachable_health,
+            node_lost_message=args.node_lost_message,
+            job_retry_count=args.job_retry_count,
+            auto_requeue_delay_s=args.auto_requeue_delay,
         ) as head:
             print(head.url, flush=True)
             print(head.ca_file, flush=True)
@@ -148,6 +237,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(profile_command(args.profile, head.url, *where), flush=True)
             winrm = profile_command(f"{args.profile}-winrm", head.url, *where, wsman_url=head.wsman_url)
             print(winrm, flush=True)
+            if args.stdin_commands:
+                threading.Thread(
+                    target=serve_commands,
+                    args=(head, sys.stdin, lambda line: print(line, flush=True)),
+                    name="hpcjob-emulator-commands",
+                    daemon=True,
+                ).start()
             while not stop.wait(0.5):
                 pass
     except (OSError, RuntimeError, ValueError) as err:

@@ -13,6 +13,7 @@ from pathlib import Path
 import requests
 
 PASSWORD = "cli-Pw-1"
+LOSS_OPTIONS = ("--detection-delay", "0.5", "--job-retry-count", "1")
 
 
 def test_command_line_head_node(tmp_path: Path) -> None:
@@ -141,3 +142,67 @@ def test_no_task_outlives_an_emulator_killed_with_sigkill() -> None:
 def _sleepers(seconds: str) -> list[str]:
     found = subprocess.run(["pgrep", "-f", f"^sleep {seconds}$"], capture_output=True, text=True, check=False)
     return [pid for pid in found.stdout.split() if _environ_has(pid, "HPCJOB_TASK_MARKER=")]
+
+
+def test_nodes_are_lost_and_restored_from_stdin() -> None:
+    """--stdin-commands: `lose NODE`, `restore NODE`, one answer line each; the head node notices the
+    loss after --detection-delay."""
+    env = dict(os.environ, HPCJOB_EMULATOR_PASSWORD=PASSWORD)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpcjob.emulator", "--user", "alice", "--stdin-commands", *LOSS_OPTIONS],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdin is not None and process.stdout is not None
+        url = process.stdout.readline().strip()
+        ca_file = process.stdout.readline().strip()
+        for _ in range(3):  # the comment and the two profile lines
+            process.stdout.readline()
+        session = requests.Session()
+        session.trust_env = False
+
+        def health() -> str:
+            node = session.get(f"{url}/cluster/nodes/NODE002", auth=("alice", PASSWORD), verify=ca_file)
+            return str(node.json()["Health"])
+
+        def say(line: str) -> str:
+            assert process.stdin is not None and process.stdout is not None
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
+            return process.stdout.readline().strip()
+
+        assert say("lose NODE002") == "ok: NODE002 evicted"
+        deadline = time.monotonic() + 10
+        while health() != "Error":
+            assert time.monotonic() < deadline, "the loss was never noticed"
+            time.sleep(0.1)
+        assert say("lose NODE002 unreachable") == "error: the node NODE002 is already lost (evicted)"
+        assert say("restore NODE002") == "ok: NODE002 restored"
+        assert health() == "OK"
+        assert say("lose NODE009") == "error: The node NODE009 was not found."
+        assert say("steal NODE002").startswith("error: not a command: 'steal NODE002'")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_negative_detection_delay_is_refused() -> None:
+    env = dict(os.environ, HPCJOB_EMULATOR_PASSWORD=PASSWORD)
+    result = subprocess.run(
+        [sys.executable, "-m", "hpcjob.emulator", "--user", "alice", "--detection-delay", "-1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("hpcjob: error: argument --detection-delay: '-1' is not a number")
+    assert result.stderr.count("\n") == 1
