@@ -15,8 +15,10 @@ import shutil
 import stat
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from typing import IO, Any, Literal, Protocol
 
 from hpcjob.job.spec import HpcjobError, Share
 
@@ -32,6 +34,10 @@ _UNTRUSTED_OPEN = (
     | getattr(os, "O_CLOEXEC", 0)
     | getattr(os, "O_BINARY", 0)
 )
+# A folder of the share listed on this machine: opened as a folder, never through a link.
+_FOLDER_OPEN = (
+    os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
 # SMB's file attributes of what is not a plain file (a link or other reparse point, a device), and
 # smbprotocol's CreateOptions.FILE_OPEN_REPARSE_POINT: open a link rather than what it names.
 _SMB_NOT_PLAIN = 0x400 | 0x40
@@ -39,6 +45,7 @@ _SMB_OPEN_REPARSE_POINT = 0x00200000
 _SMB_DELETE_ON_CLOSE = 0x00001000
 _ACCESS_DENIED = "0xc0000022"  # STATUS_ACCESS_DENIED, as smbprotocol's errors name it
 NOT_PLAIN = "not a regular file (a link, a FIFO, a device): not read"
+NOT_A_FOLDER = "not a folder (a link, a file)"
 
 
 class ShareError(HpcjobError):
@@ -49,6 +56,19 @@ class UnreadableFile(OSError):
     """A file on the share that was not read: missing (errno ENOENT), not a regular file (a link, a
     FIFO, a device), or refused by the share. Whoever can write the run's folder may have put it there,
     so a reader skips that one file and goes on with the others."""
+
+
+@dataclass(frozen=True)
+class ShareEntry:
+    """One name in a folder of the share, as it is: never what a link names. `kind` "other" is what is
+    neither a plain file nor a folder (a link, a FIFO, a device, a reparse point). `ident`: the file id
+    where the share gives one (a folder reached twice, through a link the server follows, has one id)."""
+
+    name: str
+    kind: Literal["file", "folder", "other"]
+    size: int
+    mtime_ns: int
+    ident: int | None = None
 
 
 class ShareFolder(Protocol):
@@ -80,6 +100,18 @@ class ShareFolder(Protocol):
 
     def sha256(self, relative: str) -> str:
         """The SHA-256 of the file's bytes, read in pieces."""
+        ...
+
+    def scan(self, relative: str) -> list[ShareEntry]:
+        """What the folder holds, by name, each as it is (a link is "other", never followed); the folder
+        itself opened only where it is a folder, not a link. FileNotFoundError when it is not there; an
+        OSError when it cannot be listed."""
+        ...
+
+    def copy_out(self, relative: str, target: IO[bytes]) -> int:
+        """A regular file's bytes, to its end, written to `target` a piece at a time; the bytes written.
+        For what anyone who can write the share put there: what is not a regular file is never read, and
+        every failure to read this file, its absence included, is an UnreadableFile."""
         ...
 
     def ensure_private(self, relative: str) -> None:
@@ -171,6 +203,51 @@ class LocalFolder:
     def sha256(self, relative: str) -> str:
         with self._path(relative).open("rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
+
+    def scan(self, relative: str) -> list[ShareEntry]:
+        path = self._path(relative)
+        if os.scandir in os.supports_fd:  # the folder opened once, never through a link, and read as opened
+            try:
+                fd = os.open(path, _FOLDER_OPEN)
+            except OSError as exc:
+                if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+                    raise NotADirectoryError(errno.ENOTDIR, NOT_A_FOLDER, str(path)) from None
+                raise
+            try:
+                return _local_entries(os.scandir(fd))
+            finally:
+                os.close(fd)
+        if not stat.S_ISDIR(os.lstat(path).st_mode):  # Windows: a link (a junction) is not gone into
+            raise NotADirectoryError(errno.ENOTDIR, NOT_A_FOLDER, str(path))
+        return _local_entries(os.scandir(path))
+
+    def copy_out(self, relative: str, target: IO[bytes]) -> int:
+        path = self._path(relative)
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):  # never opened: opening some devices acts
+                raise UnreadableFile(errno.EINVAL, NOT_PLAIN, relative)
+            fd = os.open(path, _UNTRUSTED_OPEN)
+        except UnreadableFile:
+            raise
+        except OSError as exc:
+            raise _unreadable(exc, relative) from None
+        try:
+            written = 0
+            while True:
+                try:
+                    if not written and not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced in between
+                        raise UnreadableFile(errno.EINVAL, NOT_PLAIN, relative)
+                    chunk = os.read(fd, COPY_CHUNK)
+                except UnreadableFile:
+                    raise
+                except OSError as exc:
+                    raise _unreadable(exc, relative) from None
+                if not chunk:
+                    return written
+                target.write(chunk)  # a failure to write here is this machine's, raised as it comes
+                written += len(chunk)
+        finally:
+            os.close(fd)
 
     def prepare_common(self, relative: str) -> None:
         """Made, as the mount's own permissions allow: a local folder shows no other user's rights."""
@@ -304,6 +381,50 @@ class SmbFolder:
         with _not_found(relative), self._smb.open_file(self._path(relative), mode="rb", **self._on) as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
 
+    def scan(self, relative: str) -> list[ShareEntry]:
+        """The server's own listing: what it shows as a link or other reparse point, or a device, is
+        "other". smbd hides a link that leaves the share, shows one within it as what it names (its file
+        id that one's), and a FIFO as an empty file."""
+        entries = []
+        with _not_found(relative):
+            for item in self._smb.scandir(self._path(relative), **self._on):
+                info = item.smb_info
+                attributes = int(info.file_attributes)
+                kind: Literal["file", "folder", "other"] = (
+                    "other" if attributes & _SMB_NOT_PLAIN else "folder" if attributes & 0x10 else "file"
+                )
+                when = _nanoseconds(info.last_write_time)
+                entries.append(ShareEntry(item.name, kind, int(info.end_of_file), when, int(info.file_id)))
+        return sorted(entries, key=lambda entry: entry.name)
+
+    def copy_out(self, relative: str, target: IO[bytes]) -> int:
+        from smbprotocol.exceptions import SMBResponseException
+
+        # As read_capped: the link itself opened, shared with the writers (a node may still write it).
+        try:
+            opened = self._smb.open_file(
+                self._path(relative),
+                mode="rb",
+                **self._on,
+                share_access="rwd",
+                create_options=_SMB_OPEN_REPARSE_POINT,
+            )
+        except (OSError, SMBResponseException) as exc:
+            raise _unreadable(exc, relative) from None
+        with opened as f:
+            if f.raw.fd.file_attributes & _SMB_NOT_PLAIN:
+                raise UnreadableFile(errno.EINVAL, NOT_PLAIN, relative)
+            written = 0
+            while True:
+                try:
+                    chunk: bytes = f.read(COPY_CHUNK)
+                except (OSError, SMBResponseException) as exc:
+                    raise _unreadable(exc, relative) from None
+                if not chunk:
+                    return written
+                target.write(chunk)  # a failure to write here is this machine's, raised as it comes
+                written += len(chunk)
+
     def ensure_private(self, relative: str) -> None:
         """Made with a DACL of its owner's alone (hpcjob.store.smb_acl), and checked, with the folder above,
         at every upload: the server's own security descriptors, read over SMB."""
@@ -416,6 +537,22 @@ class SmbFolder:
             self._smb.reset_connection_cache(connection_cache=self._cache)
 
 
+def _local_entries(listing: Any) -> list[ShareEntry]:
+    """A local folder's entries (an os.scandir), each as it is: a link's own lstat, never its target's."""
+    entries = []
+    with listing as scanned:
+        for item in scanned:
+            try:
+                info = item.stat(follow_symlinks=False)
+            except FileNotFoundError:  # gone since the listing
+                continue
+            kind: Literal["file", "folder", "other"] = (
+                "folder" if stat.S_ISDIR(info.st_mode) else "file" if stat.S_ISREG(info.st_mode) else "other"
+            )
+            entries.append(ShareEntry(item.name, kind, info.st_size, info.st_mtime_ns, info.st_ino))
+    return sorted(entries, key=lambda entry: entry.name)
+
+
 @contextlib.contextmanager
 def _not_found(relative: str) -> Iterator[None]:
     """smbprotocol reports a missing file as an OSError with errno ENOENT, not FileNotFoundError."""
@@ -425,6 +562,16 @@ def _not_found(relative: str) -> Iterator[None]:
         if isinstance(exc, FileNotFoundError) or exc.errno == errno.ENOENT:
             raise FileNotFoundError(errno.ENOENT, "no such file on the share", relative) from None
         raise
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _nanoseconds(when: datetime) -> int:
+    """An SMB time (smbprotocol's datetime, UTC, to the microsecond) as Unix nanoseconds."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return (when - _EPOCH) // timedelta(microseconds=1) * 1000
 
 
 def _unreadable(exc: Exception, relative: str) -> UnreadableFile:
