@@ -98,11 +98,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def private_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs recorded, local shares and the nodes' environments (~/.cache/hpcjob/envs) made by tests stay
-    out of the user's home."""
+    """Runs recorded, local shares, cached prices and the nodes' environments (~/.cache/hpcjob/envs) made
+    by tests stay out of the user's home; and no test asks the real Azure Retail Prices API (a port
+    where nothing listens: its tests point HPCJOB_PRICES_URL at a server of their own)."""
     home = tmp_path_factory.mktemp("xdg")
     monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
+    monkeypatch.setenv("HPCJOB_PRICES_URL", "http://127.0.0.1:9/api/retail/prices")
     (home / "home").mkdir()
     monkeypatch.setenv("HOME", str(home / "home"))
 

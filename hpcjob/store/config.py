@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from hpcjob.extras import missing_extra
+from hpcjob.job.prices import check_region
 from hpcjob.job.spec import (
     CLUSTER_BACKENDS,
     DEFAULT_DOCKER_GPUS,
@@ -141,8 +142,12 @@ class ClusterProfile:
     # The port the jobs' rendezvous listens on, on their first node (default 29400), for nodes whose
     # firewall opens another.
     rdzv_port: int | None = None
-    # The nodes' Azure VM size (onboarding writes it): jobs get the NCCL settings of its HPC image.
+    # The nodes' Azure VM size (onboarding writes it): jobs get the NCCL settings of its HPC image, and
+    # with `region` (the Azure region, such as eastus) a run's cost is counted at its price; `spot`: the
+    # compute nodes are Spot VMs, counted at the Spot price.
     vm_size: str | None = None
+    region: str | None = None
+    spot: bool | None = None
     # The longest wait, in seconds, between two looks at a job's state while it does not change
     # (default 15; the first look after a change comes within a second): lower it to hear of a job's end
     # sooner from a small head node, raise it to ask a busy one less.
@@ -268,6 +273,8 @@ class ClusterProfile:
                 self.docker_options or "",
             )
             check_vm_size(self.vm_size)
+            if self.region is not None:
+                check_region(self.region, "region")
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
 
@@ -388,18 +395,19 @@ def _check_ca_bundle(where: str, path: str) -> None:
 
 
 def user_folder(kind: str) -> Path:
-    """hpcjob's folder of `kind` ("config" or "state") for this user: %APPDATA%\\hpcjob (config) and
-    %LOCALAPPDATA%\\hpcjob (state) on Windows, else the XDG base directories (~/.config/hpcjob,
-    ~/.local/state/hpcjob)."""
+    """hpcjob's folder of `kind` ("config", "state" or "cache") for this user: %APPDATA%\\hpcjob (config),
+    %LOCALAPPDATA%\\hpcjob (state) and %LOCALAPPDATA%\\hpcjob\\cache on Windows, else the XDG base
+    directories (~/.config/hpcjob, ~/.local/state/hpcjob, ~/.cache/hpcjob)."""
     if sys.platform == "win32":
         variable = "APPDATA" if kind == "config" else "LOCALAPPDATA"
         base = os.environ.get(variable) or str(
             Path.home() / "AppData" / ("Roaming" if kind == "config" else "Local")
         )
-        return Path(base) / "hpcjob"
+        return Path(base) / "hpcjob" / ("cache" if kind == "cache" else "")
     variable, default = {
         "config": ("XDG_CONFIG_HOME", ".config"),
         "state": ("XDG_STATE_HOME", ".local/state"),
+        "cache": ("XDG_CACHE_HOME", ".cache"),
     }[kind]
     return Path(os.environ.get(variable) or Path.home() / default) / "hpcjob"
 
