@@ -132,6 +132,8 @@ def test_job_xml_root_namespace_version_and_shape() -> None:
     ] == [  # after the flight recorder's five (test_plan_json_is_the_whole_plan)
         # The run's own checkpoint folder: a new run starts fresh, a restart of it finds its own.
         ("HPCJOB_CHECKPOINT_DIR", f"/app/hpcjob/run_ddp/checkpoints/{RUN_ID}"),
+        # Its output folder: what `hpcjob pull` brings home besides its checkpoints and logs.
+        ("HPCJOB_OUTPUT_DIR", f"/app/hpcjob/run_ddp/outputs/{RUN_ID}"),
         ("HPCJOB_ATTEMPT", "1"),  # which attempt of the run the job is (issue 33)
         ("NCCL_DEBUG", "WARN"),
         # A node that lost the share gets it back from hpcjob's execution filter before the task starts.
@@ -151,6 +153,7 @@ def test_plan_json_is_the_whole_plan() -> None:
         **{"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": dump},
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump,
         "HPCJOB_CHECKPOINT_DIR": f"{plan.job_dir}/checkpoints/{RUN_ID}",
+        "HPCJOB_OUTPUT_DIR": f"{plan.job_dir}/outputs/{RUN_ID}",
         "HPCJOB_ATTEMPT": "1",
         "NCCL_DEBUG": "WARN",
         "HPCJOB_MOUNT": plan.mount.filter_request if plan.mount else "",

@@ -369,10 +369,12 @@ def make_plan(
     mount = None
     given = {name for name, _ in spec.env}  # the job's own --env wins over the size's and hpcjob's settings
     checkpoints = (CHECKPOINT_VAR, f"{root.rstrip('/')}/{checkpoint_folder(spec.job_folder, run_id)}")
+    outputs = (OUTPUT_VAR, f"{root.rstrip('/')}/{output_folder(spec.job_folder, run_id)}")
     defaults = (
         *nccl_env(spec.vm_size),
         *flight_recorder_env(log_dir),
         checkpoints,
+        outputs,
         (ATTEMPT_VAR, str(attempt)),
     )
     env = (*((name, value) for name, value in defaults if name not in given), *spec.env)

@@ -16,8 +16,9 @@
 #   HPCJOB_BEAT_DIR where each rank beats when the job has HPCJOB_BEAT_S (--hang-timeout; worker.py).
 #   HPCJOB_TASK_START when this task started (Unix time, seconds with a fraction): the training program
 #                   says how long after it the first step was done.
-# The job's environment names the run's own checkpoint folder, HPCJOB_CHECKPOINT_DIR: made here, so that
-# a script may save into it at once.
+# The job's environment names the run's own checkpoint folder, HPCJOB_CHECKPOINT_DIR, and its output
+# folder, HPCJOB_OUTPUT_DIR (what `hpcjob pull` brings home besides them): made here, so that a script may
+# save into them at once.
 
 # First, so that it is the task's start: bash's own clock (no process started for it; its decimal point is
 # the locale's), else date's.
@@ -51,6 +52,7 @@ HPCJOB_BEAT_DIR="$HPCJOB_LOG_DIR/.hpcjob-beats"
 export HPCJOB_NODE HPCJOB_IS_HOST HPCJOB_IFNAME HPCJOB_ADDR HPCJOB_LOG_DIR HPCJOB_EXIT_DIR HPCJOB_BEAT_DIR GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME HPCJOB_TASK_START
 unset hpcjob_store
 [ -z "$HPCJOB_CHECKPOINT_DIR" ] || mkdir -p "$HPCJOB_CHECKPOINT_DIR" 2>/dev/null
+[ -z "$HPCJOB_OUTPUT_DIR" ] || mkdir -p "$HPCJOB_OUTPUT_DIR" 2>/dev/null
 
 hpcjob_exit() {
     local rc=$? first
