@@ -26,6 +26,7 @@ from hpcjob.backends.scheduler import (
     on_cluster,
     pin_certificate,
     recorded_job_id,
+    scheduler_time,
 )
 from hpcjob.job.plan import mount_job_name
 from hpcjob.job.results import ENDED_JOB_STATES, JobInfo, NodeInfo, State, Submission, TaskInfo
@@ -50,6 +51,8 @@ TASK_PROPERTIES = (
     "ErrorMessage",
     "RequiredNodes",
     "AllocatedNodes",
+    "StartTime",
+    "EndTime",
 )
 # Enough to list every task of a job in one request (the server's default page is 10 rows).
 ROWS_PER_READ = 1000
@@ -275,6 +278,8 @@ class RestClient:
                     exit_code=int(exit_code) if exit_code.lstrip("-").isdigit() else None,
                     node=node,
                     error=p.get("errormessage", ""),
+                    start=scheduler_time(p.get("starttime", "")),
+                    end=scheduler_time(p.get("endtime", "")),
                 )
             )
         return JobInfo(

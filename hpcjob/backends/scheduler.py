@@ -218,6 +218,8 @@ def job_summary(
                 task.exit_code if task else None,
                 stdout_path=planned.stdout_path,
                 stderr_path=planned.stderr_path,
+                task_start=task.start if task else None,
+                task_end=task.end if task else None,
             )
         )
     cause = None
@@ -275,6 +277,31 @@ def _elastic_end(
         at = ends.get(node.node.upper()) or max(seen, default=0.0)
         lost.append(TaskEnd(node.node, node.exit_code if node.exit_code is not None else 1, at))
     return State.FINISHED, elastic_events(lost, timeline, plan.nproc_per_node)
+
+
+# The scheduler's times: the REST API's `M/d/yyyy h:mm:ss tt` (GET /cluster/info/dateTimeFormat), and a
+# DateTime cast to a string in PowerShell (the invariant culture's MM/dd/yyyy HH:mm:ss).
+_SCHEDULER_TIMES = ("%m/%d/%Y %I:%M:%S %p", "%m/%d/%Y %H:%M:%S")
+
+
+def scheduler_time(text: str) -> float | None:
+    """A time as the scheduler gives it, in seconds, its local time read as UTC (only differences between
+    two of them mean something: the head node's time zone is not said); None for an empty or unknown one."""
+    import datetime as dt
+
+    text = text.strip()
+    parsed = None
+    for form in _SCHEDULER_TIMES:
+        with contextlib.suppress(ValueError):
+            parsed = dt.datetime.strptime(text, form)
+            break
+    if parsed is None:
+        try:
+            parsed = dt.datetime.fromisoformat(text)
+        except ValueError:
+            return None
+    # A DateTime never set reads as the year 1 (DateTime.MinValue): no time at all.
+    return parsed.replace(tzinfo=parsed.tzinfo or dt.UTC).timestamp() if parsed.year >= 2000 else None
 
 
 def follow_job(

@@ -33,6 +33,7 @@ from hpcjob.backends.scheduler import (
     on_cluster,
     pin_certificate,
     recorded_job_id,
+    scheduler_time,
 )
 from hpcjob.extras import missing_extra
 from hpcjob.job.plan import mount_job_name
@@ -344,6 +345,8 @@ class WinRMBackend:
                     exit_code=int(code) if isinstance(code, int) and state in ENDED_JOB_STATES else None,
                     node=node,
                     error=str(row.get("ErrorMessage") or ""),
+                    start=scheduler_time(str(row.get("StartTime") or "")),
+                    end=scheduler_time(str(row.get("EndTime") or "")),
                 )
             )
         return JobInfo(

@@ -1,6 +1,7 @@
 """What every backend reports: job and task states (HPC Pack's names), nodes, the summary, the root cause.
 
-Shared by the backends, the logs and the CLI, below all of them: it imports nothing of hpcjob.
+Shared by the backends, the logs and the CLI, below all of them: it imports nothing of hpcjob but the
+price types of hpcjob.job.prices.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
+
+from hpcjob.job.prices import Price, Usage, cost_of
 
 # The training program's last line of results (training/run_ddp.py documents the contract).
 METRICS_PREFIX = "HPCJOB_METRICS "
@@ -99,6 +102,10 @@ class NodeResult:
     exit_code: int | None = None
     stdout_path: str = ""
     stderr_path: str = ""
+    # When the node's task started and ended as the scheduler reports them (seconds on the head node's
+    # clock: what a run cost is counted from); None where the backend does not say (a local run).
+    task_start: float | None = None
+    task_end: float | None = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +207,25 @@ class JobSummary:
     job_id: str | None = None  # the scheduler's, for a submitted job
     # An elastic job's losses, one line each: which node, when, and how the others went on.
     events: list[str] = field(default_factory=list)
+    # The price its nodes are counted at (their size's in the cluster's region), where the profile knows
+    # it; None for a local run, which has no cost.
+    price: Price | None = None
+
+    @property
+    def usage(self) -> list[Usage]:
+        """Each node's task, start to end, at the price ([] without a price)."""
+        if self.price is None:
+            return []
+        return [
+            Usage(1, node.task_start, node.task_end, self.price)
+            for node in self.nodes
+            if node.task_start is not None and node.task_end is not None
+        ]
+
+    @property
+    def cost_usd(self) -> float | None:
+        """What the job's nodes cost while their tasks ran (hpcjob.job.prices); None without a price."""
+        return None if self.price is None else cost_of(self.usage)
 
     @property
     def gpu_use(self) -> list[GpuUse]:
@@ -217,6 +243,7 @@ class JobSummary:
             data["gpu_use"] = [asdict(use) for use in self.gpu_use]
         if self.trained_nothing:
             data["trained_nothing"] = True
+        data["cost_usd"] = self.cost_usd
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -229,6 +256,8 @@ class JobSummary:
         ]
         if data.get("root_cause") is not None:
             data["root_cause"] = RootCause(**_known(RootCause, data["root_cause"]))
+        if data.get("price") is not None:
+            data["price"] = Price.from_dict(data["price"])
         return cls(**data)
 
 
@@ -379,6 +408,10 @@ class TaskInfo:
     exit_code: int | None
     node: str
     error: str = ""
+    # StartTime and EndTime as the scheduler reports them, in seconds on the head node's clock (its local
+    # time read as UTC: only their difference means something); None where it does not say.
+    start: float | None = None
+    end: float | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ $job = Get-HpcJob -Id $Data.JobId
             RequiredNodes = [string]$_.RequiredNodes
             AllocatedNodes = [string]$_.AllocatedNodes
             ErrorMessage = [string]$_.ErrorMessage
+            StartTime = [string]$_.StartTime
+            EndTime = [string]$_.EndTime
         }
     })
 }
