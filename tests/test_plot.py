@@ -56,3 +56,14 @@ def test_a_run_without_a_timeline_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="no metrics over time in these runs"):
         plot_runs({"d-4": [{"t": 1.0, "event": "start"}]}, tmp_path / "d.png")
     assert not (tmp_path / "d.png").exists()
+
+
+def test_runs_with_a_cost_get_cost_against_samples_per_s_and_per_1000_samples(tmp_path: Path) -> None:
+    from hpcjob.store.plot import COST_AGAINST_SPEED, COST_PER_1000, RunCost
+
+    costs = [RunCost("a-1", 1.5, 1000.0, 0.05), RunCost("b-2", 2.5, 1500.0, 0.04), RunCost("c-3", 0.2)]
+    drawn = plot_runs({"a-1": timeline("GPU1", 0, True), "b-2": [], "c-3": []}, tmp_path / "cost.png", costs)
+    assert drawn.panels[COST_AGAINST_SPEED] == ["a-1", "b-2"]  # c-3 measured no samples/s
+    assert drawn.panels[COST_PER_1000] == ["a-1", "b-2"] and "training loss" in drawn.panels
+    alone = plot_runs({"b-2": []}, tmp_path / "alone.png", costs[1:2])  # no timeline: the cost alone
+    assert list(alone.panels) == [COST_AGAINST_SPEED, COST_PER_1000]

@@ -76,7 +76,7 @@ def runs(
     as_json: bool,
 ) -> None:
     """The runs this machine started (run --local, submit) or rendered, newest first: where, nodes x
-    GPUs, state as last seen, start, wall time, node- and GPU-hours, samples/s and tags. `hpcjob status
+    GPUs, state as last seen, start, wall time, node- and GPU-hours, cost, samples/s and tags. `hpcjob status
     RUN` asks for a job's state now; `hpcjob runs show RUN` gives one run whole."""
     if ctx.invoked_subcommand is not None:
         return
@@ -95,6 +95,7 @@ def runs(
         click.echo(json.dumps([entry.to_dict() for entry in entries]))
         return
     from hpcjob.cli.tables import duration, number, table
+    from hpcjob.job.prices import money
 
     def hours(value: float | None) -> str | None:
         return None if value is None else f"{value:.2f}"
@@ -110,6 +111,7 @@ def runs(
             None if e.wall_s is None else duration(e.wall_s),
             hours(e.node_hours),
             hours(e.gpu_hours),
+            money(e.cost_usd),
             None if e.samples_per_s is None else number(e.samples_per_s),
             " ".join(f"{k}={v}" for k, v in e.tags.items()) or None,
         )
@@ -125,6 +127,7 @@ def runs(
         "WALL",
         "NODE-H",
         "GPU-H",
+        "COST",
         "SAMPLES/S",
         "TAGS",
     )
@@ -158,7 +161,7 @@ def runs_show(run_id: str, as_json: bool) -> None:
 
 def describe(entry: HistoryEntry) -> list[str]:
     """`runs show`: the run as a person reads it."""
-    from hpcjob.cli.tables import duration, format_summary
+    from hpcjob.cli.tables import cost_line, duration, format_summary
 
     record = entry.record
     where = f"cluster {record.cluster} over {record.backend}" if record.cluster else record.backend
@@ -190,7 +193,14 @@ def describe(entry: HistoryEntry) -> list[str]:
     lines.append(f"  checkpoints: {checkpoints_shown(entry)}")
     if entry.node_hours is not None:
         gpu_hours = f", {entry.gpu_hours:.2f} GPU-hours" if entry.gpu_hours is not None else ""
-        lines.append(f"  cost:     {entry.node_hours:.2f} node-hours{gpu_hours}")
+        lines.append(f"  usage:    {entry.node_hours:.2f} node-hours{gpu_hours}")
+    summary = entry.summary
+    if summary is not None and summary.price is not None and summary.cost_usd is not None:
+        busy = sum(usage.node_hours for usage in summary.usage)
+        lines.append(
+            f"  cost:     {cost_line(summary.cost_usd, summary.price)}: {busy:.2f} node-hours of tasks at "
+            f"${summary.price.usd_per_hour:,.2f} an hour (an attribution, not the bill)"
+        )
     if entry.summary is not None:
         lines.append("")
         lines += format_summary(entry.summary).splitlines()
@@ -212,21 +222,27 @@ def describe(entry: HistoryEntry) -> list[str]:
 )  # fmt: skip
 def runs_plot(run_ids: tuple[str, ...], out: str) -> None:
     """Draw runs' metrics over time into a PNG: training loss, samples/s, data wait and, where a GPU was
-    watched, its utilisation and memory, a line per node and rank; several runs side by side."""
+    watched, its utilisation and memory, a line per node and rank; several runs side by side. Runs on a
+    cluster with a price: their cost against their samples/s, and what 1,000 samples cost."""
     from pathlib import Path
 
     from hpcjob.runner import run_folder
     from hpcjob.store.logs import RunLogs
-    from hpcjob.store.plot import plot_runs
+    from hpcjob.store.plot import RunCost, plot_runs
     from hpcjob.store.runs import find_entry
 
-    timelines = {}
+    timelines, costs = {}, []
     for run_id in run_ids:
-        record = find_entry(run_id).record
+        entry = find_entry(run_id)
+        record = entry.record
+        if entry.cost_usd is not None:
+            costs.append(
+                RunCost(record.run_id, entry.cost_usd, entry.samples_per_s, entry.cost_per_1000_samples)
+            )
         folder = run_folder(record)
         try:
             timelines[record.run_id] = RunLogs(folder, record.log_folder, record.nodes).timeline()
         finally:
             folder.close()
-    drawn = plot_runs(timelines, Path(out))
+    drawn = plot_runs(timelines, Path(out), costs)
     click.echo(f"{out}: {', '.join(drawn.panels)}")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hpcjob.checks.cluster import Checkup
+    from hpcjob.job.prices import Price
     from hpcjob.job.results import GpuUse, JobSummary, MountResult
 
 
@@ -91,8 +92,17 @@ def format_summary(summary: JobSummary) -> str:
         lines.append(f"  metrics: {metrics_line(summary.metrics)}")
     if summary.gpu_use:
         lines += gpu_table(summary.gpu_use, now=False, indent="  ")
+    if summary.price is not None and summary.cost_usd is not None:
+        lines.append(f"  {cost_line(summary.cost_usd, summary.price)}")
     lines.append(f"  logs: {summary.log_dir}")
     return "\n".join(lines)
+
+
+def cost_line(usd: float, price: Price) -> str:
+    """`cost ≈ $1.23 at Standard_ND96isr_H100_v5 list price, eastus, 2026-11-27`."""
+    from hpcjob.job.prices import money
+
+    return f"cost ≈ {money(usd)} at {price.describe()}"
 
 
 def gpu_table(uses: Sequence[GpuUse], *, now: bool, indent: str = "") -> list[str]:

@@ -32,6 +32,7 @@ def follow_run(
     with a hang bound is watched through its folder, and ended when it hangs (hpcjob.runner.watch). An
     interrupted wait raises StoppedWaiting; the job goes on."""
     from hpcjob.backends.scheduler import job_summary
+    from hpcjob.runner.cost import run_price
     from hpcjob.runner.watch import HangFound, end_hung_job, hang_watch, hung_summary
     from hpcjob.store.runs import record_end
     from hpcjob.store.share import ShareError
@@ -75,6 +76,7 @@ def follow_run(
         )
         if hang is not None:
             summary = hung_summary(summary, hang)
+        summary.price = run_price(record.cluster, progress)
         with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
             record_end(summary)
         return summary

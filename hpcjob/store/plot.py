@@ -1,5 +1,6 @@
 """Pictures of runs: each rank's metrics over time (the training program's timeline), one line per node
-and rank, several runs side by side. matplotlib is the `plot` extra; it is imported only here."""
+and rank, several runs side by side; and what the runs cost: against their samples/s, and per 1,000
+samples. matplotlib is the `plot` extra; it is imported only here."""
 
 from __future__ import annotations
 
@@ -19,6 +20,22 @@ PANELS = (
     ("gpu_util_pct", "GPU utilisation (%)"),
     ("gpu_memory_mib", "GPU memory (MiB)"),
 )
+
+
+# The cost panels' titles.
+COST_AGAINST_SPEED = "cost (USD) against samples/s"
+COST_PER_1000 = "cost per 1,000 samples (USD)"
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """What a run cost (US dollars; hpcjob.job.prices) and its samples/s; `per_1000_samples`: what 1,000
+    samples cost at that throughput, its nodes' price a second over its samples a second."""
+
+    run_id: str
+    cost_usd: float
+    samples_per_s: float | None = None
+    per_1000_samples: float | None = None
 
 
 @dataclass
@@ -42,9 +59,13 @@ def series(timeline: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list[
     return by_rank
 
 
-def plot_runs(timelines: Mapping[str, Sequence[Mapping[str, Any]]], out: Path) -> Drawn:
+def plot_runs(
+    timelines: Mapping[str, Sequence[Mapping[str, Any]]], out: Path, costs: Sequence[RunCost] = ()
+) -> Drawn:
     """Draw each run's timeline (run id -> its lines) into `out` (PNG): a panel per metric, a line per
-    node and rank, time since the run's start on the x axis; runs told apart by line style."""
+    node and rank, time since the run's start on the x axis; runs told apart by line style. With the
+    `costs` of runs that have one: cost against samples/s (a point a run) and the cost of 1,000 samples
+    (a bar a run)."""
     try:
         import matplotlib
 
@@ -53,14 +74,17 @@ def plot_runs(timelines: Mapping[str, Sequence[Mapping[str, Any]]], out: Path) -
     except ImportError:
         raise missing_extra("plot", "runs plot") from None
     runs = {run: series(lines) for run, lines in timelines.items()}
-    if not any(runs.values()):
+    priced = [cost for cost in costs if cost.samples_per_s is not None]
+    per_1000 = [cost for cost in costs if cost.per_1000_samples is not None]
+    if not any(runs.values()) and not priced and not per_1000:
         raise SpecError(
             "no metrics over time in these runs: the training program writes them under hpcjob "
             "(metrics/ in the run's log folder; --metrics-every)"
         )
     shown = [(key, title) for key, title in PANELS if _has(runs, key)]
-    columns = 2 if len(shown) > 1 else 1
-    rows = (len(shown) + columns - 1) // columns
+    panels = len(shown) + bool(priced) + bool(per_1000)
+    columns = 2 if panels > 1 else 1
+    rows = (panels + columns - 1) // columns
     figure, axes = plt.subplots(rows, columns, figsize=(7 * columns, 3.2 * rows), squeeze=False)
     drawn = Drawn()
     styles = ("-", "--", ":", "-.")
@@ -80,7 +104,28 @@ def plot_runs(timelines: Mapping[str, Sequence[Mapping[str, Any]]], out: Path) -
                 labels.append(label)
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")
-    for index in range(len(shown), rows * columns):
+    index = len(shown)
+    if priced:
+        axis = axes[index // columns][index % columns]
+        axis.set_title(COST_AGAINST_SPEED)
+        axis.set_xlabel("samples/s")
+        axis.set_ylabel("USD")
+        for cost in priced:
+            assert cost.samples_per_s is not None
+            axis.plot([cost.samples_per_s], [cost.cost_usd], "o")
+            axis.annotate(cost.run_id, (cost.samples_per_s, cost.cost_usd), fontsize="small")
+        axis.grid(alpha=0.3)
+        drawn.panels[COST_AGAINST_SPEED] = [cost.run_id for cost in priced]
+        index += 1
+    if per_1000:
+        axis = axes[index // columns][index % columns]
+        axis.set_title(COST_PER_1000)
+        axis.set_ylabel("USD")
+        axis.bar([cost.run_id for cost in per_1000], [cost.per_1000_samples or 0.0 for cost in per_1000])
+        axis.tick_params(axis="x", labelrotation=20, labelsize="small")
+        drawn.panels[COST_PER_1000] = [cost.run_id for cost in per_1000]
+        index += 1
+    for index in range(panels, rows * columns):
         axes[index // columns][index % columns].set_visible(False)
     figure.suptitle(", ".join(timelines))
     figure.tight_layout()

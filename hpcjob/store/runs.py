@@ -330,6 +330,24 @@ class HistoryEntry:
         return self.node_hours * self.gpus_per_node
 
     @property
+    def cost_usd(self) -> float | None:
+        """What the run's nodes cost while their tasks ran, at the price its summary was counted at
+        (hpcjob.job.prices: an attribution, not the bill); None for a local run, a run without a summary,
+        or a cluster whose profile named no size and region."""
+        return None if self.summary is None else self.summary.cost_usd
+
+    @property
+    def cost_per_1000_samples(self) -> float | None:
+        """What 1,000 samples cost at the run's own samples/s: its priced nodes' price a second over the
+        samples a second they trained (start-up and evaluation are in the run's cost, not here)."""
+        from hpcjob.job.prices import cost_per_1000_samples
+
+        summary, speed = self.summary, self.samples_per_s
+        if summary is None or summary.price is None or not summary.usage or speed is None:
+            return None
+        return cost_per_1000_samples(summary.price.usd_per_hour * len(summary.usage), speed)
+
+    @property
     def samples_per_s(self) -> float | None:
         """The run's own throughput; None where it measured none (a run that trained nothing: an older
         training program copied the checkpoint's)."""
@@ -350,6 +368,9 @@ class HistoryEntry:
             "node_hours": self.node_hours,
             "gpu_hours": self.gpu_hours,
             "samples_per_s": self.samples_per_s,
+            "cost_usd": self.cost_usd,
+            "cost_per_1000_samples_usd": self.cost_per_1000_samples,
+            "price": asdict(self.summary.price) if self.summary and self.summary.price else None,
             "tags": self.tags,
             "command": self.command,
             "plan": self.plan,

@@ -1,0 +1,104 @@
+"""What runs cost: the price a cluster's nodes are counted at (its profile's VM size, region and Spot or
+not), and `hpcjob prices`' rows. The prices are hpcjob.store.prices'; the arithmetic hpcjob.job.prices'.
+A local run has no cost, and a cluster whose profile names no size or region none that hpcjob knows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from hpcjob.job.spec import HpcjobError, SpecError
+from hpcjob.runner.access import Progress
+
+if TYPE_CHECKING:
+    from hpcjob.job.prices import Price
+    from hpcjob.store.config import ClusterProfile
+    from hpcjob.store.prices import Found
+
+
+def node_price(profile: ClusterProfile, progress: Progress) -> Price | None:
+    """The price of the profile's compute nodes (Linux; Spot where the profile says so), or None, with a
+    warning to `progress` when the profile names a size and region and still no price is found."""
+    from hpcjob.store.prices import size_prices
+
+    if not profile.vm_size or not profile.region:
+        return None
+    try:
+        found = size_prices(profile.vm_size, profile.region)
+    except HpcjobError as exc:  # a SpecError too: the profile's size is not the user's input now
+        progress(f"hpcjob: warning: the run's cost is not counted: {exc}")
+        return None
+    if found.warning:
+        progress(f"hpcjob: warning: {found.warning}")
+    price = found.prices.for_nodes(bool(profile.spot))
+    if price is None:
+        kind = "Spot" if profile.spot else "Linux"
+        progress(
+            f"hpcjob: warning: the run's cost is not counted: no {kind} price for {profile.vm_size} in "
+            f"{found.prices.region}"
+        )
+    return price
+
+
+def run_price(cluster: str | None, progress: Progress) -> Price | None:
+    """The price a run on `cluster` (None: a local run) is counted at."""
+    from hpcjob.store.config import get_profile
+
+    if cluster is None:
+        return None
+    try:
+        profile = get_profile(cluster)
+    except SpecError:
+        return None  # the profile is gone or broken: the run's end matters more
+    return node_price(profile, progress)
+
+
+def price_rows(
+    sizes: Sequence[str], region: str | None, *, refresh: bool, cluster: str | None = None
+) -> tuple[list[Found], list[str]]:
+    """`hpcjob prices`: the prices of `sizes` in `region`; where not given, the (default) cluster's
+    profile's size and region, and its head node's size when hpcjob onboarded it. Each size's prices,
+    and the warnings (one line each)."""
+    from hpcjob.job.prices import check_region, check_size
+    from hpcjob.store.prices import size_prices
+
+    for size in sizes:
+        check_size(size)
+    if region is not None:
+        check_region(region)
+    wanted = list(dict.fromkeys(sizes))
+    if not wanted or region is None:
+        profile = _profile_or_none(cluster)
+        if region is None:
+            region = profile.region if profile else None
+        if not wanted and profile is not None and profile.vm_size:
+            wanted.append(profile.vm_size)
+            if profile.resource_group:  # onboarded: its head node is the package's size
+                from hpcjob.azure.data import size_table
+
+                wanted.append(size_table().head_node_size)
+    if not wanted:
+        raise SpecError(
+            "give --size SIZE: the cluster profile names no vm_size (`hpcjob cluster add --vm-size`)"
+        )
+    if region is None:
+        raise SpecError(
+            "give --region REGION: the cluster profile names no region (`hpcjob cluster add --region`)"
+        )
+    found, warnings = [], []
+    for size in wanted:
+        one = size_prices(size, region, refresh=refresh)
+        found.append(one)
+        if one.warning and one.warning not in warnings:
+            warnings.append(one.warning)
+    return found, warnings
+
+
+def _profile_or_none(cluster: str | None) -> ClusterProfile | None:
+    """The named profile (its errors raised), else the default one if there is one."""
+    from hpcjob.store.config import get_profile, load_config
+
+    if cluster is not None:
+        return get_profile(cluster)
+    profiles, chosen = load_config()
+    return profiles.get(chosen) if chosen else None
