@@ -394,6 +394,18 @@ CASES = [
     case("cluster-add-keyring-without-terminal", "cluster add c --url https://h --user a --keyring"),
     case("cluster-add-ca-bundle-not-pem", f"cluster add c --url https://h --user a --ca-bundle {S}"),
     case("cluster-add-to-a-broken-file", "cluster add c --url https://h --user a", config="[clusters\n"),
+    case(
+        "cluster-add-region-with-space",
+        ["cluster", "add", "c", "--url", "https://h", "--user", "a", "--region", "East US"],
+    ),
+    case("cluster-add-vm-size-not-a-size", "cluster add c --url https://h --user a --vm-size H100"),
+    # --- prices -------------------------------------------------------------------------------------------
+    case("prices-size-not-a-size", "prices --size H100 --region eastus"),
+    case("prices-size-with-a-quote", ["prices", "--size", "Standard_X' or '1", "--region", "eastus"]),
+    case("prices-region-with-space", ["prices", "--size", "Standard_ND96isr_H100_v5", "--region", "East US"]),
+    case("prices-without-a-size-or-a-profile", "prices --region eastus"),
+    case("prices-profile-without-a-region", "prices --size Standard_ND96isr_H100_v5", config=ONE_CLUSTER),
+    case("prices-profile-region-bad", "prices", config=ONE_CLUSTER + 'region = "US East"\n'),
     # --- cluster list / remove --------------------------------------------------------------------------
     case("cluster-list-bad-toml", "cluster list", config="= 1\n"),
     case(

@@ -153,6 +153,8 @@ def test_onboarding_deploys_the_pinned_template_and_writes_the_profile(
         "gpus_per_node": 1,
         "resource_group": "rg-gpu1",
         "vm_size": "Standard_NC24ads_A100_v4",
+        "region": "eastus",  # with the size, the price runs are counted at
+        "spot": False,
     } | {k: v for k, v in profile.items() if k in ("backend", "insecure", "smb_port")}
     assert not list(Path(az_env["HPCJOB_CONFIG"]).parent.glob("*.pem"))  # no certificate file to leave
     # The parameters file: no secret, and the template accepts it (the fake az checked it too).

@@ -268,7 +268,7 @@ def _write_profile(
 ) -> ClusterProfile:
     """The new cluster's profile: the REST API at the head node's public name, its certificate pinned by
     the thumbprint the deployment gives, the admin's password where it came from, one process per GPU of
-    the size, and the size (its NCCL settings)."""
+    the size, and the size (its NCCL settings) and region (its price)."""
     from hpcjob.azure.az import AzError, run_az
     from hpcjob.azure.template import CERTIFICATE_DEPLOYMENT, NODE_GROUP, SHARE, certificate_thumbprint
     from hpcjob.store.config import KEYRING_SERVICE, ClusterProfile, save_profile
@@ -305,6 +305,8 @@ def _write_profile(
         gpus_per_node=table.sizes[request.vm_size].gpus,
         resource_group=request.resource_group,
         vm_size=request.vm_size,
+        region=request.location,  # with the size, the price runs are counted at
+        spot=False,  # the template's nodes are regular VMs unless asked (useSpotInstanceForComputeNodes)
     )
     path = save_profile(profile, options.make_default)
     progress(f"hpcjob: cluster {request.name} saved in {path} (nodes {', '.join(request.node_names)})")

@@ -14,6 +14,7 @@ import click
 
 from hpcjob.cli.app import cli, cluster
 from hpcjob.cli.options import (
+    AZURE,
     CREDENTIALS,
     FILTER,
     OUTPUT,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
             THE_CLUSTER: "url user backend winrm_url winrm_transport node_group poll_interval make_default",
             CREDENTIALS: "password_env use_keyring ca_bundle insecure cert_fingerprint",
             SHARE: "share mount_point smb_user smb_server smb_port local_share",
+            AZURE: "vm_size region spot",
         }
     ),
     epilog="""\b
@@ -129,6 +131,15 @@ if TYPE_CHECKING:
     help="The longest wait between two looks at a job's state while it does not change, 0.1 to 300 "
     "[default: 15].",
 )
+@click.option(
+    "--vm-size",
+    metavar="SIZE",
+    help="The compute nodes' Azure VM size: their NCCL settings, and the price runs are counted at.",
+)
+@click.option(
+    "--region", metavar="REGION", help="The cluster's Azure region, e.g. eastus: where prices come from."
+)
+@click.option("--spot", is_flag=True, help="The compute nodes are Spot VMs: counted at the Spot price.")
 @click.option("--default", "make_default", is_flag=True, help="Make this the default cluster.")
 def cluster_add(
     name: str, password_env: str | None, use_keyring: bool, make_default: bool, **options: Any
@@ -144,6 +155,7 @@ def cluster_add(
     if options["ca_bundle"]:
         # The file outlives this directory: store the path from anywhere.
         options["ca_bundle"] = str(Path(options["ca_bundle"]).absolute())
+    options["spot"] = options["spot"] or None  # written only when the nodes are Spot VMs
     profile = ClusterProfile(name=name, password=password, **options)  # every check, before any prompt
     if use_keyring:
         try:
