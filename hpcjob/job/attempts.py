@@ -1,0 +1,96 @@
+"""Why an attempt of a run ended, told by evidence, and whether the run goes on in another (issue 33).
+Pure: the summary, the scheduler's view of the job and of its nodes come in; a Cause goes out.
+
+Retried, as something outside the program: a node lost, unreachable or taken offline (its health or
+state after the job says so, or the scheduler's message for its task); a task the scheduler ended with no
+exit of its own; a NCCL or network error; a hang caught by --hang-timeout. Not retried unless
+--retry-on any: an exception in a rank, a non-zero exit of the script, a rank killed (the out-of-memory
+killer, SIGKILL) while its node stays healthy. A job the user canceled is never retried.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from hpcjob.job.hangs import HANG_EXIT_CODE
+from hpcjob.job.results import JobInfo, JobSummary, NodeInfo, State
+
+RETRY_ON = ("outside", "any")  # --retry-on: causes outside the program (default), or any failure
+MAX_RETRIES = 100  # --retries: more is a loop, not a plan
+
+# What a rank's last words say when the fabric, not the program, failed (torch's and NCCL's own texts:
+# ncclSystemError/ncclRemoteError, DistNetworkError, the store's connection errors).
+_NETWORK = re.compile(
+    r"NCCL (?:error|WARN)|ncclSystemError|ncclRemoteError|ncclInternalError|DistNetworkError|"
+    r"RendezvousConnectionError|Connection (?:reset|refused|closed) by peer|Broken pipe|"
+    r"No route to host|Network is unreachable",
+    re.IGNORECASE,
+)
+_UNREACHABLE = re.compile(r"unreachable|lost|offline|evicted|not respond", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why an attempt ended: `kind` (one of KINDS), whether the run goes on in another attempt, the
+    nodes the next attempt leaves out, and one line a person reads."""
+
+    kind: str
+    retried: bool
+    said: str
+    lost: tuple[str, ...] = ()
+
+
+KINDS = ("finished", "canceled", "node lost", "task ended by the scheduler", "network", "hang", "program")
+OUTSIDE = frozenset({"node lost", "task ended by the scheduler", "network", "hang"})
+
+
+def attempt_cause(
+    summary: JobSummary,
+    info: JobInfo,
+    nodes_now: Iterable[NodeInfo],
+    *,
+    canceled_by_user: bool = False,
+    retry_on: str = "outside",
+) -> Cause:
+    """The cause of an attempt's end, from its summary (the root cause hpcjob read on the share), the
+    scheduler's job (its tasks' states and messages) and the job's nodes as the scheduler sees them now."""
+    if summary.state is State.FINISHED:
+        return Cause("finished", False, "finished")
+    if canceled_by_user:
+        return Cause("canceled", False, "canceled")
+    health: Mapping[str, NodeInfo] = {n.name.upper(): n for n in nodes_now}
+    job_nodes = [n.node for n in summary.nodes] or [t.node for t in info.tasks]
+    lost = tuple(
+        node
+        for node in job_nodes
+        if (found := health.get(node.upper())) is None or not found.usable
+        or any(t.node.upper() == node.upper() and _UNREACHABLE.search(t.error) for t in info.tasks)
+    )  # fmt: skip
+    cause = summary.root_cause
+    if lost:
+        kind, said = "node lost", f"{', '.join(lost)} {'was' if len(lost) == 1 else 'were'} lost"
+    elif cause is not None and cause.exit_code == HANG_EXIT_CODE and summary.state is State.FAILED:
+        kind, said = "hang", f"a hang: {cause.reason or 'no collective moved on'}"
+    elif cause is not None and _NETWORK.search(cause.reason):
+        kind, said = "network", f"a network error on {cause.node}: {cause.reason}"
+    elif scheduler_ended := [  # failed with no exit of its own (a canceled one: the gang's others)
+        t for t in info.tasks if t.state == "Failed" and t.exit_code is None and t.error
+    ]:
+        first = scheduler_ended[0]
+        kind, said = (
+            "task ended by the scheduler",
+            f"the scheduler ended the task on {first.node}: {first.error}",
+        )
+    else:
+        where = f" on {cause.node}" if cause is not None and cause.node else ""
+        why = f": {cause.reason}" if cause is not None and cause.reason else ""
+        kind, said = "program", f"the program failed{where}{why}"
+    retried = kind in OUTSIDE or retry_on == "any"
+    return Cause(kind, retried, said, lost)
+
+
+def next_attempt_exclusions(excluded: Iterable[str], cause: Cause) -> tuple[str, ...]:
+    """The nodes the next attempt never chooses: the run's --exclude-node ones and every node lost."""
+    return tuple(dict.fromkeys([*excluded, *cause.lost]))

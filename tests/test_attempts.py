@@ -1,0 +1,91 @@
+"""Issue 33: why an attempt ended, told by evidence, and whether the run goes on (hpcjob.job.attempts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcjob.job.attempts import Cause, attempt_cause, next_attempt_exclusions
+from hpcjob.job.hangs import HANG_EXIT_CODE
+from hpcjob.job.results import JobInfo, JobSummary, NodeInfo, NodeResult, RootCause, State, TaskInfo
+
+NODES = ("GPU1", "GPU2")
+
+
+def summary(state: State, cause: RootCause | None = None) -> JobSummary:
+    results = [NodeResult(n, state, 0 if state is State.FINISHED else 1) for n in NODES]
+    return JobSummary("train", "run-1", state, 0, 1.0, "/app", "/app/logs", results, root_cause=cause)
+
+
+def job(*tasks: TaskInfo, state: str = "Failed") -> JobInfo:
+    return JobInfo("7", "run-1", state, "", tasks=tasks)
+
+
+def task(node: str, state: str, exit_code: int | None, error: str = "") -> TaskInfo:
+    return TaskInfo(1, f"torchrun {node}", state, exit_code, node, error)
+
+
+def healthy(*sick: str, health: str = "Error") -> list[NodeInfo]:
+    return [NodeInfo(n, "Online", health if n in sick else "OK") for n in (*NODES, "GPU3")]
+
+
+def rank_failed(reason: str, node: str = "GPU2", exit_code: int = 1) -> RootCause:
+    return RootCause(node, exit_code, 1.0, rank=1, reason=reason)
+
+
+def test_a_finished_or_canceled_attempt_is_never_retried() -> None:
+    assert attempt_cause(summary(State.FINISHED), job(state="Finished"), healthy()) == Cause(
+        "finished", False, "finished"
+    )
+    canceled = attempt_cause(summary(State.CANCELED), job(state="Canceled"), healthy(), canceled_by_user=True)
+    assert (canceled.kind, canceled.retried) == ("canceled", False)
+
+
+@pytest.mark.parametrize(
+    ("nodes_now", "tasks", "lost"),
+    [
+        # The head node marked it: REST shows the HealthState (Error), PowerShell Unreachable.
+        (healthy("GPU2"), (task("GPU2", "Failed", None),), ("GPU2",)),
+        (healthy("GPU2", health="Unreachable"), (task("GPU2", "Failed", None),), ("GPU2",)),
+        # Taken offline, or gone from the node list.
+        ([NodeInfo("GPU1", "Online", "OK"), NodeInfo("GPU2", "Offline", "OK")], (), ("GPU2",)),
+        ([NodeInfo("GPU1", "Online", "OK")], (), ("GPU2",)),
+        # Not marked yet, but the scheduler's message for its task says so.
+        (healthy(), (task("GPU1", "Failed", None, "The node GPU1 became unreachable."),), ("GPU1",)),
+    ],
+)
+def test_a_lost_node_is_retried_and_left_out_of_the_next_attempt(
+    nodes_now: list[NodeInfo], tasks: tuple[TaskInfo, ...], lost: tuple[str, ...]
+) -> None:
+    cause = attempt_cause(summary(State.FAILED, rank_failed("RuntimeError: boom")), job(*tasks), nodes_now)
+    assert (cause.kind, cause.retried, cause.lost) == ("node lost", True, lost)
+    assert cause.said == f"{lost[0]} was lost"
+    assert next_attempt_exclusions(("GPU9",), cause) == ("GPU9", *lost)
+
+
+def test_a_hang_a_network_error_and_a_task_the_scheduler_ended_are_retried() -> None:
+    hang = RootCause("GPU2", HANG_EXIT_CODE, 1.0, rank=1, reason="rank 1 held the others up in all_reduce")
+    assert attempt_cause(summary(State.FAILED, hang), job(), healthy()).kind == "hang"
+    nccl = rank_failed("torch.distributed.DistBackendError: NCCL error in: ... ncclRemoteError")
+    found = attempt_cause(summary(State.FAILED, nccl), job(), healthy())
+    assert (found.kind, found.retried, found.lost) == ("network", True, ())
+    ended = job(task("GPU1", "Failed", None, "Task failed during execution on the node."))
+    found = attempt_cause(summary(State.FAILED), ended, healthy())
+    assert (found.kind, found.retried) == ("task ended by the scheduler", True)
+    assert found.said == "the scheduler ended the task on GPU1: Task failed during execution on the node."
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        rank_failed("ZeroDivisionError: division by zero"),  # an exception in a rank
+        rank_failed("", exit_code=3),  # the script's own exit code
+        RootCause("GPU2", 137, 1.0, rank=0, signal="SIGKILL"),  # the OOM killer, the node healthy
+    ],
+)
+def test_the_program_s_own_failure_is_retried_only_with_retry_on_any(cause: RootCause) -> None:
+    # The gang's other task is canceled by the scheduler, with its words: not the cause.
+    failed = job(task("GPU2", "Failed", cause.exit_code), task("GPU1", "Canceled", None, "The job failed."))
+    found = attempt_cause(summary(State.FAILED, cause), failed, healthy())
+    assert (found.kind, found.retried, found.lost) == ("program", False, ())
+    assert found.said.startswith("the program failed on GPU2")
+    assert attempt_cause(summary(State.FAILED, cause), failed, healthy(), retry_on="any").retried
