@@ -8,6 +8,7 @@ the same runner, the same checks and the same one-line errors as the command lin
     for node, stream, line in run.logs():   # stream: "stdout" or "stderr"
         ...
     hpcjob.Run.find("train-20261125-101500-ab12").status()
+    run.pull("results/")                    # its checkpoints, outputs and logs, only what changed
     hpcjob.list_runs(last=5)
     hpcjob.render_job("train.py", node_names=["NODE1", "NODE2"])["xml"]
 
@@ -34,6 +35,7 @@ from hpcjob.runner import HpcjobWarning, StoppedWaiting
 if TYPE_CHECKING:
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobInfo, JobSummary
+    from hpcjob.runner import PullReport
     from hpcjob.store.runs import HistoryEntry, RunRecord
 
 atexit.register(runner.close_backends)  # a WinRM shell counts against the user's quota on the head node
@@ -105,6 +107,14 @@ class Run:
     def cancel(self, force: bool = False) -> str | None:
         """Cancel the job: None, or the state it had already ended in (or "Canceling")."""
         return runner.backend_for_run(self.record).cancel(self.record, force=force)
+
+    def pull(self, to: str | Path | None = None, progress: Callable[[str], None] | None = None) -> PullReport:
+        """Copy the run's checkpoints, output folder and logs from the share into `to` [default:
+        ./RUN_ID], as `to/checkpoints`, `to/outputs` and `to/logs`, only what changed since the last
+        pull there (`hpcjob pull`): what was copied, what was there already, what was skipped and why
+        (a link, a FIFO, a name that is no plain file name: whoever can write the share put it there).
+        A line per folder to `progress`."""
+        return runner.pull_run(self.run_id, to, progress=progress or _quiet)
 
 
 def submit(

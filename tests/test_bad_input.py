@@ -363,6 +363,17 @@ CASES = [
     ),
     case("logs-runs-file-not-utf8", "logs train-1", files={RUNS: b"\xff\xfe{}\n"}),
     case("logs-run-of-a-removed-cluster", "logs train-2", files={RUNS: REST_RUN_OF_A_GONE_CLUSTER}),
+    # --- pull, and --pull on run and submit ---------------------------------------------------------
+    case("pull-no-run-yet", "pull"),
+    case("pull-unknown-run", "pull train-9", files=ENDED_RUN),
+    case("pull-to-a-file", f"pull train-1 --to {S}", files=ENDED_RUN),
+    case("pull-to-below-a-file", f"pull train-1 --to {S}/results", files=ENDED_RUN),
+    case("pull-to-inside-the-run", "pull train-1 --to share/hpcjob/train/logs/train-1/x", files=ENDED_RUN),
+    case("pull-to-empty", ["pull", "train-1", "--to", ""], files=ENDED_RUN),
+    case("pull-smb-port-zero", "pull train-1 --smb-port 0", files=ENDED_RUN),
+    case("run-local-pull-to-a-file", f"run --local --pull-to {S} {S}"),
+    case("submit-pull-without-wait", f"submit --pull --node A {S}", config=ONE_CLUSTER),
+    case("submit-pull-to-a-file", f"submit --wait --pull-to {S} --node A {S}", config=ONE_CLUSTER),
     # --- cluster add ---------------------------------------------------------------------------------
     case("cluster-add-http-url", "cluster add c --url http://head --user alice"),
     case(
@@ -588,4 +599,6 @@ def test_the_battery_is_broad() -> None:
     assert len(ids) == len(set(ids))
     assert len(ids) >= 100
     commands = {param.values[0].argv[0] for param in CASES if param.values[0].argv}  # type: ignore[attr-defined]
-    assert commands >= {"render", "run", "submit", "status", "cancel", "nodes", "logs", "cluster", "emulator"}
+    assert commands >= {
+        "render", "run", "submit", "status", "cancel", "nodes", "logs", "pull", "cluster", "emulator"
+    }  # fmt: skip

@@ -238,7 +238,7 @@ def test_the_manifest_exports_the_module_s_public_commands_each_with_help_and_ex
     expected = {
         "Submit-HpcTorchJob", "Get-HpcTorchJob", "Wait-HpcTorchJob", "Stop-HpcTorchJob",
         "Receive-HpcTorchJobLog", "Get-HpcTorchNode", "Mount-HpcTorchShare", "Test-HpcTorchCluster",
-        "New-HpcTorchCluster", "Invoke-HpcTorchJob",
+        "New-HpcTorchCluster", "Invoke-HpcTorchJob", "Receive-HpcTorchJobResult",
     }  # fmt: skip
     assert set(PUBLIC) == expected
     for name in PUBLIC:

@@ -20,7 +20,7 @@ POSIX_ONLY = {
     "checks/probes": "runs on the Linux nodes",
     "emulator": "the test head node, for Linux test machines",
 }
-CLIENT_COMMANDS = ("render", "submit", "status", "logs", "cancel", "nodes", "mount", "doctor", "runs")
+CLIENT_COMMANDS = ("render", "submit", "status", "logs", "pull", "cancel", "nodes", "mount", "doctor", "runs")
 
 
 def client_modules() -> list[Path]:

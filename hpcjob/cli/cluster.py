@@ -28,6 +28,8 @@ from hpcjob.cli.options import (
     job_fields,
     job_options,
     named_or_newest,
+    pull_after,
+    pull_options,
     smb_options,
     started_command,
     tag_option,
@@ -283,6 +285,7 @@ def cluster_remove(name: str) -> None:
 )
 @smb_options
 @tag_option
+@pull_options
 @job_options
 def submit(
     cluster_name: str | None,
@@ -292,20 +295,26 @@ def submit(
     mount_step: bool,
     as_json: bool,
     tag_items: tuple[str, ...],
+    pull: bool,
+    pull_to: str | None,
     **params: Any,
 ) -> None:
     """Submit SCRIPT to an HPC Pack cluster, over its REST API or WinRM as the profile says.
 
     Chooses the nodes (--node, else idle online healthy nodes of --node-group), uploads the script's
     folder to the share, mounts the share on the nodes, creates the job from the job XML and submits
-    it. Prints the job id; with --wait, follows it to the end.
+    it. Prints the job id; with --wait, follows it to the end, and with --pull copies its results here.
     """
-    from hpcjob.job.spec import parse_tags
-    from hpcjob.runner import job_spec, smb_access, submit_preview
+    from hpcjob.job.spec import SpecError, parse_tags
+    from hpcjob.runner import job_spec, pull_target, smb_access, submit_preview
     from hpcjob.store.config import get_profile
     from hpcjob.store.runs import check_new_run_id
 
     tags = parse_tags(tag_items)
+    if (pull or pull_to is not None) and not wait:
+        raise SpecError("--pull needs --wait: the results come home when the run ends (or `hpcjob pull RUN`)")
+    if pull_to is not None:  # a file in its place is refused before the run, not after it
+        pull_target(pull_to, "", "--pull-to")
     profile = get_profile(cluster_name)
     spec = job_spec(job_fields(params), profile)
     run_id = params["run_id"] or new_run_id(spec.name)
@@ -342,6 +351,8 @@ def submit(
     from hpcjob.cli.tables import format_summary
 
     click.echo(summary.to_json() if as_json else format_summary(summary))
+    if pull or pull_to is not None:
+        sys.exit(pull_after(summary, pull_to, progress))
     sys.exit(summary.exit_code)
 
 

@@ -24,6 +24,8 @@ from hpcjob.cli.options import (
     job_options,
     local_folder,
     named_or_newest,
+    pull_after,
+    pull_options,
     smb_options,
     started_command,
     tag_option,
@@ -139,20 +141,29 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     help="How long stopped nodes get after SIGINT before SIGKILL.",
 )
 @tag_option
+@pull_options
 @job_options
 def run(
-    local: bool, as_json: bool, quiet: bool, grace_period: float, tag_items: tuple[str, ...], **params: Any
+    local: bool,
+    as_json: bool,
+    quiet: bool,
+    grace_period: float,
+    tag_items: tuple[str, ...],
+    pull: bool,
+    pull_to: str | None,
+    **params: Any,
 ) -> None:
     """Run SCRIPT as a distributed job and wait for it; exit with the job's exit code.
 
     Without --local: `hpcjob submit --wait` on the default cluster. With --local, each node is a real
     torchrun started as HPC Pack starts a task, the rendezvous on loopback, a local folder as the share.
     Ctrl-C cancels the job; no process of it outlives hpcjob. Exit code: 0 when the job finished, that
-    of what failed first, 130 when canceled.
+    of what failed first, 130 when canceled; with --pull, 1 when it finished but its results could not
+    be pulled.
     """
     from hpcjob.cli.tables import format_summary
     from hpcjob.job.spec import SpecError, parse_tags
-    from hpcjob.runner import LocalOptions, run_local
+    from hpcjob.runner import LocalOptions, pull_target, run_local
 
     if not local:  # on the default cluster, and followed: `submit --wait`
         from hpcjob.store.config import get_profile
@@ -170,10 +181,12 @@ def run(
         assert submit is not None
         context.invoke(
             submit, cluster_name=None, backend_kind=None, wait=True, dry_run=False, mount_step=True,
-            as_json=as_json, tag_items=tag_items, **smb, **params,
+            as_json=as_json, tag_items=tag_items, pull=pull, pull_to=pull_to, **smb, **params,
         )  # fmt: skip
         return
     tags = parse_tags(tag_items)
+    if pull_to is not None:  # a file in its place is refused before the run, not after it
+        pull_target(pull_to, "", "--pull-to")
     share_root = local_folder(params["mount_point"], "--mount-point") if params["mount_point"] else None
 
     def progress(line: str) -> None:
@@ -191,6 +204,8 @@ def run(
     )
     with contextlib.suppress(OSError):
         click.echo(summary.to_json() if as_json else format_summary(summary))
+    if pull or pull_to is not None:
+        sys.exit(pull_after(summary, pull_to, progress))
     sys.exit(summary.exit_code)
 
 
@@ -305,3 +320,37 @@ def logs(
     finally:
         output.close()
     sys.exit(output.exit_code or 0)
+
+
+@cli.command(
+    short_help="Copy a run's checkpoints, outputs and logs here.",
+    epilog="""\b
+    Examples:
+      hpcjob pull                  # this machine's newest run, into ./RUN_ID
+      hpcjob pull 42 --to results  # HPC Pack job 42's run, into ./results
+    """,
+)
+@click.argument("run_id", metavar="[RUN]", required=False)
+@click.option("--to", "to", type=TEXT, metavar="DIR", help="The folder to copy into [default: ./RUN_ID].")
+@smb_options
+def pull(run_id: str | None, to: str | None, **params: Any) -> None:
+    """Copy a run's results from the share into DIR: its checkpoints, its output folder
+    (HPCJOB_OUTPUT_DIR) and its logs, as DIR/checkpoints, DIR/outputs and DIR/logs.
+
+    RUN is a run id or job id of this machine's history [default: its newest run]. Only what changed
+    since the last pull into DIR is copied; nothing here is deleted. Only regular files come: a link,
+    a FIFO or a name that is no plain file name is skipped, and said.
+    """
+    from hpcjob.runner import pull_run, pull_target
+
+    if to is not None:  # a file in its place: one line before the run is looked up
+        pull_target(to, "")
+    report = pull_run(
+        named_or_newest(run_id),
+        to,
+        smb_user=params["smb_user"],
+        smb_server=params["smb_server"],
+        smb_port=params["smb_port"],
+        progress=lambda line: click.echo(line, err=True),
+    )
+    click.echo(report.line())

@@ -15,6 +15,7 @@ import click
 from hpcjob.job.spec import CLUSTER_BACKENDS, ENV_PLACES, PRIORITIES
 
 if TYPE_CHECKING:
+    from hpcjob.job.results import JobSummary
     from hpcjob.job.spec import JobSpec
 
 PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
@@ -94,7 +95,7 @@ GROUPS = headed(
         "rdzv_port command_limit",
         SHARE: "share mount_point mount_options job_folder smb_user smb_server smb_port",
         SOFTWARE: "requirements wheelhouse no_env env_on image python env_items",
-        OUTPUT: "as_json tag_items",
+        OUTPUT: "as_json tag_items pull pull_to",
         FAILURE: "hang_timeout max_restarts min_nodes resume_from rdzv_timeout rdzv_last_call "
         "rdzv_keep_alive",
     }
@@ -392,6 +393,53 @@ def smb_options(command: F) -> F:
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def pull_options(command: F) -> F:
+    """--pull and --pull-to: the run's results brought home once it has ended (run, submit --wait)."""
+    options = [
+        click.option(
+            "--pull",
+            is_flag=True,
+            help="Once the run has ended, copy its checkpoints, outputs and logs here, as `hpcjob pull`.",
+        ),
+        click.option(
+            "--pull-to",
+            type=TEXT,
+            metavar="DIR",
+            help="Pull them into DIR (implies --pull) [default: ./RUN_ID].",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def pull_after(summary: JobSummary, pull_to: str | None, progress: Callable[[str], None]) -> int:
+    """The run's results pulled once it has ended (--pull), unless it was canceled: the exit code to end
+    with, the run's, else 1 when they could not be pulled (said in one line, with how to try again)."""
+    from hpcjob.job.results import State
+    from hpcjob.job.spec import HpcjobError
+    from hpcjob.runner import pull_run
+
+    run_id, exit_code = summary.run_id, summary.exit_code
+    if summary.state == State.CANCELED:
+        progress(
+            f"hpcjob: run {run_id} was canceled: nothing pulled (`hpcjob pull {run_id}` copies what is there)"
+        )
+        return exit_code
+    try:
+        report = pull_run(run_id, pull_to, progress=progress)
+    except (HpcjobError, OSError) as exc:
+        reason = exc if isinstance(exc, HpcjobError) else f"{exc.strerror or exc}"
+        click.echo(
+            f"hpcjob: error: run {run_id} ended, but its results were not pulled: {reason} (try again: "
+            f"hpcjob pull {run_id})",
+            err=True,
+        )
+        return exit_code or 1
+    progress(report.line())
+    return exit_code
 
 
 def local_folder(path: str, option: str) -> Path:

@@ -7,7 +7,8 @@ what a person should see goes to the `progress` callback it is given (warnings s
 and what goes wrong is an HpcjobError with the one line the CLI prints.
 
 Its rooms, by what they do: access (clusters, runs, their files), submit, follow, local, render, mount;
-watch (the hang watch while a run is followed). This module only hands their names on.
+watch (the hang watch while a run is followed); pull (a run's results, home). This module only hands
+their names on.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from hpcjob.runner.access import (
 from hpcjob.runner.follow import RunOutput, follow_run
 from hpcjob.runner.local import LocalOptions, run_local, start_local, submit_local
 from hpcjob.runner.mount import MountRequest, mount_preview, mount_request, mount_share, prepare_share
+from hpcjob.runner.pull import PullReport, pull_run, pull_target
 from hpcjob.runner.render import (
     RENDERERS,
     Rendered,
@@ -64,6 +66,7 @@ __all__ = [
     "LocalOptions",
     "MountRequest",
     "Progress",
+    "PullReport",
     "Rendered",
     "RunOutput",
     "StoppedWaiting",
@@ -81,6 +84,8 @@ __all__ = [
     "open_smb",
     "prepare_share",
     "profile_mount_point",
+    "pull_run",
+    "pull_target",
     "read_requirements",
     "recorded_plan",
     "render_job",

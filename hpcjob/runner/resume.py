@@ -36,18 +36,32 @@ def run_checkpoints(entry: HistoryEntry) -> str:
 
     record = entry.record
     named = recorded_env(entry.plan).get(CHECKPOINT_VAR)
-    job_dir = str((entry.plan or {}).get("job_dir") or "")
     if not named and entry.plan is not None:  # an hpcjob before these folders: the job folder's, shared
         return f"{record.job_folder}/{CHECKPOINTS_FOLDER}"
-    if not named or not job_dir.endswith(f"/{record.job_folder}"):
+    folder = recorded_folder(entry, CHECKPOINT_VAR)
+    if folder is None:
         return checkpoint_folder(record.job_folder, record.run_id)
-    root = job_dir[: -len(record.job_folder) - 1]
-    folder = posixpath.normpath(named if named.startswith("/") else f"{job_dir}/{named}")
-    if not folder.startswith(f"{root}/"):
+    if folder.startswith("/"):
         raise SpecError(
             f"--resume-from {record.run_id}: its checkpoints are in {folder}, outside its share: give the "
             "training program that folder yourself"
         )
+    return folder
+
+
+def recorded_folder(entry: HistoryEntry, variable: str) -> str | None:
+    """The folder the run's tasks got as `variable` (its recorded plan's; its --env may have named
+    another): relative to its share's root, or the path the nodes saw where it is outside the share
+    (it starts with "/"); None where the plan names none (or no share's folder)."""
+    record = entry.record
+    named = recorded_env(entry.plan).get(variable)
+    job_dir = str((entry.plan or {}).get("job_dir") or "")
+    if not named or not job_dir.endswith(f"/{record.job_folder}"):
+        return None
+    root = job_dir[: -len(record.job_folder) - 1]
+    folder = posixpath.normpath(named if named.startswith("/") else f"{job_dir}/{named}")
+    if not folder.startswith(f"{root}/"):
+        return folder if folder.startswith("/") else f"/{folder}"
     return folder[len(root) + 1 :]
 
 

@@ -15,7 +15,8 @@
         'Mount-HpcTorchShare',
         'Test-HpcTorchCluster',
         'New-HpcTorchCluster',
-        'Invoke-HpcTorchJob'
+        'Invoke-HpcTorchJob',
+        'Receive-HpcTorchJobResult'
     )
     CmdletsToExport   = @()
     VariablesToExport = @()

@@ -53,7 +53,7 @@ $script:Cli = @{
     'Submit-HpcTorchJob'       = @{
         Words     = @('submit', '--json')
         Options   = $script:ClusterOptions + $script:SmbOptions + $script:JobOptions + @{
-            Wait = '--wait'; NoMountStep = '--no-mount-step'; Tag = '--tag'
+            Wait = '--wait'; NoMountStep = '--no-mount-step'; Tag = '--tag'; Pull = '--pull'; PullTo = '--pull-to'
         }
         Arguments = @('Script', 'ArgumentList')
         WhatIf    = '--dry-run'
@@ -61,7 +61,9 @@ $script:Cli = @{
     }
     'Invoke-HpcTorchJob'       = @{
         Words     = @('run', '--local', '--json')
-        Options   = $script:JobOptions + @{ Quiet = '--quiet'; GracePeriod = '--grace-period'; Tag = '--tag' }
+        Options   = $script:JobOptions + @{
+            Quiet = '--quiet'; GracePeriod = '--grace-period'; Tag = '--tag'; Pull = '--pull'; PullTo = '--pull-to'
+        }
         Arguments = @('Script', 'ArgumentList')
         Unexposed = @()
     }
@@ -97,6 +99,12 @@ $script:Cli = @{
             MountPoint = '--mount-point'; JobFolder = '--job-folder'; PollSeconds = '--poll'
             IdleTimeout = '--idle-timeout'
         }
+        Arguments = @('Id')
+        Unexposed = @()
+    }
+    'Receive-HpcTorchJobResult' = @{
+        Words     = @('pull')
+        Options   = $script:SmbOptions + @{ Destination = '--to' }
         Arguments = @('Id')
         Unexposed = @()
     }
@@ -316,7 +324,8 @@ function Submit-HpcTorchJob {
     Chooses the nodes (-Node, else idle online nodes of -NodeGroup), uploads the script's folder to the
     cluster's share, mounts the share on the nodes, creates the job and submits it, over the REST API or
     WinRM as the cluster profile says (hpcjob submit). Writes the run and job id, or with -Wait the
-    job's summary. -WhatIf shows the job that would be submitted and sends nothing.
+    job's summary; -Wait -Pull then copies the run's checkpoints, outputs and logs here (-PullTo: into
+    that folder, else .\RUN_ID). -WhatIf shows the job that would be submitted and sends nothing.
 
     .PARAMETER Script
     The training script; its folder is what gets uploaded.
@@ -384,12 +393,15 @@ function Submit-HpcTorchJob {
         [hashtable]$Tag,
         [switch]$Wait,
         [switch]$NoMountStep,
+        [switch]$Pull,
+        [string]$PullTo,
         [pscredential]$Credential
     )
     $PSBoundParameters['Script'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Script
     if ($Requirements) {
         $PSBoundParameters['Requirements'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Requirements
     }
+    if ($PullTo) { $PSBoundParameters['PullTo'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $PullTo }
     $target = if ($Node) { $Node -join ', ' } elseif ($Nodes) { "$Nodes node(s)" } else { 'the cluster' }
     if ($PSCmdlet.ShouldProcess($target, "Submit $Script")) {
         Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Submit-HpcTorchJob' -Bound $PSBoundParameters `
@@ -456,12 +468,15 @@ function Invoke-HpcTorchJob {
         [string]$VmSize,
         [hashtable]$Tag,
         [switch]$Quiet,
-        [ValidateRange(0, 86400)][double]$GracePeriod
+        [ValidateRange(0, 86400)][double]$GracePeriod,
+        [switch]$Pull,
+        [string]$PullTo
     )
     $PSBoundParameters['Script'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Script
     if ($Requirements) {
         $PSBoundParameters['Requirements'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Requirements
     }
+    if ($PullTo) { $PSBoundParameters['PullTo'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $PullTo }
     Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Invoke-HpcTorchJob' -Bound $PSBoundParameters `
         -TypeName 'HpcTorch.JobSummary'
 }
@@ -642,6 +657,42 @@ function Receive-HpcTorchJobLog {
     }
 }
 
+function Receive-HpcTorchJobResult {
+    <#
+    .SYNOPSIS
+    Copies a run's checkpoints, outputs and logs from the share to a folder here (hpcjob pull).
+
+    .DESCRIPTION
+    Into -Destination (else .\RUN_ID) as checkpoints, outputs and logs; only what changed since the last
+    copy there, and nothing here is deleted. Only regular files come: a link, a FIFO or a name that is no
+    plain file name on the share is skipped, and said. Writes the line that sums the copy up.
+
+    .EXAMPLE
+    Receive-HpcTorchJobResult -Id train-20261123-101500-ab12 -Destination .\results
+
+    .EXAMPLE
+    Submit-HpcTorchJob -Nodes 2 -Script .\train.py -Wait | Receive-HpcTorchJobResult
+    #>
+    [CmdletBinding()]
+    [OutputType([string])]
+    param(
+        [Parameter(Mandatory = $true, Position = 0, ValueFromPipelineByPropertyName = $true)]
+        [Alias('run_id', 'RunId')][ValidateNotNullOrEmpty()][string]$Id,
+        [string]$Destination,
+        [string]$SmbUser,
+        [string]$SmbServer,
+        [ValidateRange(1, 65535)][int]$SmbPort,
+        [pscredential]$Credential
+    )
+    process {
+        if ($Destination) {
+            $PSBoundParameters['Destination'] = Resolve-HpcTorchPath -Caller $PSCmdlet -Path $Destination
+        }
+        Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Receive-HpcTorchJobResult' -Bound $PSBoundParameters -Text `
+            -Secrets (Get-CredentialSecret $Credential)
+    }
+}
+
 function Get-HpcTorchNode {
     <#
     .SYNOPSIS
@@ -816,5 +867,5 @@ function New-HpcTorchCluster {
 Export-ModuleMember -Function @(
     'Submit-HpcTorchJob', 'Get-HpcTorchJob', 'Wait-HpcTorchJob', 'Stop-HpcTorchJob', 'Receive-HpcTorchJobLog',
     'Get-HpcTorchNode', 'Mount-HpcTorchShare', 'Test-HpcTorchCluster', 'New-HpcTorchCluster',
-    'Invoke-HpcTorchJob'
+    'Invoke-HpcTorchJob', 'Receive-HpcTorchJobResult'
 )
