@@ -174,15 +174,19 @@ def test_submit_wait_prints_the_summary_its_progress_and_then_logs_and_status(
 
 
 def test_run_without_local_is_submit_wait_on_the_default_cluster(cluster: Cluster, tmp_path: Path) -> None:
+    """... and with --pull-to, the run's logs come home over SMB as the profile reaches the share."""
     python = stand_in_python(tmp_path, REPORTING)
     result = cluster.hpcjob(
         "run", "--json", "-n", "1", "--python", str(python), "--rdzv-port", str(free_port()),
-        str(empty_script(tmp_path)),
+        "--pull-to", str(tmp_path / "results"), str(empty_script(tmp_path)),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
     assert (summary["state"], summary["exit_code"]) == ("Finished", 0) and summary["job_id"]
     assert f"mounting the share at {cluster.mount_point} on the nodes" in result.stderr
+    assert "HPCJOB_METRICS" in (tmp_path / "results" / "logs" / "LOCALHOST.out").read_text()
+    assert f"pulled run {summary['run_id']} into {tmp_path / 'results'}: " in result.stderr
+    assert cluster.smb.password not in result.stderr
 
 
 def test_an_elastic_job_goes_on_when_a_node_becomes_unreachable(cluster: Cluster) -> None:
