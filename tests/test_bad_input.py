@@ -374,6 +374,14 @@ CASES = [
     case("run-local-pull-to-a-file", f"run --local --pull-to {S} {S}"),
     case("submit-pull-without-wait", f"submit --pull --node A {S}", config=ONE_CLUSTER),
     case("submit-pull-to-a-file", f"submit --wait --pull-to {S} --node A {S}", config=ONE_CLUSTER),
+    # --- retries (issue 33) ----------------------------------------------------------------------------
+    case("submit-retries-negative", f"submit --wait --retries -1 --node A {S}", config=ONE_CLUSTER),
+    case("submit-retries-huge", f"submit --wait --retries 1000000 --node A {S}", config=ONE_CLUSTER),
+    case("submit-retry-on-unknown", f"submit --wait --retry-on sometimes --node A {S}", config=ONE_CLUSTER),
+    case(
+        "submit-node-wait-bad", f"submit --wait --retries 1 --node-wait soon --node A {S}", config=ONE_CLUSTER
+    ),
+    case("run-local-retries", f"run --local --retries 1 {S}"),
     # --- cluster add ---------------------------------------------------------------------------------
     case("cluster-add-http-url", "cluster add c --url http://head --user alice"),
     case(

@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,9 +68,9 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     yield from emulated_cluster(tmp_path)
 
 
-def emulated_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """The head node (both front doors, nodes from this process's environment), a real smbd, alice's
-    profile, and hpcjob's filter on every node."""
+def emulated_cluster(tmp_path: Path, **head_options: Any) -> Iterator[Cluster]:
+    """The head node (both front doors, nodes from this process's environment; `head_options` for
+    HeadNode), a real smbd, alice's profile, and hpcjob's filter on every node."""
     require_testbed(tools=("smbd", "smbpasswd", "mount", "umount", "mountpoint"))
     share_dir = tmp_path / "CcpSpoolDir" / "app"
     share_dir.mkdir(parents=True)
@@ -79,7 +80,8 @@ def emulated_cluster(tmp_path: Path) -> Iterator[Cluster]:
     mount_point.mkdir(parents=True)
     subprocess.run(["mount", "--bind", str(share_dir), str(mount_point)], check=True)
     try:
-        with HeadNode(users={"alice": PASSWORD}, grace_period=3.0) as head, SmbServer(share_dir) as smb:
+        head_node = HeadNode(users={"alice": PASSWORD}, grace_period=3.0, **head_options)
+        with head_node as head, SmbServer(share_dir) as smb:
             env = {
                 **os.environ,
                 "HPCJOB_CONFIG": str(tmp_path / "clusters.toml"),

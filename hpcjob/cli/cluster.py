@@ -30,6 +30,8 @@ from hpcjob.cli.options import (
     named_or_newest,
     pull_after,
     pull_options,
+    retries_of,
+    retry_options,
     smb_options,
     started_command,
     tag_option,
@@ -286,6 +288,7 @@ def cluster_remove(name: str) -> None:
 @smb_options
 @tag_option
 @pull_options
+@retry_options
 @job_options
 def submit(
     cluster_name: str | None,
@@ -317,6 +320,7 @@ def submit(
         pull_target(pull_to, "", "--pull-to")
     profile = get_profile(cluster_name)
     spec = job_spec(job_fields(params), profile)
+    retries = retries_of(params)  # its mistakes before anything is sent
     run_id = params["run_id"] or new_run_id(spec.name)
     check_new_run_id(run_id)
     if dry_run:
@@ -340,6 +344,7 @@ def submit(
             progress=progress,
             command=started_command(),
             tags=tags,
+            retries=retries,
         )
     except StoppedWaiting as stopped:
         progress(str(stopped))

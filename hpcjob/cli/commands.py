@@ -26,6 +26,7 @@ from hpcjob.cli.options import (
     named_or_newest,
     pull_after,
     pull_options,
+    retry_options,
     smb_options,
     started_command,
     tag_option,
@@ -142,6 +143,7 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
 )
 @tag_option
 @pull_options
+@retry_options
 @job_options
 def run(
     local: bool,
@@ -184,6 +186,8 @@ def run(
             as_json=as_json, tag_items=tag_items, pull=pull, pull_to=pull_to, **smb, **params,
         )  # fmt: skip
         return
+    if params["retries"]:
+        raise SpecError("--retries needs a cluster: a local run is not retried")
     tags = parse_tags(tag_items)
     if pull_to is not None:  # a file in its place is refused before the run, not after it
         pull_target(pull_to, "", "--pull-to")

@@ -17,6 +17,7 @@ from hpcjob.job.spec import CLUSTER_BACKENDS, ENV_PLACES, PRIORITIES
 if TYPE_CHECKING:
     from hpcjob.job.results import JobSummary
     from hpcjob.job.spec import JobSpec
+    from hpcjob.runner import Retries
 
 PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
 F = TypeVar("F", bound=Callable[..., Any])
@@ -96,8 +97,8 @@ GROUPS = headed(
         SHARE: "share mount_point mount_options job_folder smb_user smb_server smb_port",
         SOFTWARE: "requirements wheelhouse no_env env_on image python env_items",
         OUTPUT: "as_json tag_items pull pull_to",
-        FAILURE: "hang_timeout max_restarts min_nodes resume_from rdzv_timeout rdzv_last_call "
-        "rdzv_keep_alive",
+        FAILURE: "retries retry_on node_wait hang_timeout max_restarts min_nodes resume_from rdzv_timeout "
+        "rdzv_last_call rdzv_keep_alive",
     }
 )
 
@@ -377,6 +378,49 @@ def wheelhouse_target(value: str | None) -> tuple[str, str] | None:
         return None
     python, _, platform = value.partition(":")
     return python, platform or DEFAULT_NODE_PLATFORM
+
+
+def retry_options(command: F) -> F:
+    """A run that goes on in a new attempt when one ends for a cause outside the program (issue 33)."""
+    from hpcjob.job.attempts import MAX_RETRIES, RETRY_ON
+
+    options = [
+        click.option(
+            "--retries",
+            type=click.IntRange(0, MAX_RETRIES),
+            default=0,
+            show_default=True,
+            metavar="N",
+            help="Attempts after the first, each a new job on healthy nodes, from the last checkpoint.",
+        ),
+        click.option(
+            "--retry-on",
+            type=click.Choice(RETRY_ON),
+            default=RETRY_ON[0],
+            show_default=True,
+            help="Retry causes outside the program (a lost node, the network, a hang), or any failure.",
+        ),
+        click.option(
+            "--node-wait",
+            type=TEXT,
+            default="10m",
+            show_default=True,
+            metavar="DURATION",
+            help="How long a next attempt waits for enough healthy nodes.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def retries_of(params: dict[str, Any]) -> Retries:
+    """The Retries the options ask for (hpcjob.runner.Retries)."""
+    from hpcjob.job.spec import parse_duration
+    from hpcjob.runner import Retries
+
+    node_wait = parse_duration(params["node_wait"], "--node-wait")
+    return Retries(params["retries"], params["retry_on"], node_wait_s=float(node_wait))
 
 
 def smb_options(command: F) -> F:

@@ -32,6 +32,7 @@ from hpcjob.runner.access import (
     run_status,
     with_profile,
 )
+from hpcjob.runner.attempts import Retries, follow_attempts, submit_attempt
 from hpcjob.runner.follow import RunOutput, follow_run
 from hpcjob.runner.local import LocalOptions, run_local, start_local, submit_local
 from hpcjob.runner.mount import MountRequest, mount_preview, mount_request, mount_share, prepare_share
@@ -68,10 +69,12 @@ __all__ = [
     "Progress",
     "PullReport",
     "Rendered",
+    "Retries",
     "RunOutput",
     "StoppedWaiting",
     "backend_for_run",
     "close_backends",
+    "follow_attempts",
     "follow_run",
     "job_id_of",
     "job_spec",
@@ -101,6 +104,7 @@ __all__ = [
     "smb_access",
     "start_local",
     "submit_and_follow",
+    "submit_attempt",
     "submit_failure",
     "submit_local",
     "submit_preview",

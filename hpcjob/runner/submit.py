@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobSummary, Submission
     from hpcjob.job.spec import JobSpec
+    from hpcjob.runner.attempts import Retries
     from hpcjob.store.config import ClusterProfile
     from hpcjob.store.runs import RunRecord
     from hpcjob.store.share import ShareFolder
@@ -50,6 +51,7 @@ def submit_and_follow(
     progress: Progress,
     command: str,
     tags: Mapping[str, str] | None = None,
+    retries: Retries | None = None,
 ) -> tuple[RunRecord, JobPlan, JobSummary | None]:
     """Upload the code to the cluster's share, submit the job (recording the run at each step, with
     `command`: how it was asked for) and, with `wait`, follow it to its summary: the run's latest
@@ -89,10 +91,22 @@ def submit_and_follow(
                 "hpcjob: warning: --hang-timeout ends a hung job while hpcjob follows it (submit --wait, "
                 "Run.wait()): this job is not followed"
             )
+        if retries is not None and retries.retries:
+            progress(
+                "hpcjob: warning: --retries starts a new attempt while hpcjob follows the run (submit "
+                "--wait): nobody retries this one"
+            )
         progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
         return latest, plan, None
     folder = open_share if share else lambda: None
-    return latest, plan, follow_run(cluster.backend, latest, plan, folder, started, progress)
+    if retries is None or not retries.retries:
+        return latest, plan, follow_run(cluster.backend, latest, plan, folder, started, progress)
+    from hpcjob.runner.attempts import follow_attempts
+
+    summary = follow_attempts(
+        cluster.backend, spec, latest, plan, folder, started, progress, retries, mount_step=mount_step
+    )
+    return latest, plan, summary
 
 
 def read_requirements(path: Path, named: str) -> str:

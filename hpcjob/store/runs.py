@@ -54,6 +54,8 @@ class RunRecord:
     pid_start: int | None = None
     # Why the submission failed (state SUBMIT_FAILED), in one line.
     failure: str | None = None
+    # Which attempt of the run the record's job is (issue 33: each attempt is a job of its own).
+    attempt: int = 1
 
     @classmethod
     def of(cls, plan: JobPlan, job_folder: str, backend: str, **where: Any) -> RunRecord:
@@ -63,13 +65,16 @@ class RunRecord:
             backend=backend,
             job_folder=job_folder,
             nodes=plan.nodes,
+            attempt=plan.attempt,
             **where,
         )
 
     @property
     def log_folder(self) -> str:
-        """The run's log folder, relative to the share folder."""
-        return f"{self.job_folder}/logs/{self.run_id}"
+        """The log folder of the record's attempt, relative to the share folder."""
+        from hpcjob.job.plan import attempt_log_folder
+
+        return f"{self.job_folder}/logs/{attempt_log_folder(self.run_id, self.attempt)}"
 
 
 # Each migration takes the database from the version before it to its own; user_version says which ran.
@@ -263,6 +268,17 @@ def record_end(summary: JobSummary) -> None:
         )  # fmt: skip
 
 
+def record_next_attempt(record: RunRecord) -> None:
+    """A run goes on in another attempt (`record`, its job not made yet): the earlier attempt's end is no
+    longer the run's, so its state, exit code and summary are cleared until this one ends."""
+    with _history() as connection:
+        _upsert(connection, record)
+        connection.execute(
+            "UPDATE runs SET state = NULL, exit_code = NULL, wall_s = NULL, summary = NULL WHERE run_id = ?",
+            (record.run_id,),
+        )
+
+
 def record_state(run_id: str, state: str, exit_code: int | None) -> None:
     """The job's state as just seen (`hpcjob status`), where no summary says more."""
     with _history() as connection:
@@ -273,7 +289,7 @@ def record_state(run_id: str, state: str, exit_code: int | None) -> None:
         )
 
 
-_RECORD_INTS = {"smb_port", "pid", "pid_start"}
+_RECORD_INTS = {"smb_port", "pid", "pid_start", "attempt"}
 _RECORD_REQUIRED = {"run_id", "name", "backend", "job_folder"}
 
 

@@ -54,6 +54,7 @@ $script:Cli = @{
         Words     = @('submit', '--json')
         Options   = $script:ClusterOptions + $script:SmbOptions + $script:JobOptions + @{
             Wait = '--wait'; NoMountStep = '--no-mount-step'; Tag = '--tag'; Pull = '--pull'; PullTo = '--pull-to'
+            Retries = '--retries'; RetryOn = '--retry-on'; NodeWait = '--node-wait'
         }
         Arguments = @('Script', 'ArgumentList')
         WhatIf    = '--dry-run'
@@ -65,7 +66,7 @@ $script:Cli = @{
             Quiet = '--quiet'; GracePeriod = '--grace-period'; Tag = '--tag'; Pull = '--pull'; PullTo = '--pull-to'
         }
         Arguments = @('Script', 'ArgumentList')
-        Unexposed = @()
+        Unexposed = @('--retries', '--retry-on', '--node-wait')  # a local run is not retried
     }
     'Get-HpcTorchJob'          = @{
         Words     = @('status', '--json')
@@ -393,6 +394,9 @@ function Submit-HpcTorchJob {
         [hashtable]$Tag,
         [switch]$Wait,
         [switch]$NoMountStep,
+        [ValidateRange(0, 100)][int]$Retries,
+        [ValidateSet('outside', 'any')][string]$RetryOn,
+        [string]$NodeWait,
         [switch]$Pull,
         [string]$PullTo,
         [pscredential]$Credential

@@ -1,0 +1,60 @@
+"""Issue 33: a run outlives a lost node. The emulated head node loses a node of a rigid 2-node job in
+its second epoch (its processes SIGKILLed, noticed after the detection delay): attempt 2 runs as a new
+job on healthy nodes from the run's checkpoint, and the run ends Finished."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcjob.backends.local import free_port
+
+from .test_rest_e2e import SMALL, TRAIN, Cluster, emulated_cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    yield from emulated_cluster(tmp_path, detection_delay_s=1.0)
+
+
+def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_checkpoint(cluster: Cluster) -> None:
+    job = ["--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo"]
+    command = [
+        sys.executable, "-m", "hpcjob.cli", "submit", "--wait", "--json", "-n", "2", "--retries", "1",
+        "--node-wait", "60", *job, str(TRAIN), "--epochs", "4", "--step-sleep", "0.1", *SMALL,
+    ]  # fmt: skip
+    submit = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
+    )
+    try:
+        checkpoints = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
+        deadline = time.monotonic() + 180
+        while not list(checkpoints.glob("*/checkpoint.pt")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the first epoch's checkpoint: then the run is in its second
+        assert list(checkpoints.glob("*/checkpoint.pt")), "no checkpoint within 180 s"
+        cluster.head.lose_node("NODE002", "evicted")
+        out, err = submit.communicate(timeout=300)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+    assert submit.returncode == 0, err[-4000:]
+    summary = json.loads(out)
+    assert summary["state"] == "Finished"
+    assert [n["node"] for n in summary["nodes"]] == ["LOCALHOST", "NODE003"]  # the lost node left out
+    assert summary["events"][0].startswith("attempt 1 (job ") and "NODE002 was lost" in summary["events"][0]
+    assert summary["metrics"]["resumed_from_epoch"] >= 1  # from the run's checkpoint, not from scratch
+    assert summary["metrics"]["epochs_completed"] == 4
+    assert "attempt 2 of 2: job " in err
+    run_id = summary["run_id"]
+    logs = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "logs" / run_id
+    assert (logs / "NODE002.out").is_file() and (logs / "2" / "NODE003.out").is_file()  # each its own
+    shown = cluster.hpcjob("runs", "show", run_id)
+    assert shown.returncode == 0 and "Finished" in shown.stdout, shown.stderr
