@@ -106,7 +106,7 @@ class Run:
 
     def cancel(self, force: bool = False) -> str | None:
         """Cancel the job: None, or the state it had already ended in (or "Canceling")."""
-        return runner.backend_for_run(self.record).cancel(self.record, force=force)
+        return runner.cancel_run(self.record, force=force)
 
     def pull(self, to: str | Path | None = None, progress: Callable[[str], None] | None = None) -> PullReport:
         """Copy the run's checkpoints, output folder and logs from the share into `to` [default:
@@ -135,6 +135,8 @@ def submit(
     backend: str | None = None,
     mount_step: bool = True,
     wait: bool = False,
+    retries: int = 0,
+    retry_on: str = "outside",
     progress: Callable[[str], None] | None = None,
     tags: Mapping[str, str] | None = None,
     **options: Any,
@@ -145,8 +147,12 @@ def submit(
     `resume_from`: an earlier run of this machine's (run id or job id) whose latest checkpoint the new
     run starts from, as `--resume-from` (None: a new run starts fresh, saving into a folder of its own).
     More job options by their JobSpec names (node_group, env_on, runtime_s, ...). With `wait`, the
-    returned run's `summary` is set."""
+    returned run's `summary` is set; on a cluster, `retries` more attempts follow one that ended for a
+    cause outside the program (`retry_on="any"`: any failure), as `--retries`."""
     said = progress or _quiet
+    again = runner.Retries(retries, retry_on)
+    if again.retries and not (wait and cluster is not None):
+        raise SpecError("retries need a cluster and wait=True: the run is retried while it is followed")
     fields: dict[str, Any] = {
         "script": str(script),
         "script_args": tuple(args),
@@ -169,13 +175,16 @@ def submit(
     command = f"hpcjob.submit({str(script)!r}, args={list(args)!r}, cluster={cluster!r})"
     if cluster is None:
         record, plan = runner.submit_local(fields, run_id, progress=said, command=command, tags=tags)
-    else:
-        record, plan = runner.submit_to_cluster(
-            fields, run_id, cluster, backend, mount_step=mount_step, progress=said, command=command, tags=tags
-        )
+        run = Run(record, plan)
+        if wait:
+            run.wait(said)
+        return run
+    record, plan, summary = runner.submit_to_cluster(
+        fields, run_id, cluster, backend, mount_step=mount_step, progress=said, command=command, tags=tags,
+        wait=wait, retries=again,
+    )  # fmt: skip
     run = Run(record, plan)
-    if wait:
-        run.wait(said)
+    run.summary = summary
     return run
 
 

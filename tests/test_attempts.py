@@ -89,3 +89,37 @@ def test_the_program_s_own_failure_is_retried_only_with_retry_on_any(cause: Root
     assert (found.kind, found.retried, found.lost) == ("program", False, ())
     assert found.said.startswith("the program failed on GPU2")
     assert attempt_cause(summary(State.FAILED, cause), failed, healthy(), retry_on="any").retried
+
+
+def test_the_history_keeps_each_attempt_and_a_cancel_marks_the_run() -> None:
+    """`runs show` and `runs --json` list the attempts (this machine's history, in the test's own
+    folder: tests/conftest.py); a cancel marks the run for whoever follows it."""
+    from hpcjob.job.plan import make_plan
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.runs import (
+        RunRecord,
+        find_entry,
+        record_attempt_end,
+        record_cancel,
+        record_next_attempt,
+        save_run,
+        was_canceled,
+    )
+
+    spec = JobSpec(script="train.py", node_names=NODES)
+    first = RunRecord.of(make_plan(spec, NODES, "run-1"), "hpcjob/train", "rest", cluster="lab", job_id="7")
+    save_run(first)
+    lost = summary(State.FAILED, rank_failed("RuntimeError: gloo"))
+    record_attempt_end(first, lost, "node lost", "GPU2 was lost", True)
+    second = RunRecord.of(make_plan(spec, ("GPU1", "GPU3"), "run-1", attempt=2), "hpcjob/train", "rest")
+    record_next_attempt(second)
+    entry = find_entry("run-1")
+    assert (entry.state, entry.summary, entry.record.attempt) == (None, None, 2)  # the run goes on
+    assert entry.record.log_folder == "hpcjob/train/logs/run-1/2"
+    assert [(a.attempt, a.job_id, a.nodes, a.cause, a.retried) for a in entry.attempts] == [
+        (1, "7", NODES, "node lost", True)
+    ]
+    assert entry.to_dict()["attempts"][0]["said"] == "GPU2 was lost"
+    assert not was_canceled("run-1")
+    record_cancel("run-1")
+    assert was_canceled("run-1")

@@ -58,3 +58,40 @@ def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_checkpoint(cluster
     assert (logs / "NODE002.out").is_file() and (logs / "2" / "NODE003.out").is_file()  # each its own
     shown = cluster.hpcjob("runs", "show", run_id)
     assert shown.returncode == 0 and "Finished" in shown.stdout, shown.stderr
+    attempts = shown.stdout.split("  attempts:\n")[1].splitlines()[:2]
+    assert attempts[0].startswith("    1. job ") and attempts[0].endswith(
+        " on LOCALHOST, NODE002: NODE002 was lost; retried"
+    )
+    assert attempts[1].startswith("    2. job ") and attempts[1].endswith(" on LOCALHOST, NODE003: finished")
+    entry = json.loads(cluster.hpcjob("runs", "show", run_id, "--json").stdout)
+    assert [(a["attempt"], a["cause"], a["retried"]) for a in entry["attempts"]] == [
+        (1, "node lost", True),
+        (2, "finished", False),
+    ]
+    assert entry["attempt"] == 2 and entry["job_id"] == str(summary["job_id"])  # the newest attempt's job
+
+
+def test_a_canceled_run_starts_no_other_attempt(cluster: Cluster) -> None:
+    job = ["--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo"]
+    command = [
+        sys.executable, "-m", "hpcjob.cli", "submit", "--wait", "--json", "-n", "2", "--retries", "2",
+        "--retry-on", "any", *job, str(TRAIN), "--epochs", "20", "--step-sleep", "0.1", *SMALL,
+    ]  # fmt: skip
+    submit = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
+    )
+    try:
+        checkpoints = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
+        deadline = time.monotonic() + 180
+        while not list(checkpoints.glob("*/checkpoint.pt")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        canceled = cluster.hpcjob("cancel")  # this machine's newest run: even --retry-on any stops
+        assert canceled.returncode == 0 and " canceled" in canceled.stdout, canceled.stderr
+        out, err = submit.communicate(timeout=240)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+    summary = json.loads(out)
+    assert summary["state"] == "Canceled", err[-3000:]
+    assert "attempt 2" not in err and summary["events"][0].endswith(": canceled")
+    assert cluster.leftovers() == []

@@ -41,7 +41,7 @@ from hpcjob.job.spec import CLUSTER_BACKENDS, WINRM_TRANSPORTS
 from hpcjob.runner import (
     ClusterAccess,
     StoppedWaiting,
-    backend_for_run,
+    cancel_run,
     new_run_id,
     run_of,
     submit_and_follow,
@@ -453,9 +453,8 @@ def cancel(job: str | None, cluster_name: str | None, backend_kind: str | None, 
     """Cancel JOB (a job id, or a run id, also of a `run --local` in another shell) [default: this
     machine's newest run]. Canceling a job that has already ended, or is being canceled, is not an error."""
     record = run_of(named_or_newest(job), cluster_name, backend_kind)
-    backend = backend_for_run(record, cluster_name, backend_kind)
     shown = f"job {record.job_id}" if record.cluster and record.job_id else f"run {record.run_id}"
-    already = backend.cancel(record, force=force)
+    already = cancel_run(record, cluster_name, backend_kind, force=force)
     if already is None:
         click.echo(f"{shown} canceled")
     elif already == "Canceling":

@@ -201,6 +201,15 @@ def describe(entry: HistoryEntry) -> list[str]:
             f"  cost:     {cost_line(summary.cost_usd, summary.price)}: {busy:.2f} node-hours of tasks at "
             f"${summary.price.usd_per_hour:,.2f} an hour (an attribution, not the bill)"
         )
+    if entry.attempts:  # issue 33: each attempt a job of its own
+        lines.append("  attempts:")
+        for attempt in entry.attempts:
+            cost = f", ${attempt.cost_usd:,.2f}" if attempt.cost_usd is not None else ""
+            then = "; retried" if attempt.retried else ""
+            lines.append(
+                f"    {attempt.attempt}. job {attempt.job_id or '-'} on {', '.join(attempt.nodes)}: "
+                f"{attempt.said or attempt.cause or 'unknown'}{cost}{then}"
+            )
     if entry.summary is not None:
         lines.append("")
         lines += format_summary(entry.summary).splitlines()

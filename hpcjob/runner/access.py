@@ -191,6 +191,19 @@ def run_status(
     return info, steps[-1] if steps and not info.ended else None
 
 
+def cancel_run(
+    record: RunRecord, cluster_name: str | None = None, backend_kind: str | None = None, force: bool = False
+) -> str | None:
+    """Cancel the run's job, and the run: a follower with --retries starts no other attempt after it.
+    None, or the state the job had already ended in (or "Canceling")."""
+    from hpcjob.store.runs import record_cancel
+
+    if record.job_folder:  # a run of this machine's history
+        with contextlib.suppress(HpcjobError):  # the job's cancel matters more than the mark
+            record_cancel(record.run_id)
+    return backend_for_run(record, cluster_name, backend_kind).cancel(record, force=force)
+
+
 def job_id_of(job: str) -> int | None:
     """JOB as an HPC Pack job id (ASCII digits, at least 1), or None when it is a run id."""
     if not re.fullmatch(r"[0-9]+", job):

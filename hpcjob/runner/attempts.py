@@ -7,6 +7,7 @@ can exclude a node, and the first node is in every command line.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -60,45 +61,63 @@ def follow_attempts(
     retries: Retries,
     *,
     mount_step: bool,
-) -> JobSummary:
+) -> tuple[RunRecord, JobSummary]:
     """Follow the run's attempts to the run's end: each attempt to its summary (follow_run), and while
-    its cause is retried and attempts are left, the next one. The summary is the last attempt's, with a
-    line for each attempt that went before."""
+    its cause is retried and attempts are left, the next one. The newest attempt's record, and its
+    summary with a line for each attempt that went before."""
     from hpcjob.job.attempts import attempt_cause
     from hpcjob.job.results import State
+    from hpcjob.store.runs import record_attempt_end, was_canceled
 
     told: list[str] = []
+    total = retries.retries + 1
     while True:
         summary = follow_run(backend, record, plan, open_folder, started, progress)
         if summary.state is State.FINISHED or retries.retries == 0:
-            return _told(summary, told)
+            if record.attempt > 1:
+                _keep(record_attempt_end, record, summary, "finished", "finished", False)
+            return record, _told(summary, told)
         info = _final(backend, record, retries, progress)
         if info is None:  # HPC Pack requeued the job itself: the same attempt goes on
             continue
-        cause = attempt_cause(
-            summary,
-            info,
-            backend.nodes(spec.node_group),
-            canceled_by_user=summary.state is State.CANCELED,
-            retry_on=retries.retry_on,
-        )
+        canceled = summary.state is State.CANCELED or _kept(was_canceled, record.run_id)
+        nodes_now = backend.nodes(spec.node_group)
+        cause = attempt_cause(summary, info, nodes_now, canceled_by_user=canceled, retry_on=retries.retry_on)
+        last = record.attempt >= total
+        _keep(record_attempt_end, record, summary, cause.kind, cause.said, cause.retried and not last)
         told.append(
             f"attempt {record.attempt} (job {record.job_id} on {', '.join(plan.nodes)}): {cause.said}"
         )
         if not cause.retried:
-            return _told(summary, told)
-        if record.attempt > retries.retries:
+            return record, _told(summary, told)
+        if last:
             told.append(f"no attempt left: --retries {retries.retries}")
-            return _told(summary, told)
-        total = retries.retries + 1
+            return record, _told(summary, told)
         progress(
             f"attempt {record.attempt} of {total} ended: {cause.said}; attempt {record.attempt + 1} next"
         )
         spec = _next_spec(spec, cause)
+        if _kept(was_canceled, record.run_id):  # `hpcjob cancel` came as the attempt ended
+            told.append("the run was canceled: no other attempt")
+            return record, _told(summary, told)
         record, plan = submit_attempt(
             backend, spec, record, open_folder, retries, mount_step=mount_step, progress=progress
         )
         progress(f"attempt {record.attempt} of {total}: job {record.job_id} on {', '.join(plan.nodes)}")
+
+
+def _keep(write: Callable[..., None], *args: object) -> None:
+    """Write to the history; one that fails has said so on its own: the run's attempts matter more."""
+    with contextlib.suppress(HpcjobError):
+        write(*args)
+
+
+def _kept(read: Callable[[str], bool], run_id: str) -> bool:
+    """Read the history; one that fails reads as nothing recorded."""
+    try:
+        return read(run_id)
+    except HpcjobError:
+        return False
 
 
 def _told(summary: JobSummary, told: list[str]) -> JobSummary:

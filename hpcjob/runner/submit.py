@@ -103,7 +103,7 @@ def submit_and_follow(
         return latest, plan, follow_run(cluster.backend, latest, plan, folder, started, progress)
     from hpcjob.runner.attempts import follow_attempts
 
-    summary = follow_attempts(
+    latest, summary = follow_attempts(
         cluster.backend, spec, latest, plan, folder, started, progress, retries, mount_step=mount_step
     )
     return latest, plan, summary
@@ -267,21 +267,24 @@ def submit_to_cluster(
     progress: Progress,
     command: str,
     tags: Mapping[str, str] | None = None,
-) -> tuple[RunRecord, JobPlan]:
+    wait: bool = False,
+    retries: Retries | None = None,
+) -> tuple[RunRecord, JobPlan, JobSummary | None]:
     """Submit a job (options by their JobSpec names, and smb_user, smb_server and smb_port) to the
-    cluster of profile `cluster_name`, the profile filling in what the options do not say."""
+    cluster of profile `cluster_name`, the profile filling in what the options do not say; with `wait`,
+    follow it (its attempts, with `retries`) to its summary."""
     cluster = ClusterAccess(cluster_name, backend_kind)
     spec = job_spec(fields, cluster.profile)
     smb = smb_access(fields, cluster.profile)
-    record, plan, _ = submit_and_follow(
+    return submit_and_follow(
         cluster,
         spec,
         run_id or new_run_id(spec.name),
         smb,
         mount_step=mount_step,
-        wait=False,
+        wait=wait,
         progress=progress,
         command=command,
         tags=tags,
+        retries=retries,
     )
-    return record, plan

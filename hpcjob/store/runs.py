@@ -17,7 +17,7 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
@@ -106,6 +106,22 @@ MIGRATIONS = (
         value  TEXT NOT NULL,
         PRIMARY KEY (run_id, key)
     );
+    """,
+    # Issue 33: a run is attempts, each one HPC Pack job; the run's own row holds the newest.
+    """
+    CREATE TABLE attempts (
+        run_id  TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        attempt INTEGER NOT NULL,
+        job_id  TEXT,
+        nodes   TEXT NOT NULL,  -- the attempt's nodes, as a JSON list
+        cause   TEXT,           -- how it ended (hpcjob.job.attempts.KINDS)
+        said    TEXT,           -- that, in a line a person reads
+        retried INTEGER,        -- whether the run went on in another attempt
+        ended   REAL,           -- unix time
+        summary TEXT,           -- its JobSummary, as JSON
+        PRIMARY KEY (run_id, attempt)
+    );
+    ALTER TABLE runs ADD COLUMN canceled REAL;  -- when `hpcjob cancel` ended the run: no attempt after it
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -268,6 +284,82 @@ def record_end(summary: JobSummary) -> None:
         )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class AttemptEntry:
+    """One attempt of a run, as the history knows it: its job, nodes and how it ended."""
+
+    attempt: int
+    job_id: str | None
+    nodes: tuple[str, ...]
+    cause: str | None
+    said: str | None
+    retried: bool
+    ended: float | None
+    summary: JobSummary | None
+
+    @property
+    def cost_usd(self) -> float | None:
+        return None if self.summary is None else self.summary.cost_usd
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "job_id": self.job_id,
+            "nodes": list(self.nodes),
+            "cause": self.cause,
+            "said": self.said,
+            "retried": self.retried,
+            "ended": self.ended,
+            "state": self.summary.state.value if self.summary else None,
+            "cost_usd": self.cost_usd,
+        }
+
+
+def record_attempt_end(record: RunRecord, summary: JobSummary, cause: str, said: str, retried: bool) -> None:
+    """How the record's attempt ended, kept beside the run (its row holds the newest attempt)."""
+    with _history() as connection:
+        connection.execute(
+            "INSERT OR REPLACE INTO attempts (run_id, attempt, job_id, nodes, cause, said, retried, ended, "
+            "summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.run_id, record.attempt, record.job_id, json.dumps(list(record.nodes)), cause, said,
+                int(retried), time.time(), summary.to_json(),
+            ),
+        )  # fmt: skip
+
+
+_ATTEMPT_COLUMNS = "attempt, job_id, nodes, cause, said, retried, ended, summary"
+
+
+def _attempt_of(row: Sequence[Any]) -> AttemptEntry:
+    """A row of _ATTEMPT_COLUMNS; a summary or node list that cannot be read is shown as missing."""
+    from hpcjob.job.results import JobSummary
+
+    attempt, job_id, nodes, cause, said, retried, ended, summary = row
+    try:
+        ended_summary = JobSummary.from_json(summary) if summary else None
+    except (ValueError, TypeError, KeyError):
+        ended_summary = None
+    try:
+        names = tuple(str(n) for n in json.loads(nodes))
+    except ValueError:
+        names = ()
+    return AttemptEntry(attempt, job_id, names, cause, said, bool(retried), ended, ended_summary)
+
+
+def record_cancel(run_id: str) -> None:
+    """`hpcjob cancel` ended the run: whoever follows it starts no other attempt."""
+    with _history() as connection:
+        connection.execute("UPDATE runs SET canceled = ? WHERE run_id = ?", (time.time(), run_id))
+
+
+def was_canceled(run_id: str) -> bool:
+    """Whether `hpcjob cancel` ended the run (on this machine)."""
+    with _history(write=False) as connection:
+        row = connection.execute("SELECT canceled FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return row is not None and row[0] is not None
+
+
 def record_next_attempt(record: RunRecord) -> None:
     """A run goes on in another attempt (`record`, its job not made yet): the earlier attempt's end is no
     longer the run's, so its state, exit code and summary are cleared until this one ends."""
@@ -334,6 +426,8 @@ class HistoryEntry:
     plan: dict[str, Any] | None
     summary: JobSummary | None
     tags: dict[str, str] = field(default_factory=dict)
+    # The run's ended attempts the history kept (issue 33): none for a run of one attempt, no retries.
+    attempts: list[AttemptEntry] = field(default_factory=list)
 
     @property
     def node_hours(self) -> float | None:
@@ -349,7 +443,10 @@ class HistoryEntry:
     def cost_usd(self) -> float | None:
         """What the run's nodes cost while their tasks ran, at the price its summary was counted at
         (hpcjob.job.prices: an attribution, not the bill); None for a local run, a run without a summary,
-        or a cluster whose profile named no size and region."""
+        or a cluster whose profile named no size and region. A run of several attempts: all of theirs."""
+        costs = [a.cost_usd for a in self.attempts if a.cost_usd is not None]
+        if costs:
+            return sum(costs)
         return None if self.summary is None else self.summary.cost_usd
 
     @property
@@ -391,6 +488,7 @@ class HistoryEntry:
             "command": self.command,
             "plan": self.plan,
             "summary": json.loads(self.summary.to_json()) if self.summary else None,
+            "attempts": [attempt.to_dict() for attempt in self.attempts],
         }
 
 
@@ -462,6 +560,9 @@ def _entries(connection: sqlite3.Connection, rows: list[Any]) -> list[HistoryEnt
     tags: dict[str, dict[str, str]] = {}
     for run_id, key, value in connection.execute("SELECT run_id, key, value FROM tags ORDER BY key"):
         tags.setdefault(run_id, {})[key] = value
+    attempts: dict[str, list[AttemptEntry]] = {}
+    for row in connection.execute(f"SELECT run_id, {_ATTEMPT_COLUMNS} FROM attempts ORDER BY attempt"):
+        attempts.setdefault(row[0], []).append(_attempt_of(row[1:]))
     entries = []
     for run_id, started, updated, job_state, exit_code, wall_s, gpus, record, command, plan, summary in rows:
         try:
@@ -489,6 +590,7 @@ def _entries(connection: sqlite3.Connection, rows: list[Any]) -> list[HistoryEnt
                 job,
                 ended,
                 tags.get(run_id, {}),
+                attempts.get(run_id, []),
             )
         )
     return entries
