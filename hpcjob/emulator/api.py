@@ -195,16 +195,20 @@ class Api:
 
     @route("POST", "/cluster/nodes/(?P<name>[^/]+)/operations/(?P<op>[^/]+)")
     def node_operation(self, req: Request, params: Mapping[str, str]) -> Reply:
+        """202 Accepted, done asynchronously: "The caller has to query the node state for the operation
+        result" (the spec). takeOffline has no force in the spec: a node that a job holds drains. Only
+        an administrator may (Set-HpcNodeState's page; the REST door's words are the emulator's own)."""
         node = self.cluster.node(params["name"])
         op = params["op"].lower()
-        if op == "bringonline":
-            self.cluster.set_node(node.name, state="Online")
-        elif op == "takeoffline":
-            self.cluster.take_offline(node.name)
-        elif op in ("start", "stop", "reboot", "shutdown"):
-            raise ApiError(400, f"The emulator does not support the node operation {params['op']}.")
-        else:
+        if op not in ("bringonline", "takeoffline", "start", "stop", "reboot", "shutdown"):
             raise ApiError(400, f"The node operation {params['op']} does not exist.")
+        if not req.actor.admin:
+            raise ApiError(
+                403, f"The user {req.actor.name} must be a cluster administrator to operate a node."
+            )
+        if op in ("start", "stop", "reboot", "shutdown"):
+            raise ApiError(400, f"The emulator does not support the node operation {params['op']}.")
+        self.cluster.set_node_state(node.name, "Online" if op == "bringonline" else "Offline")
         return Reply(202)
 
     @route("GET", "/cluster/nodeGroups")

@@ -46,12 +46,17 @@ class Cluster:
         node_lost_message: str = NODE_LOST_MESSAGE,
         job_retry_count: int = 0,
         auto_requeue_delay_s: float = 2.0,
+        node_operation_delay_s: float = 0.5,
     ) -> None:
         """`password_of(owner)`: the job owner's password, which the agent hands to execution filters.
-        The rest is what a lost node does (`lose_node`): see HeadNode."""
+        The rest is what a lost node does (`lose_node`) and how long a node operation takes
+        (`set_node_state`): see HeadNode."""
         check_losses(
             detection_delay_s, unreachable_health, node_lost_message, job_retry_count, auto_requeue_delay_s
         )
+        if node_operation_delay_s < 0:
+            raise ValueError("node_operation_delay_s must not be negative")
+        self.node_operation_delay_s = node_operation_delay_s
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.registry = NodeRegistry(nodes)
@@ -168,10 +173,18 @@ class Cluster:
             self.registry.change(node, health="OK")
             self.changed.notify_all()
 
-    def take_offline(self, name: str) -> None:
+    def set_node_state(self, name: str, state: str, *, force: bool = False) -> None:
+        """A node operation (REST bringOnline/takeOffline, Set-HpcNodeState -Async): accepted now, made
+        `node_operation_delay_s` later by the scheduler's thread. Offline drains a node that a job holds
+        (Draining until its jobs end) unless forced; what a forced Offline does to the tasks running
+        there is UNVERIFIED: they run on (the VM's deallocation ends them)."""
         with self.lock:
             node = self.node(name)
-            self.set_node(node.name, state="Draining" if node.held else "Offline")
+            due = time.monotonic() + self.node_operation_delay_s
+            self.registry.operate(node, state, force=force, due=due)
+            if self.node_operation_delay_s == 0:
+                self.registry.make_due(due)
+            self.changed.notify_all()
 
     def groups(self) -> dict[str, tuple[str, bool]]:
         """Group name -> (description, managed): the built-in groups and every group a node names."""

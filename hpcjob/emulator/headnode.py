@@ -83,6 +83,7 @@ class HeadNode:
         node_lost_message: str = NODE_LOST_MESSAGE,
         job_retry_count: int = 0,
         auto_requeue_delay_s: float = 2.0,
+        node_operation_delay_s: float = 0.5,
     ) -> None:
         """
         nodes: NodeSpec objects or typed Node dicts (``{"Name", "State", "Health", "Cores", "Groups"...}``);
@@ -110,6 +111,9 @@ class HeadNode:
             that failed because a node was lost is requeued by itself (documented default 3; here 0,
             since whether it applies to tasks that are not rerunnable is UNVERIFIED).
         auto_requeue_delay_s: how long such a job stays Failed before it is Queued again (UNVERIFIED).
+        node_operation_delay_s: how long after a node operation is accepted (REST bringOnline and
+            takeOffline, 202; Set-HpcNodeState -Async) the node's state changes: the spec says only that
+            it is done asynchronously (the figure is the emulator's).
         """
         specs = [n if isinstance(n, NodeSpec) else NodeSpec.from_json(n) for n in (nodes or DEFAULT_NODES)]
         if not users:
@@ -137,6 +141,9 @@ class HeadNode:
             "auto_requeue_delay_s": auto_requeue_delay_s,
         }
         check_losses(**self._losses)
+        if node_operation_delay_s < 0:
+            raise ValueError("node_operation_delay_s must not be negative")
+        self._node_operation_delay_s = node_operation_delay_s
         base = dict(os.environ if env is None else env)
         base.pop(PASSWORD_ENV, None)  # never hand the emulator's password to a task
         base.pop("NTLM_USER_FILE", None)  # nor another emulator's users file
@@ -173,6 +180,7 @@ class HeadNode:
                 base_env=self._env,
                 head_name=self.head_name,
                 password_of=self._password_of,
+                node_operation_delay_s=self._node_operation_delay_s,
                 **self._losses,
             )
             api = Api(self._cluster, version=self.version, head_name=self.head_name)

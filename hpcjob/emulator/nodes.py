@@ -93,6 +93,10 @@ class Node:
     lost: str | None = None
     lost_at: float = 0.0
     unreachable: bool = False
+    # A state change asked for (REST's node operations, Set-HpcNodeState) and not yet made: the state
+    # asked for, whether forced, and when it takes effect (time.monotonic()); the head node makes it
+    # asynchronously.
+    pending: tuple[str, bool, float] | None = None
 
     def in_group(self, group: str) -> bool:
         return any(g.lower() == group.lower() for g in self.groups)
@@ -154,6 +158,25 @@ class NodeRegistry:
             node.groups = list(groups)
         if cores is not None:
             node.cores = cores
+
+    def operate(self, node: Node, state: str, *, force: bool, due: float) -> None:
+        """Ask for `node` to go Online or Offline at `due` (time.monotonic()); a later request replaces
+        one not yet made."""
+        if state not in ("Online", "Offline"):
+            raise ValueError(f"a node can be set Online or Offline, not {state!r}")
+        node.pending = (state, force, due)
+
+    def make_due(self, clock: float) -> None:
+        """Make the state changes due by `clock`: Online; Offline at once when forced or when no job
+        holds the node, else Draining (Offline once its jobs end: `drain`)."""
+        for node in self.nodes.values():
+            if node.pending is None or node.pending[2] > clock:
+                continue
+            state, force, _ = node.pending
+            node.pending = None
+            if state == "Offline" and node.held and not force:
+                state = "Draining"
+            self.change(node, state=state)
 
     def drain(self) -> None:
         """A Draining node goes Offline once no job holds it."""

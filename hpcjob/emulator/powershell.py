@@ -23,6 +23,7 @@ import binascii
 import json
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -77,7 +78,12 @@ CMDLETS: dict[str, tuple[str, ...]] = {
         "Name", "GroupName", "Group", "State", "Health", "HealthState", "TemplateName", "Location",
         "Scheduler",
     ),
+    "Set-HpcNodeState": ("State", "Force", "Async", "Name", "Node", "Scheduler", "WhatIf", "Confirm"),
 }  # fmt: skip
+# Set-HpcNodeState without -Async waits for the states to take effect ("If any of the jobs have the Run
+# until canceled property set, the operation to take the node offline does not return"): the emulator
+# waits this long at most, then fails the script.
+SYNC_NODE_STATE_S = 30.0
 HPC = frozenset(name for name in CMDLETS if "-Hpc" in name)
 # Get-HpcNode -Health: the NodeHealth enum (its page), which has Unreachable; -HealthState takes the
 # NodeHealthState enum, the REST API's NodeHealth (OK, Warning, Error, Transitional, Unapproved).
@@ -220,6 +226,8 @@ class PowerShellHost:
                 if canceled:
                     self.cluster.cancel_job(actor, int(job.props["Id"]), str(value("Message") or ""), force)
                 return [self._fields(script, {"$canceled": canceled, "$state": state})]
+            if script.calls("Set-HpcNodeState"):
+                return self._set_node_state(script, value, actor)
             if script.calls("Get-HpcNode"):
                 if not actor.admin:
                     # The cmdlet's page: "You must be a cluster administrator to run this cmdlet
@@ -274,6 +282,40 @@ class PowerShellHost:
             raise ScriptError(err.message) from None
         raise ScriptError("The emulated head node does not know what this script does: it calls "
                           f"{', '.join(script.hpc) or 'no HPC cmdlet'}.")  # fmt: skip
+
+    def _set_node_state(self, script: Script, value: Callable[[str], Any], actor: Actor) -> list[Any]:
+        """`Set-HpcNodeState -Name N[,N] -State Online|Offline [-Force] [-Async]` (its page: Rejected is
+        the third state, not emulated; -Force only with Offline, straight to Offline without Draining;
+        -Async returns at once, else the cmdlet waits for the states; a cluster administrator's cmdlet).
+        Outputs nothing the scripts read: they ask Get-HpcNode for the states."""
+        cmdlet = "Set-HpcNodeState"
+        if not actor.admin:
+            raise ScriptError(f"{cmdlet} : Access is denied: you must be a cluster administrator.")
+        names = [n.strip() for item in _values(script, value, cmdlet, "Name") for n in item.split(",")]
+        states = _values(script, value, cmdlet, "State")
+        if not names or not all(names) or len(states) != 1:
+            raise ScriptError(f"{cmdlet} : Missing an argument for parameter 'Name' or 'State'.")
+        state = next((s for s in ("Online", "Offline", "Rejected") if s.lower() == states[0].lower()), None)
+        if state is None or state == "Rejected":
+            raise ScriptError(
+                f"{cmdlet} : Cannot bind parameter 'State': the emulated head node sets Online or Offline, "
+                f"not {states[0]}."
+            )
+        force = _switch(script, value, cmdlet, "Force")
+        if force and state != "Offline":
+            raise ScriptError(f"{cmdlet} : You can only use -Force when you specify Offline for -State.")
+        for name in names:
+            self.cluster.node(name)  # an unknown node is refused before any is changed
+        for name in names:
+            self.cluster.set_node_state(name, state, force=force)
+        if not _switch(script, value, cmdlet, "Async"):
+            deadline = time.monotonic() + SYNC_NODE_STATE_S
+            with self.cluster.lock:
+                while any(self.cluster.node(n).state != state for n in names):
+                    if time.monotonic() > deadline:
+                        raise ScriptError(f"{cmdlet} : the emulated head node gave up waiting for {state}.")
+                    self.cluster.changed.wait(timeout=0.1)
+        return []
 
     def _clusrun(self, script: Script, nodes: Any, command_base64: str, actor: Actor) -> dict[str, Any]:
         """`clusrun /user:system /nodes:A,B "echo B64 | base64 -d | bash"`: an administrator's right; the
@@ -478,6 +520,33 @@ def _owner_filter(script: Script, actor: Actor) -> str | None:
     if match:
         return match.group(1).strip("'\"")
     return None if script.params("Get-HpcJob") & {"state", "id", "name"} else actor.name
+
+
+def _values(script: Script, value: Callable[[str], Any], cmdlet: str, param: str) -> list[str]:
+    """What the script gives `-param` of `cmdlet`: written out (`-State Offline`, `-Name 'A','B'`) or
+    read from `$Data.Key` (a list or one value); [] when not given."""
+    text = script.argument(cmdlet, param)
+    if text is None:
+        return []
+    data = _DATA_KEY.fullmatch(text.strip())
+    if data is not None:
+        given = value(data.group(1))
+        return [str(v) for v in (given if isinstance(given, list) else [given]) if v is not None]
+    return [i.strip().strip("'\"") for i in text.strip().removeprefix("@(").rstrip(")").split(",")]
+
+
+def _switch(script: Script, value: Callable[[str], Any], cmdlet: str, param: str) -> bool:
+    """Whether a switch of `cmdlet` is on: named bare (`-Async`), or `-Force:$true`, or
+    `-Force:([bool]$Data.Force)` with a true value."""
+    if param.lower() not in script.params(cmdlet):
+        return False
+    text = (script.argument(cmdlet, param) or "").strip()
+    if not text:
+        return True
+    data = _DATA_KEY.search(text)
+    if data is not None:
+        return bool(value(data.group(1)))
+    return text.lower().strip("()") == "$true"
 
 
 def _enum_values(

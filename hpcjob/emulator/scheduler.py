@@ -4,7 +4,8 @@ Each step of its loop, under the cluster's lock: a Submitted job goes Validating
 `validate` accepts it (or Failed, saying why); queued jobs start in order of priority, then submission,
 when `allocate` finds them nodes (no backfill unless asked for: a job that cannot start holds back the
 later ones); a running job's queued tasks are dispatched to its nodes, in task order, and handed to the
-node agent; a job past its RuntimeSeconds is canceled; a Draining node that no job holds goes Offline.
+node agent; a job past its RuntimeSeconds is canceled; a node state change asked for (a node operation)
+is made once due; a Draining node that no job holds goes Offline.
 A lost node is noticed `detection_delay` seconds after its loss (the heartbeats it missed): its health
 becomes `unreachable_health` and the tasks it took fail; a job that failed for it and has JobRetryCount
 left goes back to the queue by itself. Tasks dispatched to a lost node before that never start.
@@ -124,6 +125,7 @@ class Scheduler:
                 else:
                     self._dispatch(job)
                     book.check_job_end(job)
+        self.registry.make_due(clock)
         self.registry.drain()
 
     @staticmethod

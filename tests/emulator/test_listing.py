@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from hpcjob.emulator import HeadNode
 
 from .conftest import Client, job_xml, task_xml
@@ -72,10 +74,20 @@ def test_nodes_2019_style(client: Client, head: HeadNode) -> None:
     assert groups["ComputeNodes"]["Managed"] is True and groups["GPUNodes"]["Managed"] is False
     assert client.get("/cluster/nodeGroups/gpunodes").json()["Name"] == "GPUNodes"
     assert client.get("/cluster/nodeGroups/GPUNodes/nodes").json() == ["LOCALHOST", "GPU02", "GPU03"]
+    # Node operations are done asynchronously (the spec): the state, once made.
     assert client.post("/cluster/nodes/GPU03/operations/bringOnline").status_code == 202
-    assert client.get("/cluster/nodes/GPU03").json()["State"] == "Online"
+    assert _state_soon(client, "GPU03", "Online")
     assert client.post("/cluster/nodes/GPU03/operations/takeOffline").status_code == 202
-    assert client.get("/cluster/nodes/GPU03").json()["State"] == "Offline"
+    assert _state_soon(client, "GPU03", "Offline")
+
+
+def _state_soon(client: Client, node: str, wanted: str) -> bool:
+    deadline = time.monotonic() + 10
+    while client.get(f"/cluster/nodes/{node}").json()["State"] != wanted:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_nodes_of_a_job(client: Client) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from hpcjob.job.render.text import templates
 
-SCRIPTS = ("submit", "find", "status", "outputs", "cancel", "nodes", "busy", "clusrun")
+SCRIPTS = ("submit", "find", "status", "outputs", "cancel", "nodes", "busy", "clusrun", "offline", "online")
 POWERSHELL = "powershell.exe"
 
 
