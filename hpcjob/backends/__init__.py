@@ -11,9 +11,11 @@ made for a bare job id of the cluster. Everything a backend returns is a shared 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from hpcjob.backends.node_states import OFFLINE_TIMEOUT_S, ONLINE_TIMEOUT_S
 
 if TYPE_CHECKING:
     from hpcjob.job.plan import JobPlan, MountStep
@@ -54,6 +56,22 @@ class Backend(Protocol):
 
     def busy_nodes(self) -> set[str]:
         """The nodes (upper case) that running jobs hold now."""
+        ...
+
+    def take_offline(
+        self, nodes: Sequence[str], *, force: bool, progress: Progress, timeout_s: float = OFFLINE_TIMEOUT_S
+    ) -> list[NodeInfo]:
+        """Take `nodes` offline (a cluster administrator's right) and wait, at most `timeout_s`, until
+        the head node shows them Offline; their states. A node that runs a job drains first (Draining
+        until its jobs end) unless `force`: at once where the head node can (PowerShell's -Force);
+        REST has no forced Offline, and there a Draining node counts as taken (it takes no new job)."""
+        ...
+
+    def bring_online(
+        self, nodes: Sequence[str], *, progress: Progress, timeout_s: float = ONLINE_TIMEOUT_S
+    ) -> list[NodeInfo]:
+        """Bring `nodes` online (a cluster administrator's right) and wait, at most `timeout_s`, until
+        the head node shows them Online; their states."""
         ...
 
     def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:

@@ -12,9 +12,18 @@ says whether the scheduler has it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hpcjob.backends.node_states import (
+    OFFLINE,
+    OFFLINE_TIMEOUT_S,
+    ONLINE,
+    ONLINE_TIMEOUT_S,
+    is_offline,
+    is_online,
+    wait_for_nodes,
+)
 from hpcjob.backends.scheduler import (
     PollPolicy,
     RetryPolicy,
@@ -298,17 +307,7 @@ class RestClient:
         """The nodes (of a group), HPC Pack 2019's `/cluster/nodes`, else 2016's `/nodes`."""
         try:
             rows = self.read("/cluster/nodes", {"group": group} if group else None) or []
-            return [
-                NodeInfo(
-                    name=str(r["Name"]),
-                    state=str(r.get("State", "")),
-                    health=str(r.get("Health", "")),
-                    groups=tuple(r.get("Groups") or ()),
-                    cores=int(r["Cores"]) if isinstance(r.get("Cores"), int | float) else None,
-                    gpus=len(r["GpuInfo"]) if isinstance(r.get("GpuInfo"), list) else None,
-                )
-                for r in rows
-            ]
+            return [_node_info(r) for r in rows]
         except RestError as exc:
             if "HTTP 404" not in str(exc):
                 raise
@@ -330,6 +329,34 @@ class RestClient:
                     )
                 )
         return found
+
+    def named_nodes(self, names: Collection[str]) -> list[NodeInfo]:
+        """The nodes called one of `names`, in one request (HPC Pack 2019's `/cluster/nodes?names=`)."""
+        rows = self.read("/cluster/nodes", {"names": ",".join(names)}) or []
+        return [_node_info(row) for row in rows]
+
+    def operate_node(self, name: str, operation: str) -> None:
+        """`POST /cluster/nodes/{name}/operations/{operation}` (takeOffline, bringOnline): 202, done
+        asynchronously (the caller reads the node's state for the result). The same request twice does
+        no harm, so a lost answer is asked once more."""
+        from urllib.parse import quote
+
+        path = f"/cluster/nodes/{quote(name, safe='')}/operations/{operation}"
+        for attempt in (1, 2):
+            try:
+                self.write("POST", path)
+                return
+            except RestUnsure:
+                if attempt == 2:
+                    raise
+                self.sleep(self.retry.first_wait_s)
+            except RestError as exc:
+                if "HTTP 404" not in str(exc):
+                    raise
+                raise RestError(
+                    f"{exc}: the head node knows no node {name}, or its REST API has no node operations "
+                    "(HPC Pack 2016's has none: use the winrm backend)"
+                ) from None
 
     def busy_nodes(self) -> set[str]:
         """Nodes that running jobs hold now (upper case)."""
@@ -353,6 +380,18 @@ class RestClient:
 
 class RestUnsure(RestError):
     """A write that may or may not have reached the server (timeout, dropped connection, 5xx)."""
+
+
+def _node_info(row: Mapping[str, Any]) -> NodeInfo:
+    """A typed Node of HPC Pack 2019's `/cluster/nodes`."""
+    return NodeInfo(
+        name=str(row["Name"]),
+        state=str(row.get("State", "")),
+        health=str(row.get("Health", "")),
+        groups=tuple(row.get("Groups") or ()),
+        cores=int(row["Cores"]) if isinstance(row.get("Cores"), int | float) else None,
+        gpus=len(row["GpuInfo"]) if isinstance(row.get("GpuInfo"), list) else None,
+    )
 
 
 def _raise_if_untrusted(exc: BaseException, url: str) -> None:
@@ -498,6 +537,38 @@ class RestBackend:
 
     def busy_nodes(self) -> set[str]:
         return self.client.busy_nodes()
+
+    def take_offline(
+        self, nodes: Sequence[str], *, force: bool, progress: Progress, timeout_s: float = OFFLINE_TIMEOUT_S
+    ) -> list[NodeInfo]:
+        """takeOffline each node, then read them until Offline. REST's takeOffline has no force
+        (the spec): with `force`, a node that drains (a job runs there) counts as taken."""
+        for name in nodes:
+            self.client.operate_node(name, "takeOffline")
+        return wait_for_nodes(
+            lambda: self.client.named_nodes(nodes),
+            nodes,
+            is_offline(force),
+            wanted=OFFLINE,
+            timeout_s=timeout_s,
+            progress=progress,
+            poll=self.poll,
+        )
+
+    def bring_online(
+        self, nodes: Sequence[str], *, progress: Progress, timeout_s: float = ONLINE_TIMEOUT_S
+    ) -> list[NodeInfo]:
+        for name in nodes:
+            self.client.operate_node(name, "bringOnline")
+        return wait_for_nodes(
+            lambda: self.client.named_nodes(nodes),
+            nodes,
+            is_online,
+            wanted=ONLINE,
+            timeout_s=timeout_s,
+            progress=progress,
+            poll=self.poll,
+        )
 
     def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:
         find = self.client.find_jobs

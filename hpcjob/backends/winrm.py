@@ -19,9 +19,18 @@ import html
 import json
 import re
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hpcjob.backends.node_states import (
+    OFFLINE,
+    OFFLINE_TIMEOUT_S,
+    ONLINE,
+    ONLINE_TIMEOUT_S,
+    is_offline,
+    is_online,
+    wait_for_nodes,
+)
 from hpcjob.backends.scheduler import (
     PollPolicy,
     RetryPolicy,
@@ -274,6 +283,36 @@ class WinRMBackend:
             for node in str(row.get("AllocatedNodes") or "").split(",")
             if node.strip()
         }
+
+    def take_offline(
+        self, nodes: Sequence[str], *, force: bool, progress: Progress, timeout_s: float = OFFLINE_TIMEOUT_S
+    ) -> list[NodeInfo]:
+        """Set-HpcNodeState -State Offline [-Force] -Async, then Get-HpcNode until Offline."""
+        self.session.run("offline", {"Names": list(nodes), "Force": force})
+        return wait_for_nodes(
+            lambda: self.nodes(None),
+            nodes,
+            is_offline(False),
+            wanted=OFFLINE,
+            timeout_s=timeout_s,
+            progress=progress,
+            poll=self.poll,
+        )
+
+    def bring_online(
+        self, nodes: Sequence[str], *, progress: Progress, timeout_s: float = ONLINE_TIMEOUT_S
+    ) -> list[NodeInfo]:
+        """Set-HpcNodeState -State Online -Async, then Get-HpcNode until Online."""
+        self.session.run("online", {"Names": list(nodes)})
+        return wait_for_nodes(
+            lambda: self.nodes(None),
+            nodes,
+            is_online,
+            wanted=ONLINE,
+            timeout_s=timeout_s,
+            progress=progress,
+            poll=self.poll,
+        )
 
     def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:
         return cluster_plan(spec, run_id, self.nodes, self.busy_nodes, self._find, self.cluster, attempt)

@@ -63,7 +63,7 @@ from hpcjob.job.results import (
     find_metrics,
     job_exit_code,
 )
-from hpcjob.job.spec import HpcjobError, JobSpec
+from hpcjob.job.spec import HpcjobError, JobSpec, SpecError
 from hpcjob.job.tracebacks import TracebackFilter
 from hpcjob.store.logs import SUMMARY_FILE, RunLogs, Tail, node_tails, output_line, read_root_cause
 from hpcjob.store.share import LocalFolder
@@ -156,6 +156,16 @@ class LocalBackend:
 
     def busy_nodes(self) -> set[str]:
         return set()
+
+    def take_offline(
+        self, nodes: Sequence[str], *, force: bool, progress: Printer, timeout_s: float = 0.0
+    ) -> list[NodeInfo]:
+        raise SpecError("the local backend has no cluster nodes to take offline: name a cluster (--cluster)")
+
+    def bring_online(
+        self, nodes: Sequence[str], *, progress: Printer, timeout_s: float = 0.0
+    ) -> list[NodeInfo]:
+        raise SpecError("the local backend has no cluster nodes to bring online: name a cluster (--cluster)")
 
     def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:
         """LOCAL1..n (or the spec's names) with the rendezvous on loopback and a local folder for
