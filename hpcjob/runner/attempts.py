@@ -180,7 +180,16 @@ def submit_attempt(
         latest = replace(latest, state=done.state, job_id=done.job_id, mount_job_id=done.mount_job_id)
         save_run(latest)
 
-    backend.submit(plan, mount=mount_step, progress=progress, record=step)
+    try:
+        backend.submit(plan, mount=mount_step, progress=progress, record=step)
+    except BaseException as exc:  # the run's row must not stay without a state: it failed here
+        from hpcjob.runner.submit import submit_failure
+        from hpcjob.store.runs import SUBMIT_FAILED
+
+        failed = replace(latest, state=SUBMIT_FAILED, failure=submit_failure(exc, latest.state))
+        with contextlib.suppress(Exception):  # the history itself failing: the first error says more
+            save_run(failed)
+        raise
     return latest, plan
 
 
