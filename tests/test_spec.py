@@ -86,3 +86,59 @@ def test_a_run_id_leaves_room_for_its_mount_job_name() -> None:
     assert check_run_id("r" * 74) == "r" * 74
     with pytest.raises(SpecError, match="at most 74"):
         check_run_id("r" * 75)
+
+
+def test_a_spec_goes_through_json_and_back_whole() -> None:
+    """What a follower plans a run's next attempt from, kept in the run history (issue 33): every field
+    set to something other than its default comes back the same."""
+    import json
+    from dataclasses import fields
+
+    full = JobSpec(
+        script="/home/alice/code/train.py",
+        script_args=("--epochs", "5", "--lr=0.1"),
+        name="exp",
+        nodes=2,
+        node_names=("GPU1", "gpu2"),
+        node_group="GPU Nodes",
+        nproc_per_node=4,
+        gpus_per_node=8,
+        share=parse_share("//HEAD/CcpSpoolDir/app/x"),
+        mount_point="/mnt/alice",
+        mount_options="vers=3.1",
+        job_folder="hpcjob/alice/exp-1",
+        owner="CONTOSO\\alice",
+        rdzv_port=29500,
+        rdzv_join_timeout=600,
+        rdzv_last_call=10,
+        rdzv_keep_alive=2,
+        max_restarts=3,
+        min_nodes=2,
+        env=(("NCCL_DEBUG", "INFO"), ("A", "x=1")),
+        python="/opt/venv/bin/python",
+        command_limit=8000,
+        runtime_s=3600,
+        hang_timeout_s=120.5,
+        priority="AboveNormal",
+        job_template="GpuJobs",
+        exclude_nodes=("GPU3",),
+        requirements="torch==2.3\n",
+        wheelhouse=("3.10", "manylinux2014_x86_64"),
+        env_on="share",
+        node_env_dir="/scratch/envs",
+        image="nvcr.io/nvidia/pytorch:24.05-py3",
+        docker_gpus="nvidia-docker",
+        docker_options="--shm-size=16g",
+        vm_size="Standard_ND96isr_H100_v5",
+        resume_dir="/mnt/alice/hpcjob/alice/exp/checkpoints/exp-0",
+    )
+    default = JobSpec(script="train.py")
+    unset = [f.name for f in fields(JobSpec) if getattr(full, f.name) == getattr(default, f.name)]
+    assert unset == [], "give the new field a value here, and see that it comes back"
+    assert JobSpec.from_dict(json.loads(json.dumps(full.to_dict()))) == full
+    newer = {**full.to_dict(), "a_field_of_a_newer_hpcjob": 1}
+    assert JobSpec.from_dict(newer) == full
+    with pytest.raises(SpecError, match="cannot be read"):
+        JobSpec.from_dict({**full.to_dict(), "share": "//HEAD/CcpSpoolDir"})
+    with pytest.raises(SpecError, match="--rdzv-port"):
+        JobSpec.from_dict({**full.to_dict(), "rdzv_port": 0})

@@ -8,9 +8,10 @@ is started, with one line that names the problem (`SpecError`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import PurePosixPath, PureWindowsPath
+from typing import Any
 
 from hpcjob.job.hangs import MAX_HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
 from hpcjob.node.mount_filter import user_name
@@ -321,6 +322,35 @@ class JobSpec:
             object.__setattr__(self, "nodes", len(self.node_names))
         self._validate()
 
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON takes it (lists for tuples, the share as a table): what a follower needs to
+        plan a run's next attempt, kept in the run history (from_dict reads it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """The spec back from to_dict's form (through JSON, too), checked as any spec is: keys of a newer
+        hpcjob are left out; a value of the wrong shape is a SpecError."""
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        try:
+            for key in _SPEC_TUPLES:
+                if values.get(key) is not None:
+                    values[key] = tuple(str(item) for item in values[key])
+            values["env"] = tuple((str(name), str(value)) for name, value in values.get("env") or ())
+            if values.get("wheelhouse") is not None:
+                python, platform = values["wheelhouse"]
+                values["wheelhouse"] = (str(python), str(platform))
+            share = values.get("share")
+            if share is not None:
+                folder = tuple(str(part) for part in share["folder"])
+                values["share"] = Share(str(share["host"]), str(share["name"]), folder)
+            return cls(**values)
+        except (TypeError, ValueError, KeyError) as exc:
+            if isinstance(exc, SpecError):
+                raise
+            raise SpecError(f"a recorded job that cannot be read: {exc}") from None
+
     @property
     def user_folder(self) -> str:
         """The owner's folder on the share (share_user_folder)."""
@@ -494,6 +524,10 @@ class JobSpec:
             raise SpecError(
                 f"--env: {total} characters of environment variables, more than HPC Pack's {TASK_ENV_LIMIT}"
             )
+
+
+# JobSpec's fields that are tuples of strings (JSON has lists).
+_SPEC_TUPLES = ("script_args", "node_names", "exclude_nodes")
 
 
 def check_env_place(env_on: str, node_env_dir: str) -> None:
