@@ -123,3 +123,19 @@ def test_the_history_keeps_each_attempt_and_a_cancel_marks_the_run() -> None:
     assert not was_canceled("run-1")
     record_cancel("run-1")
     assert was_canceled("run-1")
+
+
+def test_a_later_attempt_s_job_is_looked_up_by_its_own_name() -> None:
+    """A record whose job id was never heard (a lost answer, a follower stopped while submitting) names
+    its attempt's job, RUN.N, never the first attempt's."""
+    from dataclasses import replace
+
+    from hpcjob.backends.scheduler import recorded_job_id
+    from hpcjob.job.spec import SpecError
+    from hpcjob.store.runs import RunRecord
+
+    jobs = {"run-1": 7, "run-1.2": 9}
+    second = RunRecord("run-1", "train", "rest", "hpcjob/train", NODES, attempt=2)
+    assert recorded_job_id(second, lambda names: {n: jobs[n] for n in names if n in jobs}, "lab") == 9
+    with pytest.raises(SpecError, match=r"run run-1 \(attempt 3\) has no job on cluster lab"):
+        recorded_job_id(replace(second, attempt=3), lambda names: {}, "lab")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.job.plan import mount_job_name
+from hpcjob.job.plan import attempt_id, mount_job_name
 from hpcjob.job.results import (
     ALREADY_MOUNTED,
     ENDED_JOB_STATES,
@@ -159,14 +159,17 @@ def cluster_plan(
 def recorded_job_id(
     run: RunRecord, find: Callable[[Collection[str]], Mapping[str, int]], cluster: str
 ) -> int:
-    """The run's job: as recorded, else found by its name (a submit whose answer was lost)."""
+    """The run's job: as recorded, else found by its name (a submit whose answer was lost): the name of
+    the record's attempt, never an earlier attempt's job."""
     if run.job_id is not None:
         return int(run.job_id)
-    found = find([run.run_id]).get(run.run_id)
+    name = attempt_id(run.run_id, run.attempt)
+    found = find([name]).get(name)
     if found is None:
+        attempt = f" (attempt {run.attempt})" if run.attempt > 1 else ""
         raise SpecError(
-            f"run {run.run_id} has no job on cluster {cluster}: its submission stopped before the job was "
-            "made"
+            f"run {run.run_id}{attempt} has no job on cluster {cluster}: its submission stopped before the "
+            "job was made"
         )
     return found
 
