@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from hpcjob.backends import Backend, open_backend
-from hpcjob.backends.node_states import NodeWaitError
+from hpcjob.backends.scheduler import NodeWaitError
 from hpcjob.emulator import HeadNode
 from hpcjob.store.config import ClusterProfile
 

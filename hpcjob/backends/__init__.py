@@ -15,8 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from hpcjob.backends.node_states import OFFLINE_TIMEOUT_S, ONLINE_TIMEOUT_S
-
 if TYPE_CHECKING:
     from hpcjob.job.plan import JobPlan, MountStep
     from hpcjob.job.render import JobShape
@@ -26,6 +24,10 @@ if TYPE_CHECKING:
     from hpcjob.store.runs import RunRecord
 
 Progress = Callable[[str], None]
+# How long a node state change may take before hpcjob gives up (seconds): Offline waits for the jobs
+# that still run there to end (a drain), Online only for the head node to make the change.
+OFFLINE_TIMEOUT_S = 600.0
+ONLINE_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)

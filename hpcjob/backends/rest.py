@@ -15,27 +15,24 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.backends.node_states import (
-    OFFLINE,
-    OFFLINE_TIMEOUT_S,
-    ONLINE,
-    ONLINE_TIMEOUT_S,
-    is_offline,
-    is_online,
-    wait_for_nodes,
-)
+from hpcjob.backends import OFFLINE_TIMEOUT_S, ONLINE_TIMEOUT_S
 from hpcjob.backends.scheduler import (
+    OFFLINE,
+    ONLINE,
     PollPolicy,
     RetryPolicy,
     certificate_failure,
     cluster_plan,
     follow_job,
+    is_offline,
+    is_online,
     mount_failure,
     mount_results,
     on_cluster,
     pin_certificate,
     recorded_job_id,
     scheduler_time,
+    wait_for_nodes,
 )
 from hpcjob.job.plan import mount_job_name
 from hpcjob.job.results import ENDED_JOB_STATES, JobInfo, NodeInfo, State, Submission, TaskInfo
