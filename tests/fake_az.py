@@ -88,6 +88,10 @@ COMMANDS: dict[str, tuple[set[str], set[str]]] = {
         {"--resource-group", "-g", "--name", "-n"},
         {"--resource-group", "--name"},
     ),
+    # vm/aaz/latest/vm/_deallocate.py and _start.py (azure-cli 2.91.0): the VM by --ids (id_part "name")
+    # or by resource group and name; --no-wait (AZ_SUPPORT_NO_WAIT).
+    "vm deallocate": ({"--ids", "--resource-group", "-g", "--name", "-n", "--vm-name", "--no-wait"}, set()),
+    "vm start": ({"--ids", "--resource-group", "-g", "--name", "-n", "--vm-name", "--no-wait"}, set()),
 }
 FLAGS = {"--all", "--yes", "-y", "--no-wait", "--only-show-errors", "--debug", "--verbose", "--no-prompt",
          "--no-pretty-print", "--what-if", "-c", "--confirm-with-what-if"}  # fmt: skip
@@ -267,9 +271,70 @@ def deploy(state: dict[str, Any], options: dict[str, list[str]], stdin: str) -> 
     print(json.dumps({"name": name, "properties": {"provisioningState": "Succeeded", "outputs": outputs}}))
 
 
+# `vm deallocate` and `vm start` of VMs by --ids, one job per id as azure-cli core runs them (a failing
+# id among others only warned of), with `--no-wait`; each takes FAKE_AZ_VM_DELAY seconds (default 0.5).
+# What each shows meanwhile and after in `vm list --show-details`: its `powerState` is the instance view's
+# PowerState display statuses joined (vm/custom.py get_vm_details); "VM running" is PowerState/running's
+# (MicrosoftDocs/azure-compute-docs @3255b21d articles/virtual-machines/states-billing.md), the others
+# by the same pattern (UNVERIFIED).
+POWER = {"deallocate": ("VM deallocating", "VM deallocated"), "start": ("VM starting", "VM running")}
+
+
+def power_state(state: dict[str, Any], row: dict[str, Any]) -> str:
+    """A VM's powerState now: running unless a deallocate or start of it says otherwise."""
+    change = state.get("power", {}).get(str(row["id"]).lower())
+    if change is None:
+        return "VM running"
+    during, after = POWER[change["action"]]
+    return after if time.time() >= change["at"] else during
+
+
+def power(state: dict[str, Any], action: str, options: dict[str, list[str]]) -> None:
+    """`vm deallocate` / `vm start` of each VM named (--ids, else --resource-group and --name), as
+    azure-cli core runs an --ids list (commands/__init__.py AzCliCommandInvoker.execute): one job per id;
+    one failing alone is its error; with others, a warning each, and exit 0 unless every one failed.
+    Each takes FAKE_AZ_VM_DELAY seconds, waited for unless --no-wait."""
+    ids = options.get("--ids") or []
+    if not ids:
+        group, name = (options.get("--resource-group") or [""])[0], (options.get("--name") or [""])[0]
+        if not group or not name:
+            fail("usage error: --ids IDS [IDS ...] | --resource-group NAME --name NAME", 2)
+        need_group(state, group)
+        ids = [f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}/providers/Microsoft.Compute/"
+               f"virtualMachines/{name}"]  # fmt: skip
+    known = {str(v["id"]).lower() for vms in state.get("vms", {}).values() for v in vms}
+    delay = float(os.environ.get("FAKE_AZ_VM_DELAY", "0.5"))
+    failed = []
+    for vm_id in ids:
+        if vm_id.lower() not in known:
+            parts = vm_id.split("/")
+            group = parts[4] if len(parts) > 4 else "?"
+            failed.append((vm_id, f"(ResourceNotFound) The Resource 'Microsoft.Compute/virtualMachines/"
+                                  f"{parts[-1]}' under resource group '{group}' was not found."))  # fmt: skip
+            continue
+        state.setdefault("power", {})[vm_id.lower()] = {"action": action, "at": time.time() + delay}
+    save(state)
+    if len(failed) == 1 and len(ids) == 1:
+        fail(failed[0][1], 3)
+    for vm_id, message in failed:
+        print(f'WARNING: {vm_id}: "{message}"', file=sys.stderr)
+    if failed and len(failed) == len(ids):
+        fail("Encountered more than one exception.")
+    if failed:
+        print("WARNING: Encountered more than one exception.", file=sys.stderr)
+    if "--no-wait" not in options:
+        time.sleep(delay)
+
+
 def answer(command: str, options: dict[str, list[str]], stdin: str) -> Any:
     state = load()
     first = {key: values[0] if values else "" for key, values in options.items()}
+    if command in ("vm deallocate", "vm start"):
+        power(state, command.split()[1], options)
+        return None
+    if command == "vm list" and {"--show-details", "-d"} & set(options):
+        plain = {key: values for key, values in options.items() if key not in ("--show-details", "-d")}
+        return [{**row, "powerState": power_state(state, row)} for row in answer(command, plain, stdin)]
     if command == "account show":
         return {"id": SUBSCRIPTION, "name": "Test", "user": {"name": "alice"}}
     if command == "vm list-skus":

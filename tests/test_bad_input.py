@@ -435,6 +435,12 @@ CASES = [
     ),
     case("cluster-remove-unknown", "cluster remove nope", config=ONE_CLUSTER),
     case("cluster-remove-without-config", "cluster remove lab"),
+    # --- cluster stop / start: only a cluster hpcjob onboarded, refused before az or the head node -----
+    case("cluster-stop-not-onboarded", "cluster stop lab", config=ONE_CLUSTER),
+    case("cluster-stop-force-not-onboarded", "cluster stop --force", config=ONE_CLUSTER),
+    case("cluster-start-not-onboarded", "cluster start lab --print-only", config=ONE_CLUSTER),
+    case("cluster-stop-unknown", "cluster stop nope", config=ONE_CLUSTER),
+    case("cluster-start-two-names", "cluster start lab dev", config=TWO_CLUSTERS),
     # --- emulator (argparse, not click) -----------------------------------------------------------------
     case("emulator-without-user", "emulator", env=EMULATOR_PASSWORD, secrets=(SECRET,)),
     case("emulator-without-password", "emulator --user alice"),

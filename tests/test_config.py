@@ -154,10 +154,11 @@ def test_cluster_list_is_a_table_that_marks_the_default(config_file: Path) -> No
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines() == [
         "DEFAULT  NAME  BACKEND  URL                           USER           SHARE                   "
-        "NODE GROUP",
-        "         lab   rest     https://lab:8443/hpc          bob            -                       -",
+        "NODE GROUP  STATE  $/H",
+        "         lab   rest     https://lab:8443/hpc          bob            -                       "
+        "-           -      -",
         "*        prod  rest     https://head.contoso.com/hpc  CONTOSO\\alice  //HEAD/CcpSpoolDir/app  "
-        "GPU Nodes",
+        "GPU Nodes   -      -",
     ]
     # $HPCJOB_CLUSTER chooses another for the commands, and the list says so.
     chosen = hpcjob("cluster", "list", env={**os.environ, "HPCJOB_CLUSTER": "lab"})
@@ -194,11 +195,11 @@ def test_cluster_list_marks_a_profile_whose_ca_file_is_gone_and_says_the_fix(
     listed = hpcjob("cluster", "list")
     assert listed.returncode == 0, listed.stderr
     header, *lines = listed.stdout.splitlines()
-    assert header.endswith("NODE GROUP  PROBLEM")
+    assert header.endswith("NODE GROUP  STATE  $/H  PROBLEM")
     rows = {line.removeprefix("*").split()[0]: line for line in lines}
-    assert rows["emu"].endswith("GPUNodes    CA file missing, local share missing")
+    assert rows["emu"].endswith("GPUNodes    -      -    CA file missing, local share missing")
     assert rows["lab"].endswith("  CA file missing") and rows["prod"].startswith("*")
-    assert rows["prod"].split()[-3:] == ["carol", "-", "-"]  # nothing missing: nothing said
+    assert rows["prod"].split()[-5:] == ["carol", "-", "-", "-", "-"]  # nothing missing: nothing said
     assert listed.stderr.splitlines() == [
         f"hpcjob: warning: cluster emu: CA file {emulator_ca} and local share {share} are gone; start "
         "`hpcjob emulator --user alice --profile emu` again and run the `hpcjob cluster add` line it prints",

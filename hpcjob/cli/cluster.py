@@ -187,7 +187,9 @@ def cluster_add(
     """,
 )
 def cluster_list() -> None:
-    """List the cluster profiles; * marks the one used without --cluster."""
+    """List the cluster profiles; * marks the one used without --cluster. A cluster hpcjob onboarded
+    shows its state (running or stopped, as `hpcjob cluster stop` and `start` last left it: no Azure is
+    asked) and what it costs an hour in that state (~: from hpcjob's own approximate price table)."""
     from hpcjob.cli.tables import table
     from hpcjob.store.config import config_path, listed_config
 
@@ -207,15 +209,33 @@ def cluster_list() -> None:
             p.user,
             p.share,
             p.node_group,
+            *_power_cells(p),
         )
         + ((", ".join(f"{_GONE[key][0]} missing" for key in gone.get(p.name, {})),) if gone else ())
         for p in sorted(profiles.values(), key=lambda p: p.name)
     ]
-    header = ("DEFAULT", "NAME", "BACKEND", "URL", "USER", "SHARE", "NODE GROUP")
+    header = ("DEFAULT", "NAME", "BACKEND", "URL", "USER", "SHARE", "NODE GROUP", "STATE", "$/H")
     for line in table(header + (("PROBLEM",) if gone else ()), rows):
         click.echo(line)
     for name, missing in sorted(gone.items()):
         click.echo(f"hpcjob: warning: cluster {name}: {_gone_fix(profiles[name], missing)}", err=True)
+
+
+def _power_cells(profile: ClusterProfile) -> tuple[str | None, str | None]:
+    """A cluster's STATE and $/H in `cluster list`: what stop or start recorded, and its cost an hour
+    then (hpcjob.store.power); unknown for an onboarded cluster never stopped or started here, nothing
+    for another."""
+    from hpcjob.job.prices import money
+    from hpcjob.store.power import hourly_cost, power_record
+
+    if profile.resource_group is None:
+        return None, None
+    record = power_record(profile.name, profile.resource_group)
+    if record is None:
+        return "unknown", None
+    cost = hourly_cost(record)
+    shown = money(cost.total)
+    return f"{record.state}, as of {record.when}", (f"~{shown}" if shown and cost.approximate else shown)
 
 
 # What `cluster list` says of a profile's file that is gone, and the option that gives it again.

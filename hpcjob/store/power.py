@@ -1,0 +1,192 @@
+"""What `hpcjob cluster stop` and `cluster start` last found and did to each onboarded cluster: its state
+(running or stopped) as of when, its compute nodes (how many, of which size, Spot or not) and its head
+node's size, in `clusters.json` of hpcjob's state folder (~/.local/state/hpcjob). `hpcjob cluster list`
+reads it to say each cluster's state and what it costs an hour without asking Azure (no network: the
+prices are the cache's, else the package's own table).
+
+The record says what hpcjob saw then, not what the cluster is now: a VM started or deallocated in the
+Azure portal since is not in it, and the list says "as of" when.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpcjob.job.prices import SizePrices
+
+RUNNING, STOPPED = "running", "stopped"
+FILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class NodeKind:
+    """Compute nodes of one size, Spot or not: `count` of them."""
+
+    size: str
+    spot: bool
+    count: int
+
+    @classmethod
+    def from_dict(cls, data: Any) -> NodeKind | None:
+        if not isinstance(data, dict) or set(data) != {"size", "spot", "count"}:
+            return None
+        size, spot, count = data["size"], data["spot"], data["count"]
+        if not isinstance(size, str) or not isinstance(spot, bool):
+            return None
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            return None
+        return cls(size, spot, count)
+
+
+@dataclass(frozen=True)
+class PowerRecord:
+    """One cluster as stop or start left it: `state` RUNNING or STOPPED, `as_of` (UTC, ISO 8601), its
+    compute nodes by kind and its head node's size, in `region`."""
+
+    cluster: str
+    resource_group: str
+    state: str
+    as_of: str
+    nodes: tuple[NodeKind, ...]
+    head_size: str | None
+    region: str | None
+
+    @property
+    def node_count(self) -> int:
+        return sum(kind.count for kind in self.nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "nodes": [asdict(kind) for kind in self.nodes]}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PowerRecord | None:
+        """From the file's form; None for an entry hpcjob cannot read (it is not trusted)."""
+        if not isinstance(data, dict) or set(data) != {f.name for f in fields(cls)}:
+            return None
+        strings = ("cluster", "resource_group", "state", "as_of")
+        if not all(isinstance(data[k], str) for k in strings) or data["state"] not in (RUNNING, STOPPED):
+            return None
+        if not all(data[k] is None or isinstance(data[k], str) for k in ("head_size", "region")):
+            return None
+        kinds = (
+            [NodeKind.from_dict(kind) for kind in data["nodes"]]
+            if isinstance(data["nodes"], list)
+            else [None]
+        )
+        if any(kind is None for kind in kinds):
+            return None
+        return cls(**{**data, "nodes": tuple(kind for kind in kinds if kind is not None)})
+
+    @property
+    def when(self) -> str:
+        """`as_of` in this machine's time, to the minute (`2026-11-27 14:02`)."""
+        try:
+            return dt.datetime.fromisoformat(self.as_of).astimezone().strftime("%Y-%m-%d %H:%M")
+        except ValueError:
+            return self.as_of
+
+
+def now_utc() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def power_file() -> Path:
+    from hpcjob.store.config import user_folder
+
+    return user_folder("state") / "clusters.json"
+
+
+def power_records() -> dict[str, PowerRecord]:
+    """The records by cluster name ({} without a file, or with one hpcjob cannot read)."""
+    try:
+        data = json.loads(power_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != FILE_VERSION:
+        return {}
+    clusters = data.get("clusters")
+    if not isinstance(clusters, dict):
+        return {}
+    found = {name: PowerRecord.from_dict(entry) for name, entry in clusters.items()}
+    return {name: record for name, record in found.items() if record is not None and record.cluster == name}
+
+
+def power_record(cluster: str, resource_group: str) -> PowerRecord | None:
+    """The cluster's record, if it is of the same resource group (a profile made again for another
+    cluster of the same name has none)."""
+    record = power_records().get(cluster)
+    return record if record is not None and record.resource_group == resource_group else None
+
+
+def keep_power_record(record: PowerRecord) -> Path:
+    """Write the cluster's record in one step (a reader sees the old file or the new one)."""
+    path = power_file()
+    records = power_records()
+    records[record.cluster] = record
+    text = json.dumps(
+        {"version": FILE_VERSION, "clusters": {name: r.to_dict() for name, r in sorted(records.items())}},
+        indent=1,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".clusters.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text + "\n")
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    return path
+
+
+@dataclass(frozen=True)
+class HourlyCost:
+    """What a cluster costs an hour in its recorded state, US dollars: its compute nodes (none while
+    stopped: deallocated VMs cost nothing, their disks a little) and its head node (always); `approximate`
+    when a price is the package's own table or another region's. None where a price is unknown."""
+
+    nodes: float | None
+    head: float | None
+    approximate: bool
+
+    @property
+    def total(self) -> float | None:
+        return None if self.nodes is None or self.head is None else self.nodes + self.head
+
+
+def hourly_cost(record: PowerRecord) -> HourlyCost:
+    """The record's cost an hour, from the prices cache, else hpcjob's own table: no network."""
+    nodes: float | None = 0.0
+    approximate = False
+    for kind in record.nodes if record.state == RUNNING else ():
+        price, rough = _known_price(kind.size, record.region)
+        per_node = None if price is None else price.spot if kind.spot else price.linux
+        nodes = None if nodes is None or per_node is None else nodes + kind.count * per_node
+        approximate = approximate or rough
+    head_price, rough = _known_price(record.head_size, record.region)
+    head = None if head_price is None else head_price.windows
+    return HourlyCost(nodes, head, approximate or rough)
+
+
+def _known_price(size: str | None, region: str | None) -> tuple[SizePrices | None, bool]:
+    """A size's prices without asking the API: the cache's for the region, else the package's table
+    (approximate: East US list prices); (None, False) when neither has the size."""
+    from hpcjob.store.prices import cached, table_prices
+
+    if not size:
+        return None, False
+    if region:
+        kept = cached(size, region)
+        if kept is not None:
+            return kept, False
+    table = table_prices(size)
+    return table, table is not None
