@@ -22,25 +22,33 @@ PASSWORD = "Node-ops-Pw1"
 
 @pytest.fixture
 def head() -> Iterator[HeadNode]:
-    with HeadNode(users={"alice": PASSWORD}, grace_period=0.5, node_operation_delay_s=0.3) as started:
+    with HeadNode(
+        users={"alice": PASSWORD, "bob": PASSWORD},
+        admins={"alice"},
+        grace_period=0.5,
+        node_operation_delay_s=0.3,
+    ) as started:
         yield started
 
 
-@pytest.fixture(params=["rest", "winrm"])
-def backend(request: pytest.FixtureRequest, head: HeadNode) -> Iterator[Backend]:
-    kind = request.param
+def opened(head: HeadNode, kind: str, user: str = "alice") -> Backend:
     profile = ClusterProfile(
         name="emu",
         url=head.url,
-        user="HPC\\alice",
+        user=f"HPC\\{user}",
         ca_bundle=head.ca_file,
         backend=kind,
         winrm_url=head.wsman_url if kind == "winrm" else None,
         poll_interval=0.1,
     )
-    opened = open_backend(kind, profile, PASSWORD)
-    yield opened
-    opened.close()
+    return open_backend(kind, profile, PASSWORD)
+
+
+@pytest.fixture(params=["rest", "winrm"])
+def backend(request: pytest.FixtureRequest, head: HeadNode) -> Iterator[Backend]:
+    made = opened(head, request.param)
+    yield made
+    made.close()
 
 
 def states(head: HeadNode) -> dict[str, str]:
@@ -99,6 +107,18 @@ def test_an_unknown_node_is_one_line(backend: Backend) -> None:
     with pytest.raises(Exception, match="NOPE") as failed:
         backend.take_offline(["NOPE"], force=False, progress=lambda line: None, timeout_s=5)
     assert "\n" not in str(failed.value)
+
+
+@pytest.mark.parametrize("kind", ["rest", "winrm"])
+def test_only_an_administrator_takes_nodes_offline(head: HeadNode, kind: str) -> None:
+    bob = opened(head, kind, "bob")
+    try:
+        with pytest.raises(Exception, match="administrator") as refused:
+            bob.take_offline(["NODE002"], force=False, progress=lambda line: None, timeout_s=5)
+    finally:
+        bob.close()
+    assert "\n" not in str(refused.value)
+    assert states(head)["NODE002"] == "Online"
 
 
 def test_the_local_backend_has_no_nodes_to_take_offline() -> None:

@@ -348,6 +348,11 @@ class RestClient:
                     raise
                 self.sleep(self.retry.first_wait_s)
             except RestError as exc:
+                if "HTTP 403" in str(exc):
+                    raise RestError(
+                        f"the head node refused to {operation} {name} for {self.user} (HTTP 403): it is a "
+                        "cluster administrator's right"
+                    ) from None
                 if "HTTP 404" not in str(exc):
                     raise
                 raise RestError(
