@@ -31,12 +31,19 @@ from hpcjob.runner.access import (
     run_folder_opener,
     run_of,
     run_status,
+    submit_failure,
     with_profile,
 )
 from hpcjob.runner.attempts import Retries, follow_attempts, submit_attempt
 from hpcjob.runner.follow import RunOutput, follow_run
 from hpcjob.runner.local import LocalOptions, run_local, start_local, submit_local
-from hpcjob.runner.mount import MountRequest, mount_preview, mount_request, mount_share, prepare_share
+from hpcjob.runner.mount import (
+    MountRequest,
+    mount_preview,
+    mount_request,
+    mount_share,
+    prepare_share,
+)
 from hpcjob.runner.pull import PullReport, pull_run, pull_target
 from hpcjob.runner.render import (
     RENDERERS,
@@ -55,7 +62,6 @@ from hpcjob.runner.submit import (
     requirements_text,
     smb_access,
     submit_and_follow,
-    submit_failure,
     submit_run,
     submit_to_cluster,
 )

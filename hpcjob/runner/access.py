@@ -204,6 +204,18 @@ def cancel_run(
     return backend_for_run(record, cluster_name, backend_kind).cancel(record, force=force)
 
 
+# What a submission was doing at each step it records (hpcjob.job.results.Submission).
+_DOING = {"creating": "creating the job", "mounting": "mounting the share", "created": "submitting the job"}
+
+
+def submit_failure(exc: BaseException, step: str | None) -> str:
+    """Why a submission stopped at `step`, in one line (the run's record keeps it)."""
+    doing = _DOING.get(str(step), "submitting the job")
+    if isinstance(exc, KeyboardInterrupt):
+        return f"interrupted (Ctrl-C) while {doing}"
+    return f"{' '.join(str(exc).split()) or type(exc).__name__} (while {doing})"
+
+
 def job_id_of(job: str) -> int | None:
     """JOB as an HPC Pack job id (ASCII digits, at least 1), or None when it is a run id."""
     if not re.fullmatch(r"[0-9]+", job):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from hpcjob.job.spec import HpcjobError, SpecError
-from hpcjob.runner.access import Progress
+from hpcjob.runner.access import Progress, submit_failure
 from hpcjob.runner.follow import follow_run
 
 if TYPE_CHECKING:
@@ -183,7 +183,6 @@ def submit_attempt(
     try:
         backend.submit(plan, mount=mount_step, progress=progress, record=step)
     except BaseException as exc:  # the run's row must not stay without a state: it failed here
-        from hpcjob.runner.submit import submit_failure
         from hpcjob.store.runs import SUBMIT_FAILED
 
         failed = replace(latest, state=SUBMIT_FAILED, failure=submit_failure(exc, latest.state))

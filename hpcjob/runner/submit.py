@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcjob.job.spec import SpecError
-from hpcjob.runner.access import ClusterAccess, Progress, new_run_id, with_profile
+from hpcjob.runner.access import ClusterAccess, Progress, new_run_id, submit_failure, with_profile
 from hpcjob.runner.follow import follow_run
 
 if TYPE_CHECKING:
@@ -211,18 +211,6 @@ def submit_run(
                 save(latest)
         raise
     return latest, plan
-
-
-# What a submission was doing at each step it records (hpcjob.job.results.Submission).
-_DOING = {"creating": "creating the job", "mounting": "mounting the share", "created": "submitting the job"}
-
-
-def submit_failure(exc: BaseException, step: str | None) -> str:
-    """Why a submission stopped at `step`, in one line (the run's record keeps it)."""
-    doing = _DOING.get(str(step), "submitting the job")
-    if isinstance(exc, KeyboardInterrupt):
-        return f"interrupted (Ctrl-C) while {doing}"
-    return f"{' '.join(str(exc).split()) or type(exc).__name__} (while {doing})"
 
 
 # Options every front door may pass with the job's that say how to reach the share, not what the job is.
