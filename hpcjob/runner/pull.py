@@ -82,7 +82,8 @@ def result_folders(entry: HistoryEntry) -> list[tuple[str, str | None, str]]:
         folders.append(("outputs", None, f"in {outputs}"))
     else:
         folders.append(("outputs", outputs, ""))
-    folders.append(("logs", record.log_folder, ""))
+    # The run's logs folder: the first attempt's logs, and a later attempt's in a folder of it (N/).
+    folders.append(("logs", f"{record.job_folder}/logs/{record.run_id}", ""))
     return folders
 
 
