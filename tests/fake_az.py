@@ -12,7 +12,9 @@ It follows the real one (azure-cli 2.91.0; docs/facts/azure-cli-and-hpcpack-temp
   has no data role: `keyvault certificate download` is Forbidden (and refuses an existing --file first,
   as az does); its nested deployment KeyVaultWithCert gives the certificate's SHA-1 thumbprint;
 - deleting a resource group soft-deletes its vault; a vault of the same name cannot be made again until
-  it is purged (the deployment fails on it with ConflictError).
+  it is purged (the deployment fails on it with ConflictError);
+- the template's VMs (`vm list`, az's flattened shape): the head node and the nodes, Spot ones with
+  priority Spot and evictionPolicy Deallocate; `vm list-usage` has the Spot VMs' own regional quota.
 
 It records each call's arguments (and, for the commands that read `@-`, the NAMES of the parameters it got
 on stdin, never their values) to $FAKE_AZ_LOG, one JSON object per line. Knobs (environment):
@@ -20,7 +22,8 @@ FAKE_AZ_STATE (a folder for its state), FAKE_AZ_QUOTA (vCPUs free in the A100 fa
 FAKE_AZ_REGIONAL (Total Regional vCPUs free, default 2000), FAKE_AZ_SLOW_DELETE=1 (`group delete --no-wait`
 leaves the group Deleting, its vault not yet soft-deleted), FAKE_AZ_NOT_OFFERED (a size the subscription
 may not use), FAKE_AZ_FAIL=1 (the deployment fails on a node VM), FAKE_AZ_DNS (the head node's name),
-FAKE_AZ_CERT (a PEM file: the certificate the Key Vault made), FAKE_AZ_LOGGED_OUT=1.
+FAKE_AZ_CERT (a PEM file: the certificate the Key Vault made), FAKE_AZ_LOGGED_OUT=1, FAKE_AZ_SPOT_QUOTA
+(Spot vCPUs free in the region, default 1000).
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ COMMANDS: dict[str, tuple[set[str], set[str]]] = {
         {"--resource-group"},
     ),
     "deployment group show": ({"--resource-group", "-g", "--name", "-n"}, {"--resource-group", "--name"}),
+    # vm/_params.py L534-539 (azure-cli 2.91.0): --vmss, --show-details/-d, and the resource group.
+    "vm list": ({"--resource-group", "-g", "--vmss", "--show-details", "-d"}, set()),
     "deployment operation group list": (
         {"--resource-group", "-g", "--name", "-n"},
         {"--resource-group", "--name"},
@@ -94,7 +99,8 @@ COMMANDS: dict[str, tuple[set[str], set[str]]] = {
     "vm start": ({"--ids", "--resource-group", "-g", "--name", "-n", "--vm-name", "--no-wait"}, set()),
 }
 FLAGS = {"--all", "--yes", "-y", "--no-wait", "--only-show-errors", "--debug", "--verbose", "--no-prompt",
-         "--no-pretty-print", "--what-if", "-c", "--confirm-with-what-if"}  # fmt: skip
+         "--no-pretty-print", "--what-if", "-c", "--confirm-with-what-if",
+         "--show-details", "-d"}  # fmt: skip
 # A size's family as `vm list-skus` gives it, and its quota row as `vm list-usage` does
 # (docs/facts/azure-cli-and-hpcpack-template.md section 1).
 SKUS = {
@@ -166,7 +172,7 @@ def load() -> dict[str, Any]:
     if path.exists():
         loaded: dict[str, Any] = json.loads(path.read_text())
         return loaded
-    return {"groups": {}, "vaults": {}, "deleted_vaults": {}, "deployments": {}}
+    return {"groups": {}, "vaults": {}, "deleted_vaults": {}, "deployments": {}, "vms": {}}
 
 
 def save(state: dict[str, Any]) -> None:
@@ -262,6 +268,19 @@ def deploy(state: dict[str, Any], options: dict[str, list[str]], stdin: str) -> 
     if failing:
         fail(json.dumps({"code": "DeploymentFailed", "message": "At least one resource operation failed."}))
     state["vaults"][vault] = group
+    # The VMs it made: the head node (tagged with the vault's certificate, as head-node.bicep tags it) and
+    # the nodes, prefix + 3 digits from 000.
+    value = {name: spec["value"] for name, spec in given.items()}
+    spot = value.get("useSpotInstanceForComputeNodes") == "Yes"
+    head_size = value.get("headNodeVMSize", "Standard_DS4_v2")
+    vms = [vm(group, value["clusterName"], head_size, False, {"KV_Name": vault})]
+    prefix = value.get("computeNodeNamePrefix", "IaaSLnxCN")
+    vms += [
+        vm(group, f"{prefix}{index:03d}", value.get("computeNodeVMSize", "Standard_D3_v2"), spot)
+        for index in range(int(value.get("computeNodeNumber", 10)))
+    ]
+    state["vms"][group.lower()] = vms
+    state.setdefault("vnets", {})[group.lower()] = [f"{value['clusterName']}vnet"]
     der = ssl.PEM_cert_to_DER_cert(Path(os.environ["FAKE_AZ_CERT"]).read_text())
     state["deployments"][group.lower()]["thumbprint"] = hashlib.sha1(der).hexdigest().upper()
     save(state)
@@ -269,6 +288,24 @@ def deploy(state: dict[str, Any], options: dict[str, list[str]], stdin: str) -> 
     outputs = {"clusterDNSName": {"type": "String", "value": dns}}
     name = options["--name"][0]
     print(json.dumps({"name": name, "properties": {"provisioningState": "Succeeded", "outputs": outputs}}))
+
+
+def vm(group: str, name: str, size: str, spot: bool, tags: dict[str, str] | None = None) -> dict[str, Any]:
+    """A VM as `az vm list` gives it: the service's object with its properties flattened into it
+    (azure-cli 2.91.0 vm/aaz/latest/vm/_list.py L69-72, client_flatten=True); a template's Spot node has
+    priority Spot and evictionPolicy Deallocate (Bicep/shared/compute-node.bicep L238-239 @dea762e)."""
+    return {
+        "id": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}/providers/Microsoft.Compute/"
+        f"virtualMachines/{name}",
+        "name": name,
+        "type": "Microsoft.Compute/virtualMachines",
+        "location": "eastus",
+        "tags": tags or {},
+        "hardwareProfile": {"vmSize": size},
+        "priority": "Spot" if spot else "Regular",
+        **({"evictionPolicy": "Deallocate"} if spot else {}),
+        "provisioningState": "Succeeded",
+    }
 
 
 # `vm deallocate` and `vm start` of VMs by --ids, one job per id as azure-cli core runs them (a failing
@@ -354,6 +391,12 @@ def answer(command: str, options: dict[str, list[str]], stdin: str) -> Any:
             for value, local in USAGE.items()
         ]  # fmt: skip
         regional = os.environ.get("FAKE_AZ_REGIONAL", "2000")
+        spot = os.environ.get("FAKE_AZ_SPOT_QUOTA", "1000")  # Spot VMs' own regional quota
+        rows.append(
+            {"currentValue": "0", "limit": spot, "localName": "Total Regional Low-priority vCPUs",
+             "name": {"localizedValue": "Total Regional Low-priority vCPUs", "value": "lowPriorityCores"},
+             "unit": "Count"}
+        )  # fmt: skip
         rows.append(
             {"currentValue": "0", "limit": regional, "localName": "Total Regional vCPUs",
              "name": {"localizedValue": "Total Regional vCPUs", "value": "cores"}, "unit": "Count"}
@@ -422,6 +465,7 @@ def answer(command: str, options: dict[str, list[str]], stdin: str) -> Any:
                 del state["vaults"][vault]
                 state["deleted_vaults"][vault] = owner
         state["deployments"].pop(group.lower(), None)
+        state["vms"].pop(group.lower(), None)
         save(state)
         return None
     if command == "deployment group what-if":
@@ -447,6 +491,12 @@ def answer(command: str, options: dict[str, list[str]], stdin: str) -> Any:
                 "outputs": {"certSettings": {"type": "Object", "value": settings}}}}  # fmt: skip
     if command == "deployment operation group list":
         return operations(state, first["--resource-group"])
+    if command == "vm list":
+        group = first.get("--resource-group")
+        if group is None:
+            return [v for vms in state["vms"].values() for v in vms]
+        need_group(state, group)
+        return state["vms"].get(group.lower(), [])
     fail(f"'{command}' is not in the fake az")
     return None
 

@@ -588,3 +588,60 @@ def test_a_multi_node_cluster_of_a_size_without_infiniband_is_warned_of() -> Non
     assert warned("Standard_NC24ads_A100_v4", 1) is None  # one node: NVLink or PCIe, no network
     assert warned("Standard_ND96isr_H100_v5", 16) is None
     assert warned("Standard_NC24rs_v3", 2) is None  # an RDMA size, UNVERIFIED: not warned of
+
+
+# Spot nodes: `cluster onboard --spot`.
+
+
+def parameters_of(folder: Path) -> dict[str, object]:
+    data = json.loads((folder / "parameters.json").read_text())["parameters"]
+    return {name: p["value"] for name, p in data.items()}
+
+
+def profile_of(az_env: dict[str, str], name: str = "gpu1") -> dict[str, object]:
+    loaded: dict[str, object] = tomllib.loads(Path(az_env["HPCJOB_CONFIG"]).read_text())["clusters"][name]
+    return loaded
+
+
+def vms(az_env: dict[str, str], group: str = "rg-gpu1") -> dict[str, dict[str, object]]:
+    state = json.loads((Path(az_env["FAKE_AZ_STATE"]) / "state.json").read_text())
+    return {vm["name"]: vm for vm in state["vms"].get(group, [])}
+
+
+def test_onboarding_spot_nodes_sets_the_template_s_parameter_and_the_profile(
+    hpcjob: CommandRunner, az_env: dict[str, str], tmp_path: Path
+) -> None:
+    done = onboard(hpcjob, "--spot", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert parameters_of(tmp_path / "out")["useSpotInstanceForComputeNodes"] == "Yes"
+    assert profile_of(az_env)["spot"] is True  # runs are counted at the Spot price
+    made = vms(az_env)
+    assert (
+        made["IaaSLnxCN000"]["priority"] == "Spot" and made["IaaSLnxCN000"]["evictionPolicy"] == "Deallocate"
+    )
+    assert made["gpu1"]["priority"] == "Regular"  # the head node is not Spot
+    assert "each Spot node the Spot price of the hour" in done.stderr
+    # Without --spot the parameter is left to the template's default (No).
+    assert onboard(hpcjob, "--print-only", "--out", str(tmp_path / "regular")).returncode == 0
+    assert "useSpotInstanceForComputeNodes" not in parameters_of(tmp_path / "regular")
+
+
+def test_spot_nodes_count_against_the_regional_spot_quota_not_their_family_s(
+    hpcjob: CommandRunner, az_env: dict[str, str]
+) -> None:
+    refused = onboard(hpcjob, "--spot", FAKE_AZ_SPOT_QUOTA="24")
+    assert refused.returncode == 2 and error_lines(refused) == [
+        "hpcjob: error: 2 x Standard_NC24ads_A100_v4 (Spot) need 48 vCPUs of Total Regional Low-priority "
+        "vCPUs in eastus, and the quota leaves 24: ask for more (Azure portal, Quotas) or choose fewer nodes"
+    ]
+    # No room left in the A100 family: Spot nodes do not need it.
+    preview = onboard(hpcjob, "--spot", "--what-if", FAKE_AZ_QUOTA="0")
+    assert preview.returncode == 0, preview.stderr
+
+
+def test_onboarding_says_when_the_key_it_made_is_kept_nowhere(hpcjob: CommandRunner) -> None:
+    done = onboard(hpcjob, HPCJOB_AUTH_KEY="")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "warning: the nodes' authentication key hpcjob made for cluster gpu1 is kept nowhere" in done.stderr
+    )

@@ -48,6 +48,11 @@ class OnboardOptions:
     poll_interval_s: float = 15.0
     make_default: bool = False
 
+    @property
+    def key_from_env(self) -> bool:
+        """Whether the nodes' key is the user's own (its variable set), not one hpcjob makes."""
+        return bool(os.environ.get(self.key_env))
+
 
 @dataclass
 class Onboarded:
@@ -306,11 +311,36 @@ def _write_profile(
         resource_group=request.resource_group,
         vm_size=request.vm_size,
         region=request.location,  # with the size, the price runs are counted at
-        spot=False,  # the template's nodes are regular VMs unless asked (useSpotInstanceForComputeNodes)
+        spot=request.spot,  # useSpotInstanceForComputeNodes: Spot nodes are counted at the Spot price
     )
+    if not options.key_from_env:
+        _keep_key(request.name, secret.authentication_key)
     path = save_profile(profile, options.make_default)
     progress(f"hpcjob: cluster {request.name} saved in {path} (nodes {', '.join(request.node_names)})")
     return profile
+
+
+def _key_entry(cluster: str) -> str:
+    """The keyring entry (service hpcjob.store.config.KEYRING_SERVICE) of a cluster's nodes' key."""
+    return f"{cluster}:authenticationKey"
+
+
+def _keep_key(cluster: str, key: str) -> None:
+    """Keep the nodes' authentication key that hpcjob made in the system keyring: nodes added later
+    (`cluster grow`) need the same key as the head node, which keeps it in its registry
+    (ClusterAuthenticationKey); without a keyring, say that it is kept nowhere."""
+    from hpcjob.store.config import KEYRING_SERVICE
+
+    try:
+        import keyring
+
+        keyring.set_password(KEYRING_SERVICE, _key_entry(cluster), key)
+    except Exception:  # no keyring package or no backend
+        _warn(
+            f"the nodes' authentication key hpcjob made for cluster {cluster} is kept nowhere (no system "
+            "keyring): `hpcjob cluster grow` cannot add nodes to it; onboard with HPCJOB_AUTH_KEY set to "
+            "keep the key yourself"
+        )
 
 
 def _check(done: Onboarded, progress: Progress) -> None:

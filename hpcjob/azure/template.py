@@ -132,6 +132,7 @@ class OnboardRequest:
     image: str = DEFAULT_IMAGE
     node_prefix: str = DEFAULT_PREFIX
     head_node_size: str | None = None
+    spot: bool = False  # the compute nodes as Spot VMs (useSpotInstanceForComputeNodes)
 
     @property
     def deployment(self) -> str:
@@ -245,6 +246,9 @@ def template_parameters(request: OnboardRequest, table: SizeTable) -> dict[str, 
         "adminUsername": request.admin_user,
         # The REST API is reached at the head node's public name (the template's only output).
         "createPublicIPAddressForHeadNode": "Yes",
+        # Spot nodes: the template gives each node VM priority Spot and evictionPolicy Deallocate, and no
+        # billingProfile (no maximum price): docs/facts/azure-cli-and-hpcpack-template.md section 10.
+        **({"useSpotInstanceForComputeNodes": "Yes"} if request.spot else {}),
     }
 
 
@@ -292,6 +296,11 @@ def _check_value(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
 
 # `az vm list-usage`'s row of every vCPU in the region, whatever the family ("Total Regional vCPUs").
 REGIONAL_TOTAL = "cores"
+# Spot VMs count against one regional quota of their own, across all families, and not against the
+# standard ones (MicrosoftDocs/azure-docs articles/quotas/spot-quota.md @02d00dc8; spot-vms.md: "a separate
+# quota pool"). Its row: localizedValue "Total Regional Low-priority vCPUs" (verified: the Quotas docs'
+# queries), name.value lowPriorityCores (UNVERIFIED: public `az vm list-usage` dumps): either matches.
+SPOT_TOTAL, SPOT_TOTAL_LABEL = "lowPriorityCores", "Total Regional Low-priority vCPUs"
 
 
 def _family_key(name: str) -> str:
@@ -315,38 +324,66 @@ def quota_problems(
 ) -> list[str]:
     """Whether the subscription's vCPU quotas in the region leave room for the cluster (`usage`: what
     `az vm list-usage` answers; `family`: the size's family as az names it, else the table's): the
-    nodes' family, the head node's, and the regional total."""
-    size = table.sizes[request.vm_size]
-    nodes = size.vcpus * request.nodes
-    wanted = [(family or size.quota_family, nodes, f"{request.nodes} x {request.vm_size}")]
-    total, what = nodes, f"{request.nodes} x {request.vm_size}"
-    if request.head_node_size in (None, table.head_node_size):  # another head size: its family unknown
+    nodes' family (or, Spot nodes, the regional Spot quota), the head node's, and the regional total."""
+    head = request.head_node_size in (None, table.head_node_size)  # another head size: its family unknown
+    return node_quota_problems(
+        request.location, request.vm_size, request.nodes, request.spot, table, usage, family, head_node=head
+    )
+
+
+def node_quota_problems(
+    location: str,
+    vm_size: str,
+    count: int,
+    spot: bool,
+    table: SizeTable,
+    usage: list[Mapping[str, Any]],
+    family: str | None = None,
+    *,
+    head_node: bool = False,
+) -> list[str]:
+    """Whether the quotas leave room for `count` more nodes of `vm_size` (and the head node, when it is to
+    be made too): what `az vm list-usage` counts as used already needs no more room."""
+    size = table.sizes[vm_size]
+    nodes = size.vcpus * count
+    who = f"{count} x {vm_size}{' (Spot)' if spot else ''}"
+    if spot:  # their own regional quota only
+        wanted, total, what = [(SPOT_TOTAL, nodes, who)], 0, ""
+    else:
+        wanted, total, what = [(family or size.quota_family, nodes, who)], nodes, who
+    if head_node:
         wanted.append(
             (table.head_node_quota_family, table.head_node_vcpus, f"the head node ({table.head_node_size})")
         )
-        total, what = total + table.head_node_vcpus, f"{what} and the head node"
-    wanted.append((REGIONAL_TOTAL, total, what))
+        total += table.head_node_vcpus
+        what = f"{what} and the head node" if what else "the head node"
+    if total:
+        wanted.append((REGIONAL_TOTAL, total, what))
     needed: dict[str, tuple[str, int, str]] = {}
-    for name, vcpus, who in wanted:  # the head node may share the nodes' family
+    for name, vcpus, named in wanted:  # the head node may share the nodes' family
         key = _family_key(name)
         if key in needed:
-            _, before, named = needed[key]
-            vcpus, who = before + vcpus, f"{named} and {who}"
-        needed[key] = (name, vcpus, who)
-    rows = {_family_key(str((row.get("name") or {}).get("value", ""))): row for row in usage}
+            _, before, earlier = needed[key]
+            vcpus, named = before + vcpus, f"{earlier} and {named}"
+        needed[key] = (name, vcpus, named)
+    rows: dict[str, Mapping[str, Any]] = {}
+    for row in usage:
+        names = row.get("name") or {}
+        rows[_family_key(str(names.get("value", "")))] = row
+        if str(names.get("localizedValue", "")) == SPOT_TOTAL_LABEL:
+            rows[_family_key(SPOT_TOTAL)] = row
+    labels = {REGIONAL_TOTAL: "Total Regional vCPUs", _family_key(SPOT_TOTAL): SPOT_TOTAL_LABEL}
     problems = []
-    for key, (name, vcpus, who) in needed.items():
-        label = "Total Regional vCPUs" if key == REGIONAL_TOTAL else name
-        row = rows.get(key)
-        if row is None:
-            problems.append(
-                f"no {label} quota in {request.location}: ask for it (Azure portal, Quotas) first"
-            )
+    for key, (name, vcpus, named) in needed.items():
+        label = labels.get(key, name)
+        found = rows.get(key)
+        if found is None:
+            problems.append(f"no {label} quota in {location}: ask for it (Azure portal, Quotas) first")
             continue
-        free = int(row.get("limit", 0)) - int(row.get("currentValue", 0))
+        free = int(found.get("limit", 0)) - int(found.get("currentValue", 0))
         if free < vcpus:
             problems.append(
-                f"{who} need {vcpus} vCPUs of {label} in {request.location}, and the quota leaves {free}: "
+                f"{named} need {vcpus} vCPUs of {label} in {location}, and the quota leaves {free}: "
                 "ask for more (Azure portal, Quotas) or choose fewer nodes"
             )
     return problems
@@ -371,6 +408,13 @@ def fabric_warning(request: OnboardRequest, table: SizeTable) -> str | None:
 
 def hourly_cost(request: OnboardRequest, table: SizeTable) -> str:
     size = table.sizes[request.vm_size]
+    if request.spot:
+        return (
+            f"the head node about ${table.head_node_usd_per_hour:.2f} an hour, and each Spot node the Spot "
+            f"price of the hour, at most the list price (about ${size.usd_per_hour:.2f}): no maximum price "
+            f"is set, so Azure evicts them only when it needs the room (`hpcjob prices --size "
+            f"{request.vm_size} --region {request.location}`; list prices {table.prices_as_of}, UNVERIFIED)"
+        )
     total = request.nodes * size.usd_per_hour + table.head_node_usd_per_hour
     return (
         f"about ${total:.2f} an hour while it runs ({request.nodes} x {request.vm_size} at "

@@ -18,8 +18,8 @@ from hpcjob.cli.options import AZURE, CREDENTIALS, OTHER, OUTPUT, headed
     short_help="Deploy a GPU cluster NAME on Azure, from HPC Pack's template.",
     groups=headed(
         {
-            AZURE: "resource_group location vm_size node_count admin_user image node_prefix head_node_size "
-            "template_file",
+            AZURE: "resource_group location vm_size node_count spot admin_user image node_prefix "
+            "head_node_size template_file",
             CREDENTIALS: "password_env key_env",
             OUTPUT: "what_if print_only out_dir",
             OTHER: "purge_deleted_vault no_check poll_interval make_default",
@@ -31,6 +31,8 @@ from hpcjob.cli.options import AZURE, CREDENTIALS, OTHER, OUTPUT, headed
           --vm-size Standard_NC24ads_A100_v4 --nodes 2 --what-if
       hpcjob cluster onboard gpu1 --resource-group rg-gpu1 --location eastus \\
           --vm-size Standard_NC24ads_A100_v4 --nodes 2 --default
+      hpcjob cluster onboard gpu2 --resource-group rg-gpu2 --location eastus \\
+          --vm-size Standard_NC24ads_A100_v4 --nodes 4 --spot
     """,
 )
 @click.argument("name")
@@ -40,6 +42,12 @@ from hpcjob.cli.options import AZURE, CREDENTIALS, OTHER, OUTPUT, headed
     "--vm-size", required=True, metavar="SIZE", help="GPU size of the nodes, e.g. Standard_NC24ads_A100_v4."
 )
 @click.option("--nodes", "node_count", required=True, type=int, metavar="N", help="Compute nodes (1 to 500).")
+@click.option(
+    "--spot",
+    is_flag=True,
+    help="Make the compute nodes Spot VMs: cheaper, evicted (deallocated) when Azure needs the room; no "
+    "maximum price. A run that loses one goes on elsewhere with --retries.",
+)
 @click.option(
     "--admin-user", default="hpcadmin", show_default=True, metavar="USER", help="Administrator of every VM."
 )
@@ -141,6 +149,7 @@ def cluster_onboard(
         image=options["image"] or DEFAULT_IMAGE,
         node_prefix=options["node_prefix"] or DEFAULT_PREFIX,
         head_node_size=options["head_node_size"],
+        spot=options["spot"],
     )
     terminal = sys.stdin.isatty()
 

@@ -137,7 +137,7 @@ $script:Cli = @{
         Options   = @{
             ResourceGroup = '--resource-group'; Location = '--location'; VmSize = '--vm-size'
             Nodes = '--nodes'; AdminUser = '--admin-user'; Image = '--image'; NodePrefix = '--node-prefix'
-            HeadNodeSize = '--head-node-size'; WhatIfAzure = '--what-if'; OutputFolder = '--out'
+            HeadNodeSize = '--head-node-size'; WhatIfAzure = '--what-if'; OutputFolder = '--out'; Spot = '--spot'
             Template = '--template'; NoCheck = '--no-check'; PollSeconds = '--poll-interval'
             PurgeDeletedVault = '--purge-deleted-vault'
             Default = '--default'
@@ -819,7 +819,8 @@ function New-HpcTorchCluster {
     through its standard input, never a command line. -WhatIf writes the parameters file and prints the
     az commands; -WhatIfAzure asks Azure what it would create. -PurgeDeletedVault purges the soft-deleted
     Key Vault of an earlier cluster in a resource group of the same name, which would make the deployment
-    fail. Needs the Azure CLI, logged in.
+    fail. -Spot makes the compute nodes Spot VMs (evicted when Azure needs the room; a run that loses one
+    goes on elsewhere with -Retries). Needs the Azure CLI, logged in.
 
     .EXAMPLE
     New-HpcTorchCluster -Name gpu1 -ResourceGroup rg-gpu1 -Location eastus -VmSize Standard_NC24ads_A100_v4 -Nodes 2 -AdminPassword (Read-Host -AsSecureString)
@@ -845,6 +846,7 @@ function New-HpcTorchCluster {
         [ValidateRange(1, 3600)][double]$PollSeconds,
         [switch]$WhatIfAzure,
         [switch]$PurgeDeletedVault,
+        [switch]$Spot,
         [switch]$NoCheck,
         [switch]$Default
     )
