@@ -2,12 +2,14 @@
 
 An SQLite database, `runs.db` in hpcjob's state folder (~/.local/state/hpcjob, on Windows
 %LOCALAPPDATA%\\hpcjob). One row a run: where its files are (a local path, or a share and how to reach
-it; never a credential), the command, the plan and tags it started with, the job's state as last seen,
-and its summary once it has ended. A run on a cluster is recorded before its first job is created, and
-again at each step (the job ids), so that no job hpcjob made is left without a record that points to
-it. Every change is one IMMEDIATE transaction, so hpcjob processes writing at once wait for each other
-instead of losing a record. The schema has a version (SQLite's user_version) and a migration for each;
-the runs.jsonl of hpcjob 0.1 is imported once, when the database is made.
+it; never a credential), the command and tags it started with, its newest attempt's plan and job spec
+and how it goes on (what `hpcjob wait` takes it up from), the job's state as last seen, and its summary
+once it has ended; each ended attempt beside it. The history is this machine's alone: only the machine
+that started a run knows its attempts and retries. A run on a cluster is recorded before its first job
+is created, and again at each step (the job ids), so that no job hpcjob made is left without a record
+that points to it. Every change is one IMMEDIATE transaction, so hpcjob processes writing at once wait
+for each other instead of losing a record. The schema has a version (SQLite's user_version) and a
+migration for each; the runs.jsonl of hpcjob 0.1 is imported once, when the database is made.
 """
 
 from __future__ import annotations
@@ -123,6 +125,11 @@ MIGRATIONS = (
     );
     ALTER TABLE runs ADD COLUMN canceled REAL;  -- when `hpcjob cancel` ended the run: no attempt after it
     """,
+    # Issue 33: whoever follows the run next (`hpcjob wait`) plans its next attempt from the history.
+    """
+    ALTER TABLE runs ADD COLUMN spec TEXT;    -- the newest attempt's JobSpec, as JSON (JobSpec.to_dict)
+    ALTER TABLE runs ADD COLUMN follow TEXT;  -- how the run goes on: its Retries and mount step, as JSON
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 ENDED_STATES = ("Finished", "Failed", "Canceled")
@@ -231,23 +238,26 @@ def _upsert(
     command: str | None = None,
     plan: str | None = None,
     gpus_per_node: int | None = None,
+    spec: str | None = None,
+    follow: str | None = None,
 ) -> None:
     now = time.time()
     connection.execute(
         """
         INSERT INTO runs (run_id, started, updated, name, backend, cluster, job_id, nodes, gpus_per_node,
-                          record, command, plan)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                          record, command, plan, spec, follow)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
         ON CONFLICT (run_id) DO UPDATE SET
             updated = excluded.updated, name = excluded.name, backend = excluded.backend,
             cluster = excluded.cluster, job_id = excluded.job_id, nodes = excluded.nodes,
             record = excluded.record,
             gpus_per_node = COALESCE(excluded.gpus_per_node, runs.gpus_per_node),
-            command = COALESCE(excluded.command, runs.command), plan = COALESCE(excluded.plan, runs.plan)
+            command = COALESCE(excluded.command, runs.command), plan = COALESCE(excluded.plan, runs.plan),
+            spec = COALESCE(excluded.spec, runs.spec), follow = COALESCE(excluded.follow, runs.follow)
         """,
         (
             record.run_id, started or now, now, record.name, record.backend, record.cluster, record.job_id,
-            len(record.nodes), gpus_per_node, json.dumps(asdict(record)), command, plan,
+            len(record.nodes), gpus_per_node, json.dumps(asdict(record)), command, plan, spec, follow,
         ),
     )  # fmt: skip
 
@@ -259,12 +269,18 @@ def save_run(
     plan: str | None = None,
     tags: Mapping[str, str] | None = None,
     gpus_per_node: int | None = None,
+    spec: str | None = None,
+    follow: str | None = None,
 ) -> None:
     """Record the run (again: the latest record of a run id supersedes the earlier ones); the command,
-    plan and GPUs per node are kept from the first record that gives them, tags added (a key given
+    plan, GPUs per node, spec and follow (what a follower needs to go on: the JobSpec, and the Retries
+    and mount step, as JSON) are kept from the latest record that gives them, tags added (a key given
     again takes its new value)."""
     with _history() as connection:
-        _upsert(connection, record, command=command, plan=plan, gpus_per_node=gpus_per_node)
+        _upsert(
+            connection, record, command=command, plan=plan, gpus_per_node=gpus_per_node, spec=spec,
+            follow=follow,
+        )  # fmt: skip
         for key, value in (tags or {}).items():
             connection.execute(
                 "INSERT OR REPLACE INTO tags (run_id, key, value) VALUES (?, ?, ?)",
@@ -315,15 +331,18 @@ class AttemptEntry:
         }
 
 
-def record_attempt_end(record: RunRecord, summary: JobSummary, cause: str, said: str, retried: bool) -> None:
-    """How the record's attempt ended, kept beside the run (its row holds the newest attempt)."""
+def record_attempt_end(
+    record: RunRecord, summary: JobSummary | None, cause: str, said: str, retried: bool
+) -> None:
+    """How the record's attempt ended, kept beside the run (its row holds the newest attempt); no
+    summary for an attempt whose job never ran (its submission was cut short)."""
     with _history() as connection:
         connection.execute(
             "INSERT OR REPLACE INTO attempts (run_id, attempt, job_id, nodes, cause, said, retried, ended, "
             "summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 record.run_id, record.attempt, record.job_id, json.dumps(list(record.nodes)), cause, said,
-                int(retried), time.time(), summary.to_json(),
+                int(retried), time.time(), summary.to_json() if summary is not None else None,
             ),
         )  # fmt: skip
 
@@ -360,15 +379,32 @@ def was_canceled(run_id: str) -> bool:
     return row is not None and row[0] is not None
 
 
-def record_next_attempt(record: RunRecord) -> None:
-    """A run goes on in another attempt (`record`, its job not made yet): the earlier attempt's end is no
-    longer the run's, so its state, exit code and summary are cleared until this one ends."""
+def record_next_attempt(record: RunRecord, *, plan: str | None = None, spec: str | None = None) -> None:
+    """A run goes on in another attempt (`record`, its job not made yet; its `plan` and `spec`, as JSON,
+    replace the earlier attempt's): the earlier attempt's end is no longer the run's, so its state, exit
+    code and summary are cleared until this one ends."""
     with _history() as connection:
-        _upsert(connection, record)
+        _upsert(connection, record, plan=plan, spec=spec)
         connection.execute(
             "UPDATE runs SET state = NULL, exit_code = NULL, wall_s = NULL, summary = NULL WHERE run_id = ?",
             (record.run_id,),
         )
+
+
+def recorded_follow(run_id: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """What a follower needs to go on with the run, as recorded: its newest attempt's JobSpec and how it
+    goes on (Retries, mount step), each as a JSON object, or None (a run of an older hpcjob, a value
+    that cannot be read)."""
+    with _history(write=False) as connection:
+        row = connection.execute("SELECT spec, follow FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    found: list[dict[str, Any] | None] = []
+    for text in row or (None, None):
+        try:
+            value = json.loads(text) if text else None
+        except ValueError:
+            value = None
+        found.append(value if isinstance(value, dict) else None)
+    return found[0], found[1]
 
 
 def record_state(run_id: str, state: str, exit_code: int | None) -> None:
