@@ -13,8 +13,11 @@ It follows the real one (azure-cli 2.91.0; docs/facts/azure-cli-and-hpcpack-temp
   as az does); its nested deployment KeyVaultWithCert gives the certificate's SHA-1 thumbprint;
 - deleting a resource group soft-deletes its vault; a vault of the same name cannot be made again until
   it is purged (the deployment fails on it with ConflictError);
-- the template's VMs (`vm list`, az's flattened shape): the head node and the nodes, Spot ones with
-  priority Spot and evictionPolicy Deallocate; `vm list-usage` has the Spot VMs' own regional quota.
+- the template's VMs (`vm list`, az's flattened shape): the head node, tagged for the add-nodes template,
+  and the nodes, Spot ones with priority Spot and evictionPolicy Deallocate; the add-nodes template
+  (`--template-uri` names which) checked against its own copy, `--parameters KEY=VALUE` typed by the
+  template as az types it, the head node and the network it joins looked up, and a node of a name that
+  exists refused; `vm list-usage` has the Spot VMs' own regional quota.
 
 It records each call's arguments (and, for the commands that read `@-`, the NAMES of the parameters it got
 on stdin, never their values) to $FAKE_AZ_LOG, one JSON object per line. Knobs (environment):
@@ -37,9 +40,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-TEMPLATE = (
-    Path(__file__).resolve().parent / "reference" / "arm" / "GeneratedTemplates" / "new-1hn-lnxcn-no-ad.json"
-)
+# The templates the tests keep (tests/reference/arm), by the file name that ends a --template-uri.
+TEMPLATES = Path(__file__).resolve().parent / "reference" / "arm" / "GeneratedTemplates"
+TEMPLATE = TEMPLATES / "new-1hn-lnxcn-no-ad.json"
+ADD_NODES = TEMPLATES / "add-lnx-compute-nodes.json"
 STATE_DIR = Path(os.environ["FAKE_AZ_STATE"])
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
 RESOURCES = [
@@ -172,7 +176,7 @@ def load() -> dict[str, Any]:
     if path.exists():
         loaded: dict[str, Any] = json.loads(path.read_text())
         return loaded
-    return {"groups": {}, "vaults": {}, "deleted_vaults": {}, "deployments": {}, "vms": {}}
+    return {"groups": {}, "vaults": {}, "deleted_vaults": {}, "deployments": {}, "vms": {}, "grows": {}}
 
 
 def save(state: dict[str, Any]) -> None:
@@ -184,18 +188,48 @@ def vault_name(group: str) -> str:
     return f"{group}-kv-{hashlib.sha256(group.lower().encode()).hexdigest()[:13]}"[:24]
 
 
-def parameters(values: list[str], stdin: str) -> dict[str, Any]:
-    """The deployment's parameters as az merges them: each --parameters, @file or @- (stdin)."""
+def template_of(options: dict[str, list[str]]) -> Path:
+    """The template a deployment names, by the file name at the end of its --template-uri."""
+    uri = (options.get("--template-uri") or options.get("-u") or [""])[0]
+    found = {path.name: path for path in (TEMPLATE, ADD_NODES)}.get(uri.rsplit("/", 1)[-1])
+    if found is None:
+        fail(f"Unable to retrieve url {uri}")  # what az says of a template it cannot fetch
+    assert found is not None
+    return found
+
+
+def parameters(values: list[str], stdin: str, template: Path = TEMPLATE) -> dict[str, Any]:
+    """The deployment's parameters as az merges them, in order (azure-cli 2.91.0 resource/custom.py
+    L163-212 _process_parameters): each @file or @- (stdin), which az has read before (core's @ prefix),
+    a JSON object, or KEY=VALUE, whose value takes KEY's type in the template (L128-160
+    _try_parse_key_value_object: int(), 'true', or the text; an unknown KEY is refused)."""
+    declared = json.loads(template.read_text())
     merged: dict[str, Any] = {}
     for source in values:
-        text = stdin if source == "@-" else Path(source[1:]).read_text()
-        data = json.loads(text)
+        text = stdin if source == "@-" else Path(source[1:]).read_text() if source.startswith("@") else source
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            key, equals, value = text.partition("=")
+            if not equals:
+                fail(f"Unable to parse parameter: {text}")
+            spec = declared["parameters"].get(key)
+            if spec is None:
+                allowed = ", ".join(sorted(declared["parameters"]))
+                fail(f"unrecognized template parameter '{key}'. Allowed parameters: {allowed}")
+            ref = spec.get("$ref", "").removeprefix("#/definitions/")
+            kind = str(
+                spec.get("type") or declared.get("definitions", {}).get(ref, {}).get("type", "")
+            ).lower()
+            typed: Any = int(value) if kind == "int" else value.lower() == "true" if kind == "bool" else value
+            merged[key] = {"value": typed}
+            continue
         merged.update(data.get("parameters", data))
     return merged
 
 
-def check_against_template(given: dict[str, Any]) -> None:
-    declared = json.loads(TEMPLATE.read_text())["parameters"]
+def check_against_template(given: dict[str, Any], template: Path = TEMPLATE) -> None:
+    declared = json.loads(template.read_text())["parameters"]
     unknown = sorted(set(given) - set(declared))
     if unknown:
         fail(f"InvalidTemplate: the template has no parameter(s) {', '.join(unknown)}")
@@ -251,6 +285,9 @@ def operations(state: dict[str, Any], group: str) -> list[dict[str, Any]]:
 def deploy(state: dict[str, Any], options: dict[str, list[str]], stdin: str) -> None:
     group = options["--resource-group"][0]
     need_group(state, group)
+    if template_of(options) == ADD_NODES:
+        deploy_nodes(state, options, stdin)
+        return
     given = parameters(options.get("--parameters", []), stdin)
     check_against_template(given)
     vault = vault_name(group)
@@ -268,8 +305,8 @@ def deploy(state: dict[str, Any], options: dict[str, list[str]], stdin: str) -> 
     if failing:
         fail(json.dumps({"code": "DeploymentFailed", "message": "At least one resource operation failed."}))
     state["vaults"][vault] = group
-    # The VMs it made: the head node (tagged with the vault's certificate, as head-node.bicep tags it) and
-    # the nodes, prefix + 3 digits from 000.
+    # The VMs it made: the head node (tagged with the vault's certificate, as head-node.bicep tags it, for
+    # the add-nodes template to find) and the nodes, prefix + 3 digits from 000.
     value = {name: spec["value"] for name, spec in given.items()}
     spot = value.get("useSpotInstanceForComputeNodes") == "Yes"
     head_size = value.get("headNodeVMSize", "Standard_DS4_v2")
@@ -306,6 +343,62 @@ def vm(group: str, name: str, size: str, spot: bool, tags: dict[str, str] | None
         **({"evictionPolicy": "Deallocate"} if spot else {}),
         "provisioningState": "Succeeded",
     }
+
+
+def deploy_nodes(state: dict[str, Any], options: dict[str, list[str]], stdin: str) -> None:
+    """The add-nodes template (Bicep/add-lnx-compute-nodes.bicep @dea762e): it reads the head node VM's
+    tags (the first name of clusterConnectionString, in this resource group: an `existing` resource), puts
+    the nodes in the named network, and names them prefix + padLeft(start + i, 3). A node of a name that
+    exists already would be that VM redeployed with another password: Azure refuses to change a VM's
+    osProfile (PropertyChangeNotAllowed; the message UNVERIFIED)."""
+    group, name = options["--resource-group"][0], options["--name"][0]
+    given = parameters(options.get("--parameters", []), stdin, ADD_NODES)
+    check_against_template(given, ADD_NODES)
+    value = {key: spec["value"] for key, spec in given.items()}
+    vms = state["vms"].setdefault(group.lower(), [])
+    head = value["clusterConnectionString"].split(",")[0].split(".")[0]
+    if not any(v["name"].lower() == head.lower() and v["tags"] for v in vms):
+        fail(f"(ResourceNotFound) The Resource 'Microsoft.Compute/virtualMachines/{head}' under resource "
+             f"group '{group}' was not found.", 3)  # fmt: skip
+    if value["virtualNetworkName"] not in state.get("vnets", {}).get(group.lower(), []):
+        fail(f"(InvalidResourceReference) Resource /subscriptions/{SUBSCRIPTION}/resourceGroups/{group}/"
+             f"providers/Microsoft.Network/virtualNetworks/{value['virtualNetworkName']} referenced by the "
+             "nodes was not found.")  # fmt: skip
+    start, spot = int(value.get("computeNodeNameStartIndex", 0)), value.get("useSpotInstances") == "Yes"
+    names = [
+        f"{value['computeNodeNamePrefix']}{start + i:03d}"
+        for i in range(int(value.get("computeNodeNumber", 10)))
+    ]
+    taken = [n for n in names if n.lower() in {v["name"].lower() for v in vms}]
+    state["grows"].setdefault(group.lower(), {})[name] = {"time": time.time(), "nodes": names, "taken": taken}
+    save(state)
+    time.sleep(0.2 * (len(names) + 2) + 0.1)
+    if taken:
+        fail(
+            f"(PropertyChangeNotAllowed) Changing property 'osProfile.adminPassword' is not allowed. "
+            f"({taken[0]})"
+        )
+    vms += [vm(group, n, value.get("computeNodeVMSize", "Standard_D3_v2"), spot) for n in names]
+    save(state)
+    print(json.dumps({"name": name, "properties": {"provisioningState": "Succeeded", "outputs": {}}}))
+
+
+def grow_operations(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """The add-nodes deployment's rows: its nested deployments, the nodes' (create<node>) and the two that
+    read the head node's tags."""
+    parts = ["keyvaultandcert", "monitor", *(f"create{node}" for node in info["nodes"])]
+    done = min(len(parts), int((time.time() - info["time"]) / 0.2) + 1)
+    rows = []
+    for index, part in enumerate(parts[:done]):
+        props: dict[str, Any] = {"provisioningState": "Succeeded", "duration": "PT2M"}
+        if part.removeprefix("create") in info["taken"]:
+            props["provisioningState"] = "Failed"
+            said = {"code": "PropertyChangeNotAllowed",
+                    "message": "Changing property 'osProfile.adminPassword' is not allowed."}  # fmt: skip
+            props["statusMessage"] = {"status": "Failed", "error": said}
+        props["targetResource"] = {"resourceType": "Microsoft.Resources/deployments", "resourceName": part}
+        rows.append({"operationId": f"op{index}", "properties": props})
+    return rows
 
 
 # `vm deallocate` and `vm start` of VMs by --ids, one job per id as azure-cli core runs them (a failing
@@ -466,11 +559,13 @@ def answer(command: str, options: dict[str, list[str]], stdin: str) -> Any:
                 state["deleted_vaults"][vault] = owner
         state["deployments"].pop(group.lower(), None)
         state["vms"].pop(group.lower(), None)
+        state["grows"].pop(group.lower(), None)
         save(state)
         return None
     if command == "deployment group what-if":
         need_group(state, first["--resource-group"])
-        check_against_template(parameters(options.get("--parameters", []), stdin))
+        template = template_of(options)
+        check_against_template(parameters(options.get("--parameters", []), stdin, template), template)
         print("Resource and property changes are indicated with this symbol:\n  + Create\n")
         print("Resource changes: 23 to create.")
         return None
@@ -490,7 +585,8 @@ def answer(command: str, options: dict[str, list[str]], stdin: str) -> Any:
         return {"name": "KeyVaultWithCert", "properties": {"provisioningState": "Succeeded",
                 "outputs": {"certSettings": {"type": "Object", "value": settings}}}}  # fmt: skip
     if command == "deployment operation group list":
-        return operations(state, first["--resource-group"])
+        grown = state["grows"].get(first["--resource-group"].lower(), {}).get(first["--name"])
+        return operations(state, first["--resource-group"]) if grown is None else grow_operations(grown)
     if command == "vm list":
         group = first.get("--resource-group")
         if group is None:

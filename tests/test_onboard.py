@@ -12,8 +12,9 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,9 @@ import pytest
 import hpcjob as hpcjob_package
 from hpcjob.azure.data import packaged_template
 from hpcjob.azure.template import (
+    ADD_NODES_PATH,
+    ADD_NODES_SHA256,
+    ADD_NODES_URL,
     TEMPLATE_COMMIT,
     TEMPLATE_PATH,
     TEMPLATE_SHA256,
@@ -33,6 +37,7 @@ from hpcjob.azure.template import (
 )
 from hpcjob.backends import open_backend
 from hpcjob.backends.local import free_port
+from hpcjob.emulator import HeadNode, NodeSpec
 from hpcjob.job.spec import HpcjobError
 from hpcjob.store.config import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, get_profile
 
@@ -590,7 +595,11 @@ def test_a_multi_node_cluster_of_a_size_without_infiniband_is_warned_of() -> Non
     assert warned("Standard_NC24rs_v3", 2) is None  # an RDMA size, UNVERIFIED: not warned of
 
 
-# Spot nodes: `cluster onboard --spot`.
+# Spot nodes and more nodes: `cluster onboard --spot` and `cluster grow`; the new nodes come online on the
+# head node emulator.
+
+ADD_NODES = REFERENCE / "arm" / "GeneratedTemplates" / "add-lnx-compute-nodes.json"
+A100_SIZE = "Standard_NC24ads_A100_v4"
 
 
 def parameters_of(folder: Path) -> dict[str, object]:
@@ -639,9 +648,215 @@ def test_spot_nodes_count_against_the_regional_spot_quota_not_their_family_s(
     assert preview.returncode == 0, preview.stderr
 
 
+def test_grow_print_only_needs_no_network(
+    hpcjob: CommandRunner, az_env: dict[str, str], tmp_path: Path
+) -> None:
+    assert onboard(hpcjob).returncode == 0
+    before = len(az_calls(az_env))
+    out = tmp_path / "grow"
+    done = hpcjob(
+        "cluster", "grow", "gpu1", "2", "--spot", "--print-only", "--out", str(out), **offline(tmp_path)
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(az_calls(az_env)) == before  # nothing asked of az
+    lines = done.stdout.splitlines()
+    assert lines[0] == "az vm list --resource-group rg-gpu1 --output json"
+    assert f"--template-uri {ADD_NODES_URL}" in lines[1] and TEMPLATE_COMMIT in ADD_NODES_URL
+    assert "--parameters computeNodeNameStartIndex=START --parameters @-" in lines[1]
+    assert lines[2].startswith("# START: the first index after the existing IaaSLnxCN<index> nodes")
+    assert "standard input" in lines[3]
+    assert parameters_of(out) == {
+        "computeNodeNamePrefix": "IaaSLnxCN",
+        "computeNodeNumber": 2,
+        "computeNodeImage": "Ubuntu_22.04_HPC_Gen2",
+        "computeNodeVMSize": A100_SIZE,
+        "adminUsername": "hpcadmin",
+        "authenticationType": "password",
+        "virtualNetworkName": "gpu1vnet",
+        "subnetName": "Subnet-1",
+        "availabilitySetName": "",  # not an RDMA size: the template puts none of its nodes in one
+        "clusterConnectionString": "gpu1",
+        "useSpotInstances": "Yes",
+    }
+    rdma = hpcjob(
+        "cluster", "grow", "gpu1", "1", "--vm-size", "Standard_ND96asr_v4", "--print-only", "--out", str(out)
+    )
+    assert rdma.returncode == 0, rdma.stderr
+    assert parameters_of(out)["availabilitySetName"] == "gpu1-avset"  # with the cluster's RDMA nodes
+
+
+@pytest.fixture
+def head_node(az_env: dict[str, str]) -> Iterator[HeadNode]:
+    """The cluster's head node: it knows IaaSLnxCN000 and 001 (the template's) and IaaSLnxCN002, a node
+    whose VM is not in the resource group; a VM that a deployment adds registers half a second later, as
+    its node agent would."""
+    nodes = [NodeSpec(f"IaaSLnxCN{index:03d}") for index in range(3)]
+    with HeadNode(nodes, users={"hpcadmin": PASSWORD}, domain="GPU1") as head:
+        stop = threading.Event()
+
+        def register() -> None:
+            seen: dict[str, float] = {}
+            while not stop.wait(0.1):
+                try:
+                    made = vms(az_env)
+                except (OSError, ValueError):
+                    continue
+                known = {node.name.lower() for node in head.nodes}
+                for name in made:
+                    if name != "gpu1" and name.lower() not in known:
+                        seen.setdefault(name, time.monotonic())
+                        if time.monotonic() - seen[name] > 0.5:
+                            with head.cluster.lock:
+                                head.cluster.registry.add(NodeSpec(name))
+                                head.cluster.changed.notify_all()
+
+        thread = threading.Thread(target=register, daemon=True)
+        thread.start()
+        try:
+            yield head
+        finally:
+            stop.set()
+            thread.join()
+
+
+def test_grow_adds_spot_nodes_after_every_existing_one_and_waits_for_them_online(
+    hpcjob: CommandRunner, az_env: dict[str, str], head_node: HeadNode, tmp_path: Path
+) -> None:
+    at = {"FAKE_AZ_DNS": f"127.0.0.1:{head_node.port}", "FAKE_AZ_CERT": head_node.ca_file}
+    assert onboard(hpcjob, **at).returncode == 0  # the profile pins the emulator's certificate
+    out = tmp_path / "grow"
+    done = hpcjob(
+        "cluster", "grow", "gpu1", "2", "--spot", "--no-check", "--poll-interval", "0.2", "--out", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        done.stdout == f"cluster gpu1: 2 new nodes online ({A100_SIZE}, Spot): IaaSLnxCN003, IaaSLnxCN004\n"
+    )
+    # After 000 and 001 (VMs) and 002 (a node the head node knows): 003 on.
+    calls = az_calls(az_env)
+    grown = [c for c in calls if c["argv"][:3] == ["deployment", "group", "create"]][-1]  # type: ignore[index]
+    argv = list(grown["argv"])  # type: ignore[call-overload]
+    assert argv[argv.index("--template-uri") + 1] == ADD_NODES_URL
+    assert "computeNodeNameStartIndex=3" in argv
+    assert grown["stdin_parameters"] == ["adminPasswordOrKey", "authenticationKey"]  # the secrets: stdin only
+    values = parameters_of(out)
+    spot = (values["computeNodeNumber"], values["computeNodeVMSize"], values["useSpotInstances"])
+    assert spot == (2, A100_SIZE, "Yes")
+    made = vms(az_env)
+    assert [made[n]["priority"] for n in ("IaaSLnxCN003", "IaaSLnxCN004")] == ["Spot", "Spot"]
+    assert made["IaaSLnxCN001"]["priority"] == "Regular"
+    assert (
+        "hpcjob: IaaSLnxCN003: not seen yet" in done.stderr
+        and "hpcjob: IaaSLnxCN003: Online, OK" in done.stderr
+    )
+    assert (
+        "warning: the new nodes are Standard_NC24ads_A100_v4, Spot and cluster gpu1's profile says"
+        in done.stderr
+    )
+    for secret in (PASSWORD, KEY):
+        assert all(secret not in " ".join(map(str, call["argv"])) for call in calls)  # type: ignore[call-overload]
+        assert secret not in done.stdout + done.stderr
+        assert secret not in (out / "parameters.json").read_text()
+    # Again: after the new ones.
+    named = hpcjob("cluster", "grow", "gpu1", "1", "--no-check", "--poll-interval", "0.2", "--out", str(out))
+    assert named.returncode == 0, named.stderr
+    assert named.stdout.endswith("): IaaSLnxCN005\n")
+
+
+def test_new_nodes_the_head_node_does_not_see_online_are_said_after_the_timeout(
+    hpcjob: CommandRunner, az_env: dict[str, str], tmp_path: Path
+) -> None:
+    with HeadNode(
+        [NodeSpec("IaaSLnxCN000"), NodeSpec("IaaSLnxCN001")], users={"hpcadmin": PASSWORD}, domain="GPU1"
+    ) as head:
+        assert (
+            onboard(hpcjob, FAKE_AZ_DNS=f"127.0.0.1:{head.port}", FAKE_AZ_CERT=head.ca_file).returncode == 0
+        )
+        done = hpcjob(
+            "cluster", "grow", "gpu1", "1", "--no-check", "--poll-interval", "0.2", "--online-timeout", "2s",
+            "--out", str(tmp_path / "grow"),
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert error_lines(done) == [
+        "hpcjob: error: the new VMs are there, and after 2 seconds the head node sees 0 of 1 online: "
+        "IaaSLnxCN002 (not seen yet); look again with `hpcjob nodes --cluster gpu1`"
+    ]
+
+
+def test_the_fake_az_refuses_new_nodes_of_names_that_exist(
+    hpcjob: CommandRunner, az_env: dict[str, str], tmp_path: Path
+) -> None:
+    """So that a grow that names a node after nothing can pass only where Azure would take it."""
+    assert onboard(hpcjob).returncode == 0
+    out = tmp_path / "grow"
+    assert hpcjob("cluster", "grow", "gpu1", "1", "--print-only", "--out", str(out)).returncode == 0
+    secrets = json.dumps({"adminPasswordOrKey": {"value": PASSWORD}, "authenticationKey": {"value": KEY}})
+
+    def deploy(start: str) -> subprocess.CompletedProcess[str]:
+        argv = ["az", "deployment", "group", "create", "--resource-group", "rg-gpu1", "--name", f"add{start}",
+                "--template-uri", ADD_NODES_URL, "--parameters", f"@{out / 'parameters.json'}",
+                "--parameters", f"computeNodeNameStartIndex={start}", "--parameters", "@-"]  # fmt: skip
+        return subprocess.run(argv, input=secrets, capture_output=True, text=True, env=az_env, timeout=60)
+
+    taken = deploy("1")
+    assert (
+        taken.returncode == 1
+        and "(PropertyChangeNotAllowed)" in taken.stderr
+        and "IaaSLnxCN001" in taken.stderr
+    )
+    assert deploy("2").returncode == 0
+    unknown = deploy("2").args  # a parameter the template does not have is refused as az refuses it
+    bad = subprocess.run(
+        [*unknown[:-4], "--parameters", "noSuchParameter=1", "--parameters", "@-"],
+        input=secrets, capture_output=True, text=True, env=az_env, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "unrecognized template parameter 'noSuchParameter'" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["by-hand", "2"], {}, "cluster by-hand was not made by `hpcjob cluster onboard`"),
+        (["gpu1", "0"], {}, "parameter computeNodeNumber is 0; the template allows 1 to 50"),
+        (["gpu1", "51"], {}, "parameter computeNodeNumber is 51; the template allows 1 to 50"),
+        (["gpu1", "100000000000000000000"], {}, "the template allows 1 to 50"),
+        (["gpu1", "x"], {}, "N 'x' must be a whole number of nodes"),
+        (["gpu1", "2", "3"], {}, "cluster grow takes [NAME] N, not 3 arguments"),
+        (["gpu1", "2", "--vm-size", "Standard_X"], {}, "Standard_X is not a GPU size hpcjob knows"),
+        (["gpu1", "2", "--vm-size", "Standard_NV6ads_A10_v5"], {}, "not whole GPUs"),
+        (["gpu1", "2", "--node-prefix", "no-dashes"], {}, "node prefix 'no-dashes' must be 1 to 12 letters"),
+        (["gpu1", "2", "--online-timeout", "soon"], {}, "--online-timeout 'soon' must be a duration"),
+        # No key given and none kept (no keyring here): asked before anything is.
+        (
+            ["gpu1", "2"],
+            {"HPCJOB_AUTH_KEY": ""},
+            "the nodes' authentication key of cluster gpu1 is not known here",
+        ),
+    ],
+)
+def test_bad_grow_input_is_one_line_before_az(
+    hpcjob: CommandRunner, az_env: dict[str, str], args: list[str], env: dict[str, str], message: str
+) -> None:
+    assert onboard(hpcjob).returncode == 0
+    assert hpcjob("cluster", "add", "by-hand", "--url", "https://head", "--user", "alice").returncode == 0
+    before = len(az_calls(az_env))
+    done = hpcjob("cluster", "grow", *args, "--no-check", **env)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert len(az_calls(az_env)) == before
+
+
 def test_onboarding_says_when_the_key_it_made_is_kept_nowhere(hpcjob: CommandRunner) -> None:
     done = onboard(hpcjob, HPCJOB_AUTH_KEY="")
     assert done.returncode == 0, done.stderr
     assert (
         "warning: the nodes' authentication key hpcjob made for cluster gpu1 is kept nowhere" in done.stderr
     )
+
+
+def test_the_packaged_add_nodes_template_is_the_pinned_one() -> None:
+    where, data = packaged_template(ADD_NODES_PATH.rsplit("/", 1)[-1])
+    assert hashlib.sha256(data).hexdigest() == ADD_NODES_SHA256
+    assert data == ADD_NODES.read_bytes() and where.endswith("add-lnx-compute-nodes.json")
+    parameters = json.loads(data)["parameters"]
+    assert parameters["useSpotInstances"]["defaultValue"] == "No"
+    assert parameters["computeNodeNumber"]["maxValue"] == 50

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.azure.template import TEMPLATE_SHA256
+from hpcjob.azure.template import ADD_NODES_SHA256, TEMPLATE_SHA256
 from hpcjob.backends.local import free_port
 from hpcjob.extras import EXTRAS
 
@@ -37,6 +37,7 @@ RUNTIME_FILES = (
     "hpcjob/azure/arm/sizes.json",
     "hpcjob/azure/arm/parameters.json.j2",
     "hpcjob/azure/arm/new-1hn-lnxcn-no-ad.json",
+    "hpcjob/azure/arm/add-lnx-compute-nodes.json",
     "hpcjob/azure/arm/hpcpack-template-LICENSE",
     "hpcjob/node/node.sh",
     "hpcjob/node/worker.py",
@@ -81,6 +82,7 @@ json.dump({
     "bootstrap": list(bootstrap_command()),
     "probe": probe.is_file() and probe.resolve().is_relative_to(home),
     "template": hashlib.sha256(data.packaged_template()[1]).hexdigest(),
+    "add_nodes": hashlib.sha256(data.packaged_template("add-lnx-compute-nodes.json")[1]).hexdigest(),
 }, sys.stdout, sort_keys=True)
 """
 
@@ -157,6 +159,7 @@ def test_the_installed_package_reads_its_data_as_the_checkout_does(
     seen = json.loads(installed.stdout)
     assert seen["sizes"] and seen["probe"] and all(seen["templates"].values()), seen
     assert seen["template"] == TEMPLATE_SHA256  # the pinned ARM template: onboarding needs no network
+    assert seen["add_nodes"] == ADD_NODES_SHA256  # and the add-nodes template: `cluster grow --print-only`
     assert seen == json.loads(checkout.stdout)
 
 
@@ -432,6 +435,7 @@ def test_every_command_runs_in_the_base_install_without_a_traceback(
         hpcjob("doctor", code=1, says="checks failed")
         hpcjob("nodes", "--cluster", "emu-winrm", code=2, error="pip install 'hpcjob[winrm]'")
         hpcjob("cluster", "delete", "emu", code=2, error="was not made by `hpcjob cluster onboard`")
+        hpcjob("cluster", "grow", "emu", "2", code=2, error="was not made by `hpcjob cluster onboard`")
         hpcjob("cluster", "remove", "emu-winrm", says="removed")
     finally:
         emulator.send_signal(signal.SIGINT)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcjob.azure.template import AzCommands, Operation
+from hpcjob.azure.template import AzCommands, GrowCommands, Operation
 from hpcjob.job.spec import HpcjobError, SpecError
 
 INSTALL_AZ = "https://learn.microsoft.com/cli/azure/install-azure-cli"
@@ -56,17 +56,17 @@ def run_az(argv: Sequence[str], stdin: str | None = None) -> Any:
     return json.loads(text) if text.strip() else None
 
 
-def load_template(source: Path | None, sha256: str) -> dict[str, Any]:
-    """The pinned template, from `source` (a local copy) or the copy the package holds (no network);
-    refused unless its SHA-256 is the pinned one (a copy that is not the template hpcjob was written for,
-    or a damaged install)."""
+def load_template(source: Path | None, sha256: str, name: str | None = None) -> dict[str, Any]:
+    """A pinned template (the cluster's, else the packaged file `name`), from `source` (a local copy) or
+    the copy the package holds (no network); refused unless its SHA-256 is the pinned one (a copy that
+    is not the template hpcjob was written for, or a damaged install)."""
     from hpcjob.azure.data import packaged_template
 
     if source is not None:
         where, data = str(source), source.read_bytes()
     else:
         try:
-            where, data = packaged_template()
+            where, data = packaged_template() if name is None else packaged_template(name)
         except OSError as exc:
             raise HpcjobError(
                 f"cannot read the ARM template that comes with hpcjob ({' '.join(str(exc).split())}): "
@@ -82,7 +82,7 @@ def load_template(source: Path | None, sha256: str) -> dict[str, Any]:
 
 
 def deploy(
-    commands: AzCommands,
+    commands: AzCommands | GrowCommands,
     secrets_json: str,
     progress: Callable[[str], None],
     *,
@@ -125,7 +125,7 @@ def deploy(
     raise AzError(f"{_error_line(stderr, commands.deploy)} (more: {see} --output table)")
 
 
-def _operations(commands: AzCommands) -> list[Operation]:
+def _operations(commands: AzCommands | GrowCommands) -> list[Operation]:
     """The deployment's resources so far ([] before the deployment exists)."""
     done = subprocess.run(_az(commands.operations), capture_output=True, text=True, check=False)
     if done.returncode != 0 or not done.stdout.strip():

@@ -22,10 +22,11 @@ def size_table() -> SizeTable:
     return SizeTable.from_data(json.loads(sizes.read_text(encoding="utf-8")))
 
 
-def packaged_template() -> tuple[str, bytes]:
-    """The pinned template as the package holds it: where it is (for messages) and its bytes, unchecked
+def packaged_template(name: str = TEMPLATE_FILE) -> tuple[str, bytes]:
+    """A pinned template as the package holds it (the cluster's, else `name`, such as the add-nodes
+    template's file name): where it is (for messages) and its bytes, unchecked
     (hpcjob.azure.az.load_template checks its SHA-256)."""
     from importlib import resources
 
-    copy = resources.files(ARM_PACKAGE) / ARM_DIR / TEMPLATE_FILE
+    copy = resources.files(ARM_PACKAGE) / ARM_DIR / name
     return str(copy), copy.read_bytes()

@@ -21,7 +21,15 @@ from hpcjob.job.spec import SpecError
 from hpcjob.runner import ClusterAccess, HpcjobWarning, Progress
 
 if TYPE_CHECKING:
-    from hpcjob.azure.template import AzCommands, DeletedVault, OnboardRequest, Secrets, SizeTable
+    from hpcjob.azure.template import (
+        AzCommands,
+        DeletedVault,
+        GrowCommands,
+        GrowRequest,
+        OnboardRequest,
+        Secrets,
+        SizeTable,
+    )
     from hpcjob.checks.cluster import Checkup
     from hpcjob.job.results import MountResult
     from hpcjob.store.config import ClusterProfile
@@ -69,7 +77,14 @@ class Onboarded:
     failed: list[str] = field(default_factory=list)
 
 
-def parameters_text(parameters: Mapping[str, Any]) -> str:
+def parameters_text(
+    parameters: Mapping[str, Any],
+    template_url: str | None = None,
+    generator: str = "hpcjob cluster onboard",
+    secrets: tuple[str, ...] = ("adminPassword", "authenticationKey"),
+) -> str:
+    """A deployment parameters file of `parameters` for the template at `template_url` (default: the
+    cluster's), naming the secrets that are not in it."""
     import jinja2
 
     from hpcjob.azure.template import TEMPLATE_URL
@@ -80,7 +95,10 @@ def parameters_text(parameters: Mapping[str, Any]) -> str:
         autoescape=False,
     )
     text = environment.get_template("parameters.json.j2").render(
-        parameters=parameters, template_url=TEMPLATE_URL
+        parameters=parameters,
+        template_url=template_url or TEMPLATE_URL,
+        generator=generator,
+        secrets=f"{' and '.join(secrets)} are not here: hpcjob hands them to az on its standard input",
     )
     json.loads(text)  # a template that stops making JSON is caught here, not by az
     return text + "\n"
@@ -375,3 +393,264 @@ def _check(done: Onboarded, progress: Progress) -> None:
             why = " ".join(str(exc).split())
         if why is not None:
             done.failed.append(f"`hpcjob {command} --cluster {profile.name}` failed ({why}); run it again")
+
+
+@dataclass(frozen=True)
+class GrowOptions:
+    """How to grow: `print_only`, the parameters file and the az commands, and nothing asked or run;
+    `online_timeout_s`, how long to wait for the head node to see the new nodes online; `check`, install
+    hpcjob's execution filter on them and mount the share (`hpcjob mount --install`) once they are."""
+
+    out_dir: Path | None = None
+    key_env: str = KEY_ENV
+    print_only: bool = False
+    check: bool = True
+    poll_interval_s: float = 15.0
+    online_timeout_s: float = 1800.0
+
+
+@dataclass
+class Grown:
+    """What growing did: the parameters file and the az commands; the new nodes (`nodes`), those the
+    head node sees online, and once checked, their `mounts` (a step that failed: in `failed`)."""
+
+    parameters_file: Path
+    commands: GrowCommands
+    request: GrowRequest
+    nodes: list[str] = field(default_factory=list)
+    online: list[str] = field(default_factory=list)
+    mounts: list[MountResult] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def grow(
+    cluster: str | None,
+    count: int,
+    options: GrowOptions,
+    *,
+    vm_size: str | None = None,
+    spot: bool = False,
+    image: str | None = None,
+    node_prefix: str | None = None,
+    progress: Progress,
+) -> Grown:
+    """Add `count` compute nodes to `cluster` (a profile hpcjob onboarded: it knows the resource group)
+    with the template's add-nodes template (Spot VMs when `spot`), named after every node that exists
+    (the VMs in the resource group and the nodes the head node knows), then wait until the head node sees
+    them online."""
+    import time
+
+    from hpcjob.azure.az import AzError, deploy, load_template, run_az
+    from hpcjob.azure.template import (
+        ADD_NODES_PATH,
+        ADD_NODES_SECRETS,
+        ADD_NODES_SHA256,
+        ADD_NODES_URL,
+        DEFAULT_IMAGE,
+        DEFAULT_PREFIX,
+        GrowRequest,
+        Secrets,
+        check_grow,
+        check_parameters,
+        check_secrets,
+        grow_commands,
+        grow_parameters,
+        next_start_index,
+        node_quota_problems,
+        offered_family,
+        vm_names,
+    )
+    from hpcjob.store.config import get_profile
+
+    profile = get_profile(cluster)
+    if profile.resource_group is None:
+        raise SpecError(
+            f"cluster {profile.name} was not made by `hpcjob cluster onboard`: hpcjob adds nodes only to the "
+            "clusters it onboarded (their profile knows the resource group)"
+        )
+    size = vm_size or profile.vm_size
+    if size is None or profile.region is None:
+        missing = " and ".join(k for k, v in (("vm_size", size), ("region", profile.region)) if v is None)
+        raise SpecError(
+            f"cluster {profile.name}'s profile names no {missing}: give them to `hpcjob cluster add`"
+        )
+    request = GrowRequest(
+        cluster=profile.name,
+        resource_group=profile.resource_group,
+        location=profile.region,
+        vm_size=size,
+        nodes=count,
+        admin_user=profile.user.rpartition("\\")[2],  # onboarding's NAME\\<admin user>
+        spot=spot,
+        image=image or DEFAULT_IMAGE,
+        node_prefix=node_prefix or DEFAULT_PREFIX,
+    )
+    table = size_table()
+    parameters = grow_parameters(request)
+    template = load_template(None, ADD_NODES_SHA256, ADD_NODES_PATH.rsplit("/", 1)[-1])
+    # Names and types of what the command line and stdin add; their values come later.
+    later = {"computeNodeNameStartIndex": 0, "adminPasswordOrKey": "x", "authenticationKey": "x"}
+    problems = {**check_parameters({**parameters, **later}, template), **check_grow(request, table)}
+    if problems:
+        raise SpecError("\nhpcjob: error: ".join(problems.values()))
+    folder = (options.out_dir or Path(f"hpcjob-grow-{profile.name}")).absolute()
+    parameters_file = folder / "parameters.json"
+    deployment = request.deployment(time.strftime("%Y%m%d-%H%M%S"))
+    if options.print_only:
+        done = Grown(parameters_file, grow_commands(request, str(parameters_file), deployment, None), request)
+        _write_grow_parameters(done, parameters, ADD_NODES_URL, ADD_NODES_SECRETS, table, progress)
+        return done
+
+    key = _cluster_key(profile.name, options.key_env)
+    access = ClusterAccess(profile.name)  # the admin's password: the profile's user is the admin
+    if bad := check_secrets(Secrets(access.password, key)):
+        raise SpecError(f"{bad[0]}: the profile's password is not one the new nodes' admin may have")
+    commands = grow_commands(request, str(parameters_file), deployment, None)
+    run_az(commands.account)  # logged in, or az says so in one line
+    progress(
+        f"hpcjob: the VMs of resource group {request.resource_group}, and {request.vm_size} in "
+        f"{request.location}"
+    )
+    names = vm_names(run_az(commands.vm_list) or [])
+    if request.cluster.casefold() not in {name.casefold() for name in names}:
+        raise AzError(
+            f"resource group {request.resource_group} has no VM {request.cluster}, the head node that the "
+            "new nodes join: was it deleted?"
+        )
+    family = offered_family(request, run_az(commands.skus) or [])
+    if family is None:
+        raise SpecError(
+            f"{request.vm_size} is not offered to this subscription in {request.location} (az vm list-skus): "
+            "choose another size"
+        )
+    usage = run_az(commands.usage) or []
+    if quotas := node_quota_problems(request.location, request.vm_size, count, spot, table, usage, family):
+        raise SpecError("\nhpcjob: error: ".join(quotas))
+    known = [node.name for node in access.backend.nodes(None)]
+    start = next_start_index(request.node_prefix, [*names, *known])
+    done = Grown(parameters_file, grow_commands(request, str(parameters_file), deployment, start), request)
+    done.nodes = request.node_names(start)
+    _write_grow_parameters(done, parameters, ADD_NODES_URL, ADD_NODES_SECRETS, table, progress)
+    if (request.vm_size, spot) != (profile.vm_size, bool(profile.spot)):
+        _warn(
+            f"the new nodes are {request.vm_size}{', Spot' if spot else ''} and cluster {profile.name}'s "
+            f"profile says {profile.vm_size}{', Spot' if profile.spot else ''}: runs on them are counted at "
+            "the profile's price"
+        )
+    secrets_json = json.dumps(
+        {"adminPasswordOrKey": {"value": access.password}, "authenticationKey": {"value": key}}
+    )
+    progress(
+        f"hpcjob: deploying {deployment}: {', '.join(done.nodes)} (minutes; each resource as it finishes)"
+    )
+    deploy(
+        done.commands, secrets_json, lambda line: progress(f"hpcjob: {line}"), poll_s=options.poll_interval_s
+    )
+    done.online = _wait_online(access, done.nodes, options, progress)
+    if options.check:
+        _mount_new(access, done, progress)
+    return done
+
+
+def _write_grow_parameters(
+    done: Grown,
+    parameters: Mapping[str, Any],
+    template_url: str,
+    secret_names: tuple[str, ...],
+    table: SizeTable,
+    progress: Progress,
+) -> None:
+    request = done.request
+    done.parameters_file.parent.mkdir(parents=True, exist_ok=True)
+    done.parameters_file.write_text(
+        parameters_text(parameters, template_url, "hpcjob cluster grow", secret_names), encoding="utf-8"
+    )
+    progress(f"hpcjob: parameters (no secrets) in {done.parameters_file}")
+    size = table.sizes[request.vm_size]
+    if request.spot:
+        cost = (
+            f"each at the Spot price of the hour, at most the list price (about ${size.usd_per_hour:.2f}); "
+            f"`hpcjob prices --size {request.vm_size} --region {request.location}`"
+        )
+    else:
+        cost = (
+            f"about ${request.nodes * size.usd_per_hour:.2f} an hour more (list prices "
+            f"{table.prices_as_of}, UNVERIFIED)"
+        )
+    progress(f"hpcjob: {request.nodes} x {request.vm_size}{' (Spot)' if request.spot else ''}: {cost}")
+
+
+def _cluster_key(cluster: str, variable: str) -> str:
+    """The nodes' authentication key the cluster was onboarded with: its variable, else the keyring."""
+    from hpcjob.store.config import KEYRING_SERVICE
+
+    if os.environ.get(variable):
+        return os.environ[variable]
+    try:
+        import keyring
+
+        kept = keyring.get_password(KEYRING_SERVICE, _key_entry(cluster))
+    except Exception:  # no keyring package or no backend
+        kept = None
+    if not kept:
+        raise SpecError(
+            f"the nodes' authentication key of cluster {cluster} is not known here: set {variable} to the "
+            "key it was onboarded with (new nodes must have the head node's)"
+        )
+    return str(kept)
+
+
+def _wait_online(
+    access: ClusterAccess, names: list[str], options: GrowOptions, progress: Progress
+) -> list[str]:
+    """Wait until the head node sees every one of `names` online and healthy (their agents register once
+    their VMs have started); each change said once. The names online; past the timeout, an error that
+    says where each one is."""
+    import time
+
+    from hpcjob.job.spec import HpcjobError
+
+    deadline = time.monotonic() + options.online_timeout_s
+    said: dict[str, str] = {}
+    while True:
+        seen = {node.name.casefold(): node for node in access.backend.nodes(None)}
+        where = {}
+        for name in names:
+            node = seen.get(name.casefold())
+            where[name] = "not seen yet" if node is None else f"{node.state}, {node.health}"
+            if said.get(name) != where[name]:
+                said[name] = where[name]
+                progress(f"hpcjob: {name}: {where[name]}")
+        online = [name for name in names if (node := seen.get(name.casefold())) is not None and node.usable]
+        if len(online) == len(names):
+            return online
+        if time.monotonic() >= deadline:
+            waiting = ", ".join(f"{name} ({where[name]})" for name in names if name not in online)
+            raise HpcjobError(
+                f"the new VMs are there, and after {_took(options.online_timeout_s)} the head node sees "
+                f"{len(online)} of {len(names)} online: {waiting}; look again with `hpcjob nodes "
+                f"--cluster {access.profile.name}`"
+            )
+        time.sleep(min(options.poll_interval_s, max(deadline - time.monotonic(), 0.0)))
+
+
+def _took(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} minutes" if minutes and not rest else f"{round(seconds)} seconds"
+
+
+def _mount_new(access: ClusterAccess, done: Grown, progress: Progress) -> None:
+    """`hpcjob mount --install` on the new nodes: a failure goes in `done.failed`, the nodes stay."""
+    from hpcjob.runner import mount_request, mount_share
+
+    try:
+        request = mount_request(access.profile, None, None, None, None, done.online)
+        done.mounts = mount_share(access, request, install=True, progress=progress)
+        why = None if all(r.ok for r in done.mounts) else "a node failed"
+    except Exception as exc:  # whatever went wrong, the nodes stand
+        why = " ".join(str(exc).split())
+    if why is not None:
+        nodes = " ".join(f"--node {name}" for name in done.online)
+        done.failed.append(
+            f"`hpcjob mount --install --cluster {access.profile.name} {nodes}` failed ({why}); run it again"
+        )

@@ -11,7 +11,7 @@ with no network; `az` deploys from the pinned URL, whose content is the same.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,7 +187,7 @@ def check_request(request: OnboardRequest, table: SizeTable) -> dict[str, str]:
     return problems
 
 
-def _check_size_and_image(request: OnboardRequest, table: SizeTable) -> dict[str, str]:
+def _check_size_and_image(request: OnboardRequest | GrowRequest, table: SizeTable) -> dict[str, str]:
     size = table.sizes.get(request.vm_size)
     if request.vm_size in table.fractional:
         return {
@@ -309,7 +309,7 @@ def _family_key(name: str) -> str:
     return re.sub(r"[\s_-]", "", name).casefold()
 
 
-def offered_family(request: OnboardRequest, skus: list[Mapping[str, Any]]) -> str | None:
+def offered_family(request: OnboardRequest | GrowRequest, skus: list[Mapping[str, Any]]) -> str | None:
     """The size's quota family as `az vm list-skus` names it ("" when it names none), or None when the
     size is not offered to this subscription in the region (the deployment would fail with
     SkuNotAvailable after minutes)."""
@@ -451,12 +451,7 @@ def az_commands(request: OnboardRequest, parameters_file: str) -> AzCommands:
     parameters = ["--parameters", f"@{parameters_file}", "--parameters", "@-"]
     return AzCommands(
         account=["az", "account", "show", "--output", "json"],
-        # Without --all: the sizes this subscription may use in the region (azure-cli vm/custom.py
-        # list_skus drops those restricted NotAvailableForSubscription); --size matches a substring.
-        skus=[
-            "az", "vm", "list-skus", "--location", request.location, "--size", request.vm_size,
-            "--resource-type", "virtualMachines", "--output", "json",
-        ],
+        skus=_skus_command(request.location, request.vm_size),
         usage=["az", "vm", "list-usage", "--location", request.location, "--output", "json"],
         deleted_vaults=["az", "keyvault", "list-deleted", "--resource-type", "vault", "--output", "json"],
         group_exists=["az", "group", "exists", "--name", request.resource_group, "--output", "json"],
@@ -475,6 +470,151 @@ def az_commands(request: OnboardRequest, parameters_file: str) -> AzCommands:
             "az", "deployment", "group", "show", *rg, "--name", CERTIFICATE_DEPLOYMENT, "--output", "json",
         ],
     )  # fmt: skip
+
+
+# The add-nodes template of the same commit: Linux compute nodes joined to a running cluster
+# (Azure/hpcpack-template @dea762e GeneratedTemplates/add-lnx-compute-nodes.json, from
+# Bicep/add-lnx-compute-nodes.bicep; docs/facts/azure-cli-and-hpcpack-template.md section 11).
+ADD_NODES_PATH = "GeneratedTemplates/add-lnx-compute-nodes.json"
+ADD_NODES_URL = f"https://raw.githubusercontent.com/Azure/hpcpack-template/{TEMPLATE_COMMIT}/{ADD_NODES_PATH}"
+ADD_NODES_SHA256 = "9ca008f7fd4303f92a1658914fd0461fb4e45b599df00cafa0905a95acea628e"
+ADD_NODES_SECRETS = ("adminPasswordOrKey", "authenticationKey")
+# What the pinned template names the cluster's network and availability set
+# (Bicep/new-1hn-lnxcn-no-ad.bicep L113-118): the new nodes join the same.
+VNET, SUBNET, AVAILABILITY_SET = "{name}vnet", "Subnet-1", "{name}-avset"
+# Where a print-only grow cannot know the first new node's index (it asks nobody).
+START_PLACEHOLDER = "START"
+_RDMA_A_SERIES = ("Standard_A8", "Standard_A9")
+
+
+@dataclass(frozen=True)
+class GrowRequest:
+    """More compute nodes for a cluster hpcjob onboarded (`hpcjob cluster grow`). `cluster`: the cluster's
+    name, which is its head node's VM and computer name."""
+
+    cluster: str
+    resource_group: str
+    location: str
+    vm_size: str
+    nodes: int
+    admin_user: str
+    spot: bool = False
+    image: str = DEFAULT_IMAGE
+    node_prefix: str = DEFAULT_PREFIX
+
+    def deployment(self, stamp: str) -> str:
+        return f"hpcjob-{self.cluster}-grow-{stamp}"
+
+    def node_names(self, start: int) -> list[str]:
+        """As the add-nodes template names them: the prefix and the index from `start`, 3 digits at least
+        (padLeft(string(i + computeNodeNameStartIndex), 3, '0'))."""
+        return [f"{self.node_prefix}{index:03d}" for index in range(start, start + self.nodes)]
+
+
+def is_rdma_capable(vm_size: str) -> bool:
+    """The templates' rule (Bicep/add-lnx-compute-nodes.bicep L110, shared/types-and-vars.bicep
+    isRDMACapable): an A8 or A9, or an r in the size's second `_` field (ND96asr, NC24rs)."""
+    parts = vm_size.split("_")
+    return vm_size in _RDMA_A_SERIES or (len(parts) > 1 and "r" in parts[1].lower())
+
+
+def check_grow(request: GrowRequest, table: SizeTable) -> dict[str, str]:
+    """Every problem of the request that needs nobody asked, by the template parameter it concerns."""
+    problems: dict[str, str] = {}
+    if not _PREFIX.fullmatch(request.node_prefix):
+        problems["computeNodeNamePrefix"] = (
+            f"node prefix {request.node_prefix!r} must be 1 to 12 letters and digits"
+        )
+    problems.update(_check_size_and_image(request, table))
+    return problems
+
+
+def grow_parameters(request: GrowRequest) -> dict[str, Any]:
+    """The add-nodes template's parameters (no secrets, and not the first node's index, which is given on
+    the command line once the existing nodes are known), by its names: the cluster's network, the nodes
+    in the cluster's availability set where the pinned template puts them (RDMA-capable sizes: its
+    availabilitySetOption Auto, Bicep/new-1hn-lnxcn-no-ad.bicep L125 and L287), the admin's password
+    for the nodes as onboarding gave them."""
+    return {
+        "computeNodeNamePrefix": request.node_prefix,
+        "computeNodeNumber": request.nodes,
+        "computeNodeImage": request.image,
+        "computeNodeVMSize": request.vm_size,
+        "adminUsername": request.admin_user,
+        "authenticationType": "password",
+        "virtualNetworkName": VNET.format(name=request.cluster),
+        "subnetName": SUBNET,
+        "availabilitySetName": AVAILABILITY_SET.format(name=request.cluster)
+        if is_rdma_capable(request.vm_size)
+        else "",
+        "clusterConnectionString": request.cluster,  # the head node's name: no domain
+        "useSpotInstances": "Yes" if request.spot else "No",
+    }
+
+
+_INDEXED = re.compile(r"(.*?)(\d{3,})")
+
+
+def next_start_index(prefix: str, names: Iterable[str]) -> int:
+    """The first index after every node named `prefix` + digits among `names` (VMs and the head node's
+    nodes; names compare without case, as Azure's and HPC Pack's do): new nodes collide with none."""
+    used = [
+        int(match.group(2))
+        for name in names
+        if (match := _INDEXED.fullmatch(name)) is not None and match.group(1).casefold() == prefix.casefold()
+    ]
+    return max(used) + 1 if used else 0
+
+
+def vm_names(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The VMs' names, as `az vm list` gives them."""
+    return [str(row.get("name", "")) for row in rows if row.get("name")]
+
+
+@dataclass(frozen=True)
+class GrowCommands:
+    """The `az` command lines of a grow, in the order they run. `deploy` reads the secrets' JSON on
+    standard input (`--parameters @-`)."""
+
+    account: list[str]
+    vm_list: list[str]
+    skus: list[str]
+    usage: list[str]
+    deploy: list[str]
+    operations: list[str]
+
+
+def grow_commands(
+    request: GrowRequest, parameters_file: str, deployment: str, start: int | None
+) -> GrowCommands:
+    """`start`: the first new node's index (None: not known, START_PLACEHOLDER in its place)."""
+    rg = ["--resource-group", request.resource_group]
+    index = START_PLACEHOLDER if start is None else str(start)
+    return GrowCommands(
+        account=["az", "account", "show", "--output", "json"],
+        vm_list=["az", "vm", "list", *rg, "--output", "json"],
+        skus=_skus_command(request.location, request.vm_size),
+        usage=["az", "vm", "list-usage", "--location", request.location, "--output", "json"],
+        # az merges the --parameters in order; KEY=VALUE takes the template's type for KEY (azure-cli
+        # 2.91.0 resource/custom.py L128-160 _try_parse_key_value_object, L163-212 _process_parameters).
+        deploy=[
+            "az", "deployment", "group", "create", *rg, "--name", deployment, "--template-uri", ADD_NODES_URL,
+            "--parameters", f"@{parameters_file}", "--parameters", f"computeNodeNameStartIndex={index}",
+            "--parameters", "@-", "--output", "json",
+        ],
+        operations=[
+            "az", "deployment", "operation", "group", "list", *rg, "--name", deployment, "--output", "json",
+        ],
+    )  # fmt: skip
+
+
+def _skus_command(location: str, vm_size: str) -> list[str]:
+    # Without --all: the sizes this subscription may use in the region (azure-cli vm/custom.py
+    # list_skus drops those restricted NotAvailableForSubscription); --size matches a substring.
+    return [
+        "az", "vm", "list-skus", "--location", location, "--size", vm_size,
+        "--resource-type", "virtualMachines", "--output", "json",
+    ]  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`hpcjob cluster onboard` (a new GPU cluster from HPC Pack's ARM template) and `hpcjob cluster delete`."""
+"""`hpcjob cluster onboard` (a new GPU cluster from HPC Pack's ARM template), `hpcjob cluster grow` (more
+nodes for it, from the template's add-nodes template) and `hpcjob cluster delete`."""
 
 from __future__ import annotations
 
@@ -198,6 +199,148 @@ def cluster_onboard(
     for failed in done.failed:
         click.echo(f"hpcjob: warning: {failed}", err=True)
     click.echo(f"cluster {name} is ready: next, `hpcjob nodes --cluster {name}`, then `hpcjob submit ...`")
+
+
+@cluster.command(
+    "grow",
+    short_help="Add N compute nodes to a cluster hpcjob onboarded.",
+    groups=headed(
+        {
+            AZURE: "vm_size spot image node_prefix",
+            CREDENTIALS: "key_env",
+            OUTPUT: "print_only out_dir",
+            OTHER: "no_check online_timeout poll_interval",
+        }
+    ),
+    epilog="""\b
+    Examples:
+      hpcjob cluster grow gpu1 2          # 2 more nodes of the profile's size
+      hpcjob cluster grow gpu1 4 --spot   # 4 Spot nodes
+      hpcjob cluster grow 2 --vm-size Standard_NC48ads_A100_v4 --print-only
+    """,
+)
+@click.argument("words", nargs=-1, required=True, metavar="[NAME] N")
+@click.option("--vm-size", default=None, metavar="SIZE", help="The new nodes' size [default: the profile's].")
+@click.option(
+    "--spot",
+    is_flag=True,
+    help="Make the new nodes Spot VMs: evicted (deallocated) when Azure needs the room; no maximum price.",
+)
+@click.option("--image", default=None, metavar="IMAGE", help="Node image [default: Ubuntu_22.04_HPC_Gen2].")
+@click.option(
+    "--node-prefix",
+    default=None,
+    metavar="PREFIX",
+    help="The new nodes' names' prefix; their index follows the highest of the existing nodes' "
+    "[default: IaaSLnxCN].",
+)
+@click.option(
+    "--key-env",
+    default=KEY_ENV,
+    show_default=True,
+    metavar="VARIABLE",
+    help="Read the nodes' authentication key (the cluster's, as onboarded) from this variable; else from "
+    "the system keyring, where onboarding keeps a key it made.",
+)
+@click.option(
+    "--print-only",
+    is_flag=True,
+    help="Check, write the parameters file and print the az commands (no network).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for the parameters file [default: ./hpcjob-grow-NAME].",
+)
+@click.option("--no-check", is_flag=True, help="Do not mount the share on the new nodes afterwards.")
+@click.option(
+    "--online-timeout",
+    default="30m",
+    show_default=True,
+    metavar="DURATION",
+    help="How long to wait for the head node to see the new nodes online.",
+)
+@click.option(
+    "--poll-interval",
+    type=float,
+    default=15.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds between progress polls.",
+)
+def cluster_grow(
+    words: tuple[str, ...],
+    vm_size: str | None,
+    spot: bool,
+    image: str | None,
+    node_prefix: str | None,
+    key_env: str,
+    print_only: bool,
+    out_dir: Path | None,
+    no_check: bool,
+    online_timeout: str,
+    poll_interval: float,
+) -> None:
+    """Add N compute nodes to cluster NAME (default: the default cluster), which `hpcjob cluster
+    onboard` made, with the ARM template's add-nodes template (pinned to the same commit): in its resource
+    group and network, named after every node there is, Spot VMs with --spot. Then wait until the head
+    node sees them online, and mount the share on them.
+
+    The admin password (the profile's) and the nodes' authentication key reach `az` on its standard input
+    only. Needs the Azure CLI, logged in (`az login`).
+    """
+    from hpcjob.azure.onboard import GrowOptions, grow
+    from hpcjob.cli.tables import mount_lines
+    from hpcjob.job.spec import SpecError, parse_duration
+
+    if len(words) > 2:
+        raise SpecError(f"cluster grow takes [NAME] N, not {len(words)} arguments")
+    name, count_text = (None, words[0]) if len(words) == 1 else words
+    if not count_text.isdigit():
+        raise SpecError(f"N {count_text!r} must be a whole number of nodes: cluster grow [NAME] N")
+    if not poll_interval > 0:
+        raise SpecError("--poll-interval must be more than 0 seconds")
+    done = grow(
+        name,
+        int(count_text),
+        GrowOptions(
+            out_dir=out_dir,
+            key_env=key_env,
+            print_only=print_only,
+            check=not no_check,
+            poll_interval_s=poll_interval,
+            online_timeout_s=parse_duration(online_timeout, "--online-timeout"),
+        ),
+        vm_size=vm_size,
+        spot=spot,
+        image=image,
+        node_prefix=node_prefix,
+        progress=lambda line: click.echo(line, err=True),
+    )
+    request = done.request
+    if print_only:
+        for argv in (done.commands.vm_list, done.commands.deploy):
+            click.echo(" ".join(argv))
+        click.echo(
+            f"# START: the first index after the existing {request.node_prefix}<index> nodes (the VMs az vm "
+            "list shows, and the nodes the head node knows): `hpcjob cluster grow` finds it itself"
+        )
+        click.echo(
+            "# the deploy command reads the secrets on its standard input, as JSON: "
+            '{"adminPasswordOrKey": {"value": "..."}, "authenticationKey": {"value": "..."}}'
+        )
+        return
+    for line in mount_lines(done.mounts) if done.mounts else ():
+        click.echo(line)
+    for failed in done.failed:
+        click.echo(f"hpcjob: warning: {failed}", err=True)
+    kind = f"{request.vm_size}{', Spot' if request.spot else ''}"
+    plural = "s" if len(done.online) != 1 else ""
+    click.echo(
+        f"cluster {request.cluster}: {len(done.online)} new node{plural} online ({kind}): "
+        f"{', '.join(done.online)}"
+    )
 
 
 @cluster.command(
