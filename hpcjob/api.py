@@ -74,19 +74,22 @@ class Run:
         GPUs' use where the logs are on this machine), as `hpcjob status` says it."""
         return runner.run_status(self.record)[0]
 
-    def wait(self, progress: Callable[[str], None] | None = None) -> JobSummary:
-        """Follow the job to its end (each change of state to `progress`) and sum it up: the nodes' exit
-        codes, the rank that failed first and why, the training's metrics."""
-        if self.plan is None:
-            raise SpecError(
-                f"job {self.job_id} was not submitted from this machine: hpcjob can follow it "
-                "(status), not sum it up"
-            )
-        backend = runner.backend_for_run(self.record)
-        self.summary = runner.follow_run(
-            backend, self.record, self.plan, runner.run_folder_opener(self.record), self._started,
-            progress or _quiet,
-        )  # fmt: skip
+    def wait(
+        self, progress: Callable[[str], None] | None = None, *, max_cost: float | None = None
+    ) -> JobSummary:
+        """Follow the run to its end (each change of state to `progress`) and sum it up: the nodes' exit
+        codes, the rank that failed first and why, the training's metrics. As `hpcjob wait`: a run of a
+        cluster goes on in more attempts as its retries say (`max_cost`, US dollars: no other attempt
+        once its attempts cost more), and this follower holds the run's lock while it follows (another
+        one following it already: an HpcjobError that says which). Only the machine that started a run
+        holds its history, and so can follow it."""
+        if not self.record.job_folder:  # a bare job id of the cluster: no run of this machine's
+            raise SpecError(runner.not_in_history(self.run_id))
+        command = f"hpcjob.Run.find({self.run_id!r}).wait()"
+        self.record, self.summary = runner.take_up(
+            self.run_id, progress or _quiet, command=command, max_cost_usd=max_cost
+        )
+        self.plan = runner.recorded_plan(self.run_id)
         return self.summary
 
     def logs(
@@ -137,6 +140,7 @@ def submit(
     wait: bool = False,
     retries: int = 0,
     retry_on: str = "outside",
+    max_cost: float | None = None,
     progress: Callable[[str], None] | None = None,
     tags: Mapping[str, str] | None = None,
     **options: Any,
@@ -148,11 +152,12 @@ def submit(
     run starts from, as `--resume-from` (None: a new run starts fresh, saving into a folder of its own).
     More job options by their JobSpec names (node_group, env_on, runtime_s, ...). With `wait`, the
     returned run's `summary` is set; on a cluster, `retries` more attempts follow one that ended for a
-    cause outside the program (`retry_on="any"`: any failure), as `--retries`."""
+    cause outside the program (`retry_on="any"`: any failure), as `--retries`, while the run is
+    followed (`wait`, or later `Run.wait()`), none once they cost more than `max_cost` US dollars."""
     said = progress or _quiet
-    again = runner.Retries(retries, retry_on)
-    if again.retries and not (wait and cluster is not None):
-        raise SpecError("retries need a cluster and wait=True: the run is retried while it is followed")
+    if retries and cluster is None:
+        raise SpecError("retries need a cluster: a local run is not retried")
+    again = runner.Retries(retries, retry_on, max_cost_usd=max_cost)
     fields: dict[str, Any] = {
         "script": str(script),
         "script_args": tuple(args),

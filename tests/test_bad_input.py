@@ -382,6 +382,12 @@ CASES = [
         "submit-node-wait-bad", f"submit --wait --retries 1 --node-wait soon --node A {S}", config=ONE_CLUSTER
     ),
     case("run-local-retries", f"run --local --retries 1 {S}"),
+    case("run-local-max-cost", f"run --local --max-cost 10 {S}"),
+    case("submit-max-cost-negative", f"submit --wait --max-cost -1 --node A {S}", config=ONE_CLUSTER),
+    case("submit-max-cost-nan", f"submit --wait --max-cost nan --node A {S}", config=ONE_CLUSTER),
+    case("wait-run-of-another-machine", "wait train-9", config=ONE_CLUSTER),
+    case("wait-no-run-yet", "wait"),
+    case("wait-max-cost-not-a-number", "wait train-1 --max-cost ten", files={RUNS: LOCAL_RUN}),
     # --- cluster add ---------------------------------------------------------------------------------
     case("cluster-add-http-url", "cluster add c --url http://head --user alice"),
     case(

@@ -424,6 +424,7 @@ def test_every_command_runs_in_the_base_install_without_a_traceback(
         assert run["state"] == "Finished", run
         run_id = run["run_id"]
         hpcjob("status", run_id, says="Finished")
+        hpcjob("wait", run_id, says="Finished")  # a run that has ended: summed up again
         hpcjob("logs", run_id, says="stand-in on NODE002")
         hpcjob("runs", says=run_id)
         hpcjob("runs", "show", run_id, says=run_id)

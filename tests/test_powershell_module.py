@@ -35,8 +35,9 @@ OWN = {
     "State",
     "Timeout",
 }
-# Wait-HpcTorchJob polls `status` itself: its -PollSeconds is the module's, not an option.
-OWN_BY_COMMAND = {"Wait-HpcTorchJob": {"PollSeconds"}}
+# Wait-HpcTorchJob polls `status` itself: its -PollSeconds is the module's, not an option; -Follow chooses
+# `hpcjob wait` instead.
+OWN_BY_COMMAND = {"Wait-HpcTorchJob": {"PollSeconds", "Follow"}}
 SECRET_TYPES = {"pscredential", "securestring"}
 # Single-expression wrappers of the grammar, between a value and its expression.
 WRAPPERS = {
@@ -391,6 +392,8 @@ SETS = [
     ("Get-HpcTorchJob", {"Id": "-7"}, {"job": "-7", "as_json": True}),
     ("Get-HpcTorchJob:List", {"Last": 5, "Cluster": "prod", "Tag": {"exp": "a b"}, "Since": "7d"},
      {"last": 5, "cluster_name": "prod", "as_json": True, "tag_items": ("exp=a b",), "since": "7d"}),
+    ("Wait-HpcTorchJob:Follow", {"Id": "exp-1", "MaxCost": 50},
+     {"run": "exp-1", "max_cost": 50.0, "as_json": True}),
     ("Stop-HpcTorchJob", {"Id": "12", "Force": True, "Backend": "winrm"},
      {"job": "12", "force": True, "backend_kind": "winrm"}),
     ("Receive-HpcTorchJobLog", {"Id": "12", "Follow": True, "Node": "GPU2"},

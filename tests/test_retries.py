@@ -95,3 +95,63 @@ def test_a_canceled_run_starts_no_other_attempt(cluster: Cluster) -> None:
     assert summary["state"] == "Canceled", err[-3000:]
     assert "attempt 2" not in err and summary["events"][0].endswith(": canceled")
     assert cluster.leftovers() == []
+
+
+def test_a_follower_killed_in_attempt_1_is_taken_up_by_hpcjob_wait(cluster: Cluster) -> None:
+    """`submit --wait --retries 1` SIGKILLed in attempt 1 (a laptop closed), then the node lost: a new
+    `hpcjob wait RUN` finishes the run through attempt 2, as the history says; a second `wait` while it
+    follows says who follows and starts nothing."""
+    from hpcjob.store.followers import lock_file
+
+    job = ["--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo"]
+    command = [
+        sys.executable, "-m", "hpcjob.cli", "submit", "--wait", "-n", "2", "--retries", "1", "--node-wait",
+        "60", *job, str(TRAIN), "--epochs", "4", "--step-sleep", "0.1", *SMALL,
+    ]  # fmt: skip
+    submit = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
+    )
+    follower = None
+    try:
+        checkpoints = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
+        deadline = time.monotonic() + 180
+        while not list(checkpoints.glob("*/checkpoint.pt")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list(checkpoints.glob("*/checkpoint.pt")), "no checkpoint within 180 s"
+        submit.kill()  # SIGKILL: no word to anyone, the job goes on
+        said, _ = submit.communicate(timeout=30)  # its progress: on stdout without --json
+        cluster.head.lose_node("NODE002", "evicted")
+        listed = cluster.hpcjob("runs", "--json", "--last", "1")
+        run_id = json.loads(listed.stdout)[0]["run_id"]
+        assert f"(run {run_id})" in said
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "hpcjob.cli", "wait", run_id, "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env,
+        )  # fmt: skip
+        lock = lock_file(run_id)  # this test's state folder is the CLI's (tests/conftest.py)
+        while time.monotonic() < deadline + 60 and f'"pid": {follower.pid},' not in (
+            lock.read_text() if lock.exists() else ""
+        ):
+            time.sleep(0.1)
+        second = cluster.hpcjob("wait", run_id)
+        assert second.returncode == 1 and second.stdout == "", second.stderr
+        assert (
+            second.stderr.startswith(
+                f"hpcjob: error: run {run_id} is followed by another hpcjob (process {follower.pid} on "
+            )
+            and len(second.stderr.splitlines()) == 1
+        )
+        out, err = follower.communicate(timeout=300)
+    finally:
+        for process in (submit, follower):
+            if process is not None and process.poll() is None:
+                process.kill()
+    assert follower.returncode == 0, err[-4000:]
+    summary = json.loads(out)
+    assert summary["state"] == "Finished" and summary["run_id"] == run_id
+    assert [n["node"] for n in summary["nodes"]] == ["LOCALHOST", "NODE003"]
+    assert summary["events"][0].startswith("attempt 1 (job ") and "NODE002 was lost" in summary["events"][0]
+    assert summary["metrics"]["resumed_from_epoch"] >= 1 and summary["metrics"]["epochs_completed"] == 4
+    assert "attempt 2 of 2: job " in err
+    entry = json.loads(cluster.hpcjob("runs", "show", run_id, "--json").stdout)
+    assert [(a["attempt"], a["cause"]) for a in entry["attempts"]] == [(1, "node lost"), (2, "finished")]

@@ -17,6 +17,7 @@ from hpcjob.cli.options import (
     AZURE,
     CREDENTIALS,
     FILTER,
+    MAX_COST_OPTION,
     OUTPUT,
     PASS_THROUGH,
     SHARE,
@@ -45,6 +46,7 @@ from hpcjob.runner import (
     new_run_id,
     run_of,
     submit_and_follow,
+    take_up,
 )
 
 if TYPE_CHECKING:
@@ -455,6 +457,46 @@ def _print_status(info: JobInfo, run_id: str, as_json: bool, latest: dict[str, A
 
         for row in gpu_table(info.gpu_use, now=not info.ended):
             click.echo(row)
+
+
+@cli.command(
+    short_help="Follow a run of this machine to its end, its attempts too.",
+    epilog="""\b
+    Examples:
+      hpcjob wait                  # this machine's newest run
+      hpcjob wait train-20261125-101500-ab12 --max-cost 50 --json
+    """,
+)
+@click.argument("run", metavar="[RUN]", required=False)
+@MAX_COST_OPTION
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the summary as JSON (the fields of `run --local --json`); progress to stderr.",
+)
+def wait(run: str | None, max_cost: float | None, as_json: bool) -> None:
+    """Follow RUN (a run id, or the job id of its newest attempt) to its end, as `submit --wait` does:
+    its newest attempt, and the attempts after it as the run's --retries say; print its summary and
+    exit with its exit code [default: this machine's newest run]. It takes up a run whose follower was
+    stopped (a closed laptop, a lost connection), or one submitted without --wait. One follower at a
+    time: while another hpcjob follows the run, this one says which and exits 1, starting nothing. Only
+    the machine that started a run holds its history, and so can follow it.
+    """
+    from hpcjob.cli.tables import format_summary
+
+    run_id = named_or_newest(run)
+
+    def progress(line: str) -> None:
+        click.echo(line, err=as_json)
+
+    try:
+        _, summary = take_up(run_id, progress, command=started_command(), max_cost_usd=max_cost)
+    except StoppedWaiting as stopped:
+        progress(str(stopped))
+        sys.exit(130)
+    click.echo(summary.to_json() if as_json else format_summary(summary))
+    sys.exit(summary.exit_code)
 
 
 @cli.command(

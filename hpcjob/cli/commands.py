@@ -186,8 +186,8 @@ def run(
             as_json=as_json, tag_items=tag_items, pull=pull, pull_to=pull_to, **smb, **params,
         )  # fmt: skip
         return
-    if params["retries"]:
-        raise SpecError("--retries needs a cluster: a local run is not retried")
+    if params["retries"] or params["max_cost"] is not None:
+        raise SpecError("--retries and --max-cost need a cluster: a local run is not retried")
     tags = parse_tags(tag_items)
     if pull_to is not None:  # a file in its place is refused before the run, not after it
         pull_target(pull_to, "", "--pull-to")

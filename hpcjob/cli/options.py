@@ -97,8 +97,8 @@ GROUPS = headed(
         SHARE: "share mount_point mount_options job_folder smb_user smb_server smb_port",
         SOFTWARE: "requirements wheelhouse no_env env_on image python env_items",
         OUTPUT: "as_json tag_items pull pull_to",
-        FAILURE: "retries retry_on node_wait hang_timeout max_restarts min_nodes resume_from rdzv_timeout "
-        "rdzv_last_call rdzv_keep_alive",
+        FAILURE: "retries retry_on node_wait max_cost hang_timeout max_restarts min_nodes resume_from "
+        "rdzv_timeout rdzv_last_call rdzv_keep_alive",
     }
 )
 
@@ -380,6 +380,30 @@ def wheelhouse_target(value: str | None) -> tuple[str, str] | None:
     return python, platform or DEFAULT_NODE_PLATFORM
 
 
+class Dollars(_SecondsType):
+    """An amount of US dollars: a finite number, 0 or more."""
+
+    name = "usd"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            usd = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of US dollars", param, ctx)
+        if not math.isfinite(usd) or usd < 0:
+            self.fail(f"{value!r} must be a number of US dollars, 0 or more", param, ctx)
+        return usd
+
+
+# A run's attempts stop at a cost (submit, run, wait).
+MAX_COST_OPTION = click.option(
+    "--max-cost",
+    type=Dollars(),
+    metavar="USD",
+    help="Start no other attempt once the run's attempts cost more than USD (at its cluster's prices).",
+)
+
+
 def retry_options(command: F) -> F:
     """A run that goes on in a new attempt when one ends for a cause outside the program (issue 33)."""
     from hpcjob.job.attempts import MAX_RETRIES, RETRY_ON
@@ -408,6 +432,7 @@ def retry_options(command: F) -> F:
             metavar="DURATION",
             help="How long a next attempt waits for enough healthy nodes.",
         ),
+        MAX_COST_OPTION,
     ]
     for option in reversed(options):
         command = option(command)
@@ -420,7 +445,9 @@ def retries_of(params: dict[str, Any]) -> Retries:
     from hpcjob.runner import Retries
 
     node_wait = parse_duration(params["node_wait"], "--node-wait")
-    return Retries(params["retries"], params["retry_on"], node_wait_s=float(node_wait))
+    return Retries(
+        params["retries"], params["retry_on"], node_wait_s=float(node_wait), max_cost_usd=params["max_cost"]
+    )
 
 
 def smb_options(command: F) -> F:

@@ -42,8 +42,13 @@ class Cause:
     lost: tuple[str, ...] = ()
 
 
-KINDS = ("finished", "canceled", "node lost", "task ended by the scheduler", "network", "hang", "program")
-OUTSIDE = frozenset({"node lost", "task ended by the scheduler", "network", "hang"})
+# An attempt whose submission stopped half way (its follower killed, the network): no job of it ran.
+CUT_SHORT = "submission cut short"
+KINDS = (
+    "finished", "canceled", "node lost", "task ended by the scheduler", "network", "hang", "program",
+    CUT_SHORT,
+)  # fmt: skip
+OUTSIDE = frozenset({"node lost", "task ended by the scheduler", "network", "hang", CUT_SHORT})
 
 
 def attempt_cause(
@@ -94,3 +99,24 @@ def attempt_cause(
 def next_attempt_exclusions(excluded: Iterable[str], cause: Cause) -> tuple[str, ...]:
     """The nodes the next attempt never chooses: the run's --exclude-node ones and every node lost."""
     return tuple(dict.fromkeys([*excluded, *cause.lost]))
+
+
+def run_cost(costs: Iterable[float | None]) -> float | None:
+    """What a run's ended attempts cost together (each its summary's cost_usd): None where one of them
+    has no price, for then the run's cost is not known (--max-cost cannot bound it)."""
+    total = 0.0
+    for cost in costs:
+        if cost is None:
+            return None
+        total += cost
+    return total
+
+
+def past_max_cost(spent: float, max_cost_usd: float) -> str | None:
+    """The line that ends a run whose attempts cost more than --max-cost; None while they do not."""
+    from hpcjob.job.prices import money
+
+    if spent <= max_cost_usd:
+        return None
+    bound = money(max_cost_usd)
+    return f"no other attempt: the run's attempts cost {money(spent)}, more than --max-cost {bound}"

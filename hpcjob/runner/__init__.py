@@ -34,7 +34,7 @@ from hpcjob.runner.access import (
     submit_failure,
     with_profile,
 )
-from hpcjob.runner.attempts import Retries, follow_attempts, submit_attempt
+from hpcjob.runner.attempts import Retries, follow_attempts, not_in_history, submit_attempt, take_up
 from hpcjob.runner.follow import RunOutput, follow_run
 from hpcjob.runner.local import LocalOptions, run_local, start_local, submit_local
 from hpcjob.runner.mount import (
@@ -92,6 +92,7 @@ __all__ = [
     "mount_request",
     "mount_share",
     "new_run_id",
+    "not_in_history",
     "open_smb",
     "prepare_share",
     "profile_mount_point",
@@ -118,5 +119,6 @@ __all__ = [
     "submit_preview",
     "submit_run",
     "submit_to_cluster",
+    "take_up",
     "with_profile",
 ]

@@ -3,15 +3,21 @@ program (hpcjob.job.attempts), the next attempt is planned afresh and submitted 
 nodes, the lost ones left out, from the run's last checkpoint (every attempt shares the run's
 checkpoint folder). A requeue cannot do this: hpcjob's tasks are not rerunnable, neither REST nor job XML
 can exclude a node, and the first node is in every command line.
+
+What a follower needs to go on lives in the run history (the newest attempt's spec and plan, the Retries,
+the mount step), so that a follower that was stopped is taken up again by another (`take_up`: `hpcjob
+wait`, Run.wait()), one at a time (hpcjob.store.followers): only this machine's history knows the run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
 
 from hpcjob.job.spec import HpcjobError, SpecError
 from hpcjob.runner.access import Progress, submit_failure
@@ -31,13 +37,15 @@ if TYPE_CHECKING:
 class Retries:
     """How a run goes on: at most `retries` more attempts (0: none), for causes outside the program or,
     with retry_on "any", every failure; waiting at most `node_wait_s` for enough healthy nodes; a failed
-    job watched for `settle_s` first, in case HPC Pack requeues it itself (JobRetryCount)."""
+    job watched for `settle_s` first, in case HPC Pack requeues it itself (JobRetryCount); no other
+    attempt once the run's attempts cost more than `max_cost_usd` (None: no bound)."""
 
     retries: int = 0
     retry_on: str = "outside"
     node_wait_s: float = 600.0
     settle_s: float = 5.0
     poll_s: float = 5.0
+    max_cost_usd: float | None = None
 
     def __post_init__(self) -> None:
         from hpcjob.job.attempts import MAX_RETRIES, RETRY_ON
@@ -48,6 +56,22 @@ class Retries:
             raise SpecError(f"--retry-on {self.retry_on!r}: give {' or '.join(RETRY_ON)}")
         if self.node_wait_s < 0:
             raise SpecError("--node-wait must not be negative")
+        bound = self.max_cost_usd
+        if bound is not None and not (math.isfinite(bound) and bound >= 0):
+            raise SpecError(f"--max-cost {self.max_cost_usd}: give a number of US dollars, 0 or more")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Retries:
+        """The Retries back from to_dict's form (keys of a newer hpcjob left out); SpecError when a value
+        is not one."""
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{key: value for key, value in data.items() if key in known})
+        except TypeError as exc:
+            raise SpecError(f"recorded retries that cannot be read: {exc}") from None
 
 
 def follow_attempts(
@@ -61,16 +85,19 @@ def follow_attempts(
     retries: Retries,
     *,
     mount_step: bool,
+    told: Sequence[str] = (),
 ) -> tuple[RunRecord, JobSummary]:
     """Follow the run's attempts to the run's end: each attempt to its summary (follow_run), and while
-    its cause is retried and attempts are left, the next one. The newest attempt's record, and its
-    summary with a line for each attempt that went before."""
+    its cause is retried, attempts are left and --max-cost allows, the next one. The newest attempt's
+    record, and its summary with a line for each attempt that went before (`told`: lines of those that
+    went before this follower)."""
     from hpcjob.job.attempts import attempt_cause
     from hpcjob.job.results import State
     from hpcjob.store.runs import record_attempt_end, was_canceled
 
-    told: list[str] = []
+    told = list(told)
     total = retries.retries + 1
+    unpriced_said = False
     while True:
         summary = follow_run(backend, record, plan, open_folder, started, progress)
         if summary.state is State.FINISHED or retries.retries == 0:
@@ -84,7 +111,21 @@ def follow_attempts(
         nodes_now = backend.nodes(spec.node_group)
         cause = attempt_cause(summary, info, nodes_now, canceled_by_user=canceled, retry_on=retries.retry_on)
         last = record.attempt >= total
-        _keep(record_attempt_end, record, summary, cause.kind, cause.said, cause.retried and not last)
+        over = None  # the line that ends the run at --max-cost
+        if cause.retried and not last and retries.max_cost_usd is not None:
+            spent = _run_cost(record, summary)
+            if spent is None and not unpriced_said:
+                progress(
+                    f"hpcjob: warning: --max-cost: run {record.run_id} has no price (its cluster profile "
+                    "names no --vm-size and --region), so its cost cannot be bounded: its attempts go on"
+                )
+                unpriced_said = True
+            if spent is not None:
+                from hpcjob.job.attempts import past_max_cost
+
+                over = past_max_cost(spent, retries.max_cost_usd)
+        goes_on = cause.retried and not last and over is None
+        _keep(record_attempt_end, record, summary, cause.kind, cause.said, goes_on)
         told.append(
             f"attempt {record.attempt} (job {record.job_id} on {', '.join(plan.nodes)}): {cause.said}"
         )
@@ -92,6 +133,10 @@ def follow_attempts(
             return record, _told(summary, told)
         if last:
             told.append(f"no attempt left: --retries {retries.retries}")
+            return record, _told(summary, told)
+        if over is not None:
+            progress(over)
+            told.append(over)
             return record, _told(summary, told)
         progress(
             f"attempt {record.attempt} of {total} ended: {cause.said}; attempt {record.attempt + 1} next"
@@ -118,6 +163,20 @@ def _kept(read: Callable[[str], bool], run_id: str) -> bool:
         return read(run_id)
     except HpcjobError:
         return False
+
+
+def _run_cost(record: RunRecord, summary: JobSummary) -> float | None:
+    """What the run's attempts so far cost: the earlier ones' as the history keeps them (one whose
+    submission was cut short ran nothing), the record's own from its summary; None where one has no
+    price, or the history cannot be read."""
+    from hpcjob.job.attempts import CUT_SHORT, run_cost
+    from hpcjob.store.runs import find_entry
+
+    try:
+        earlier = [a for a in find_entry(record.run_id).attempts if a.attempt < record.attempt]
+    except HpcjobError:
+        return None
+    return run_cost([*(0.0 if a.cause == CUT_SHORT else a.cost_usd for a in earlier), summary.cost_usd])
 
 
 def _told(summary: JobSummary, told: list[str]) -> JobSummary:
@@ -162,6 +221,7 @@ def submit_attempt(
     """Plan and submit the run's next attempt (the code and wheels are on the share already), waiting at
     most `node_wait_s` for enough healthy nodes; the run's record follows each step."""
     from hpcjob.job.plan import attempt_log_folder
+    from hpcjob.job.render import plan_json
     from hpcjob.store.runs import record_next_attempt, save_run
 
     attempt = record.attempt + 1
@@ -173,7 +233,8 @@ def submit_attempt(
         finally:
             folder.close()
     latest = replace(record, attempt=attempt, nodes=plan.nodes, job_id=None, mount_job_id=None, state=None)
-    record_next_attempt(latest)
+    # Its plan and spec replace the earlier attempt's: whoever takes the run up plans from them.
+    record_next_attempt(latest, plan=plan_json(plan), spec=json.dumps(spec.to_dict()))
 
     def step(done: Submission) -> None:
         nonlocal latest
@@ -212,3 +273,145 @@ def _plan_when_nodes(
                 progress(f"attempt {attempt} waits for healthy nodes: {exc}")
                 said = True
             time.sleep(min(retries.poll_s, max(0.0, deadline - time.monotonic())))
+
+
+def not_in_history(run_or_job_id: str) -> str:
+    """The line for a run this machine's history does not know: only where it started is it known."""
+    return (
+        f"no run {run_or_job_id!r} in this machine's history: only the machine that started a run holds its "
+        "history (its attempts and retries), so follow it there; `hpcjob status JOB_ID` shows a job from "
+        "anywhere"
+    )
+
+
+# The steps of a submission that stopped half way: the job may be made, and is not submitted.
+_HALF_WAY = ("creating", "mounting", "created")
+
+
+def take_up(
+    run_or_job_id: str,
+    progress: Progress,
+    *,
+    command: str,
+    max_cost_usd: float | None = None,
+) -> tuple[RunRecord, JobSummary]:
+    """Follow a run of this machine's history from where it is (`hpcjob wait`, Run.wait()): its newest
+    attempt to its end, then on with its attempts as its recorded Retries say (`max_cost_usd`, given,
+    replaces the recorded bound), holding the run's follower lock throughout (`command`: what another
+    follower is told; FollowedElsewhere while another holds it). The newest attempt's record, and the
+    run's summary, as `submit --wait` ends with them."""
+    from hpcjob.job.plan import JobPlan
+    from hpcjob.runner.access import backend_for_run, run_folder_opener
+    from hpcjob.store.followers import follower_lock
+    from hpcjob.store.runs import SUBMIT_FAILED, find_entry
+
+    try:
+        run_id = find_entry(run_or_job_id).record.run_id
+    except SpecError:
+        raise SpecError(not_in_history(run_or_job_id)) from None
+    with follower_lock(run_id, command):
+        entry = find_entry(run_id)  # again, under the lock: a follower before this one may have gone on
+        record = entry.record
+        backend = backend_for_run(record)  # a run rendered for submitting by hand has none: one line
+        started = time.monotonic() - max(0.0, time.time() - entry.started)  # its wall time, as submit's
+        folder = run_folder_opener(record)
+        if record.attempt == 1 and (record.state == SUBMIT_FAILED or record.state in _HALF_WAY):
+            why = record.failure or f"its submission stopped while {record.state}"
+            raise HpcjobError(
+                f"run {run_id} was never submitted ({why}): there is no job to follow; submit it again "
+                f"(`hpcjob cancel {run_id}` cancels a job it may have made)"
+            )
+        try:
+            plan = JobPlan.from_dict(entry.plan) if entry.plan else None
+        except (TypeError, ValueError, KeyError):
+            plan = None
+        if plan is None:
+            raise HpcjobError(f"run {run_id} has no plan in this machine's history: hpcjob cannot follow it")
+        spec, retries, mount_step = _recorded_way(record, max_cost_usd, progress)
+        if spec is None:  # a local run, or a run whose job cannot be read: followed, never retried
+            return record, follow_run(backend, record, plan, folder, started, progress)
+        told: list[str] = []
+        unsent = record.state is None and not record.job_id
+        cut_short = record.state in (*_HALF_WAY, SUBMIT_FAILED) or unsent
+        if record.attempt > 1 and cut_short:  # its submission failed, or its follower stopped in it
+            record, plan = _submitted_again(
+                backend, spec, record, folder, retries, mount_step, progress, told
+            )
+        return follow_attempts(
+            backend, spec, record, plan, folder, started, progress, retries, mount_step=mount_step, told=told
+        )
+
+
+def _recorded_way(
+    record: RunRecord, max_cost_usd: float | None, progress: Progress
+) -> tuple[JobSpec | None, Retries, bool]:
+    """How the recorded run goes on: its newest attempt's spec (None: a local run, or a spec this
+    hpcjob cannot read, said when it had retries), its Retries (`max_cost_usd`, given, replacing the
+    recorded bound) and whether its attempts mount the share first."""
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.runs import recorded_follow
+
+    if record.cluster is None:
+        return None, Retries(), False
+    spec_data, follow = recorded_follow(record.run_id)
+    try:
+        retries = Retries.from_dict((follow or {}).get("retries") or {})
+    except SpecError:
+        retries = Retries()
+    if max_cost_usd is not None:
+        retries = replace(retries, max_cost_usd=max_cost_usd)
+    try:
+        spec = JobSpec.from_dict(spec_data) if spec_data else None
+    except SpecError:
+        spec = None
+    if spec is None and retries.retries:
+        progress(
+            f"hpcjob: warning: run {record.run_id}'s job is not in this machine's history as this hpcjob "
+            "reads it (an older hpcjob's run?): its newest attempt is followed, and no other started"
+        )
+    return spec, retries, bool((follow or {}).get("mount_step", True))
+
+
+def _submitted_again(
+    backend: Backend,
+    spec: JobSpec,
+    record: RunRecord,
+    folder: Callable[[], ShareFolder | None],
+    retries: Retries,
+    mount_step: bool,
+    progress: Progress,
+    told: list[str],
+) -> tuple[RunRecord, JobPlan]:
+    """The run's newest attempt, whose submission was cut short (its follower stopped) or failed (the
+    network), submitted: afresh where nothing of it was sent; else it counts as an attempt that ran
+    nothing (a line in `told`), its half-made job canceled, and the next attempt goes."""
+    from hpcjob.job.attempts import CUT_SHORT
+    from hpcjob.store.runs import SUBMIT_FAILED, record_attempt_end, was_canceled
+
+    attempt, run_id = record.attempt, record.run_id
+    if _kept(was_canceled, run_id):
+        raise HpcjobError(f"run {run_id} was canceled before attempt {attempt} was submitted")
+    if record.state is None:  # planned, and nothing sent: the same attempt, planned again
+        progress(f"attempt {attempt} of run {run_id} was not submitted yet: submitting it now")
+        record = replace(record, attempt=attempt - 1)
+    else:  # its job may be made, not submitted
+        with contextlib.suppress(HpcjobError):
+            backend.cancel(record, force=True)
+        if record.state == SUBMIT_FAILED:
+            said = f"its submission failed ({record.failure or 'no reason kept'}); its job, if made, canceled"
+        else:
+            said = f"its submission was cut short while {record.state} (its job, if made, canceled)"
+        goes_on = attempt < retries.retries + 1
+        _keep(record_attempt_end, record, None, CUT_SHORT, said, goes_on)
+        told.append(f"attempt {attempt}: {said}")
+        if not goes_on:
+            raise HpcjobError(
+                f"attempt {attempt} of run {run_id}: {said}, and no attempt is left (--retries "
+                f"{retries.retries})"
+            )
+        progress(f"attempt {attempt} of run {run_id}: {said}; attempt {attempt + 1} next")
+    record, plan = submit_attempt(
+        backend, spec, record, folder, retries, mount_step=mount_step, progress=progress
+    )
+    progress(f"attempt {record.attempt}: job {record.job_id} on {', '.join(plan.nodes)}")
+    return record, plan

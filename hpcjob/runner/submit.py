@@ -4,6 +4,7 @@ the run recorded at each step."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -54,8 +55,31 @@ def submit_and_follow(
     retries: Retries | None = None,
 ) -> tuple[RunRecord, JobPlan, JobSummary | None]:
     """Upload the code to the cluster's share, submit the job (recording the run at each step, with
-    `command`: how it was asked for) and, with `wait`, follow it to its summary: the run's latest
-    record, its plan, and the summary (None without `wait`)."""
+    `command`: how it was asked for, and how it goes on: `retries`) and, with `wait`, follow it to its
+    summary, its attempts with `retries`, holding the run's follower lock from before the submission on
+    (hpcjob.store.followers): the run's latest record, its plan, and the summary (None without `wait`)."""
+    from hpcjob.store.followers import follower_lock
+
+    with follower_lock(run_id, command) if wait else contextlib.nullcontext():
+        return _submit_and_follow(
+            cluster, spec, run_id, smb, mount_step=mount_step, wait=wait, progress=progress,
+            command=command, tags=tags, retries=retries,
+        )  # fmt: skip
+
+
+def _submit_and_follow(
+    cluster: ClusterAccess,
+    spec: JobSpec,
+    run_id: str,
+    smb: tuple[str | None, str | None, int],
+    *,
+    mount_step: bool,
+    wait: bool,
+    progress: Progress,
+    command: str,
+    tags: Mapping[str, str] | None,
+    retries: Retries | None,
+) -> tuple[RunRecord, JobPlan, JobSummary | None]:
     profile, share = cluster.profile, spec.share
     smb_user, smb_server, smb_port = smb
 
@@ -82,6 +106,7 @@ def submit_and_follow(
         progress=progress,
         command=command,
         tags=tags,
+        retries=retries,
     )
     job_id = latest.job_id
     progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
@@ -93,16 +118,20 @@ def submit_and_follow(
             )
         if retries is not None and retries.retries:
             progress(
-                "hpcjob: warning: --retries starts a new attempt while hpcjob follows the run (submit "
-                "--wait): nobody retries this one"
+                "hpcjob: warning: --retries starts a new attempt while hpcjob follows the run: nobody "
+                f"retries this one until `hpcjob wait {plan.run_id}` follows it"
             )
         progress(f"follow it with: hpcjob status {job_id}   or: hpcjob logs {job_id} --follow")
         return latest, plan, None
     folder = open_share if share else lambda: None
     if retries is None or not retries.retries:
         return latest, plan, follow_run(cluster.backend, latest, plan, folder, started, progress)
+    from hpcjob.job.spec import JobSpec
     from hpcjob.runner.attempts import follow_attempts
+    from hpcjob.store.runs import recorded_follow
 
+    recorded, _ = recorded_follow(run_id)  # as submit_run recorded it: its requirements locked to its wheels
+    spec = JobSpec.from_dict(recorded) if recorded else spec
     latest, summary = follow_attempts(
         cluster.backend, spec, latest, plan, folder, started, progress, retries, mount_step=mount_step
     )
@@ -151,11 +180,13 @@ def submit_run(
     command: str,
     tags: Mapping[str, str] | None = None,
     gpus_per_node: int | None = None,
+    retries: Retries | None = None,
 ) -> tuple[RunRecord, JobPlan]:
     """Plan the job on `backend`, stage its code into `open_folder(plan)` (the share, or the local
     folder that stands in for it; None: the code is there already), submit it, recording the run at
     each step (`where`: the record's share, local folder and cluster; `command`: how it was asked
-    for; `gpus_per_node`: each node's GPUs, for the history's GPU-hours [default: the spec's]). The
+    for; `gpus_per_node`: each node's GPUs, for the history's GPU-hours [default: the spec's]; the
+    spec, `retries` and the mount step, from which whoever follows the run plans its next attempt). The
     run's latest record, and its plan."""
     from hpcjob.job.render import plan_json
     from hpcjob.runner.resume import check_resume
@@ -183,10 +214,12 @@ def submit_run(
     first = RunRecord.of(plan, spec.job_folder, backend.kind, **where(plan))
     latest = first
     job = plan_json(plan)
+    asked = json.dumps(spec.to_dict())
+    follow = json.dumps({"mount_step": mount_step, "retries": retries.to_dict() if retries else None})
 
     def save(run: RunRecord) -> None:
         gpus = gpus_per_node or spec.gpus_per_node
-        save_run(run, command=command, plan=job, tags=tags, gpus_per_node=gpus)
+        save_run(run, command=command, plan=job, tags=tags, gpus_per_node=gpus, spec=asked, follow=follow)
 
     def record(step: Submission) -> None:
         nonlocal latest

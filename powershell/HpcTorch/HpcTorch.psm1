@@ -54,7 +54,7 @@ $script:Cli = @{
         Words     = @('submit', '--json')
         Options   = $script:ClusterOptions + $script:SmbOptions + $script:JobOptions + @{
             Wait = '--wait'; NoMountStep = '--no-mount-step'; Tag = '--tag'; Pull = '--pull'; PullTo = '--pull-to'
-            Retries = '--retries'; RetryOn = '--retry-on'; NodeWait = '--node-wait'
+            Retries = '--retries'; RetryOn = '--retry-on'; NodeWait = '--node-wait'; MaxCost = '--max-cost'
         }
         Arguments = @('Script', 'ArgumentList')
         WhatIf    = '--dry-run'
@@ -66,7 +66,7 @@ $script:Cli = @{
             Quiet = '--quiet'; GracePeriod = '--grace-period'; Tag = '--tag'; Pull = '--pull'; PullTo = '--pull-to'
         }
         Arguments = @('Script', 'ArgumentList')
-        Unexposed = @('--retries', '--retry-on', '--node-wait')  # a local run is not retried
+        Unexposed = @('--retries', '--retry-on', '--node-wait', '--max-cost')  # a local run is not retried
     }
     'Get-HpcTorchJob'          = @{
         Words     = @('status', '--json')
@@ -84,6 +84,13 @@ $script:Cli = @{
     'Wait-HpcTorchJob'         = @{
         Words     = @('status', '--json')
         Options   = $script:ClusterOptions
+        Arguments = @('Id')
+        Unexposed = @()
+    }
+    # -Follow: the run followed as `hpcjob wait` follows it, its attempts too.
+    'Wait-HpcTorchJob:Follow'  = @{
+        Words     = @('wait', '--json')
+        Options   = @{ MaxCost = '--max-cost' }
         Arguments = @('Id')
         Unexposed = @()
     }
@@ -397,6 +404,7 @@ function Submit-HpcTorchJob {
         [ValidateRange(0, 100)][int]$Retries,
         [ValidateSet('outside', 'any')][string]$RetryOn,
         [string]$NodeWait,
+        [ValidateRange(0, 1000000000)][double]$MaxCost,
         [switch]$Pull,
         [string]$PullTo,
         [pscredential]$Credential
@@ -545,14 +553,23 @@ function Wait-HpcTorchJob {
     .SYNOPSIS
     Waits until jobs end, showing their state; writes each job's final status.
 
+    .DESCRIPTION
+    Polls each job's state (hpcjob status) until it has ended. With -Follow, follows each run instead as
+    hpcjob wait does, and writes its summary: a run this machine started goes on in more attempts as its
+    -Retries say (-MaxCost: none once its attempts cost more US dollars); one follower at a time, so a
+    run another hpcjob follows is an error that says which.
+
     .EXAMPLE
     Submit-HpcTorchJob -Nodes 2 -Script .\train.py | Wait-HpcTorchJob
 
     .EXAMPLE
     Wait-HpcTorchJob -Id 1234 -Timeout 3600
+
+    .EXAMPLE
+    Submit-HpcTorchJob -Nodes 2 -Retries 2 -Script .\train.py | Wait-HpcTorchJob -Follow -MaxCost 50
     #>
     [CmdletBinding()]
-    [OutputType('HpcTorch.Job')]
+    [OutputType('HpcTorch.Job', 'HpcTorch.JobSummary')]
     param(
         [Parameter(Mandatory = $true, Position = 0, ValueFromPipeline = $true, ValueFromPipelineByPropertyName = $true)]
         [Alias('run_id', 'RunId')][ValidateNotNullOrEmpty()][string[]]$Id,
@@ -560,10 +577,19 @@ function Wait-HpcTorchJob {
         [ValidateRange(0, 31536000)][double]$Timeout = 0,
         [string]$Cluster,
         [ValidateSet('rest', 'winrm')][string]$Backend,
+        [switch]$Follow,
+        [ValidateRange(0, 1000000000)][double]$MaxCost,
         [pscredential]$Credential
     )
     process {
         foreach ($one in $Id) {
+            if ($Follow) {
+                $bound = @{ Id = $one }
+                if ($PSBoundParameters.ContainsKey('MaxCost')) { $bound['MaxCost'] = $MaxCost }
+                Invoke-HpcTorchCli -Caller $PSCmdlet -Command 'Wait-HpcTorchJob:Follow' -Bound $bound `
+                    -TypeName 'HpcTorch.JobSummary' -Secrets (Get-CredentialSecret $Credential)
+                continue
+            }
             $bound = @{ Id = $one }
             foreach ($name in @('Cluster', 'Backend')) {
                 if ($PSBoundParameters.ContainsKey($name)) { $bound[$name] = $PSBoundParameters[$name] }
