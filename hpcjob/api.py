@@ -138,7 +138,7 @@ def submit(
     backend: str | None = None,
     mount_step: bool = True,
     wait: bool = False,
-    retries: int = 0,
+    retries: int | None = None,
     retry_on: str = "outside",
     max_cost: float | None = None,
     progress: Callable[[str], None] | None = None,
@@ -152,12 +152,17 @@ def submit(
     run starts from, as `--resume-from` (None: a new run starts fresh, saving into a folder of its own).
     More job options by their JobSpec names (node_group, env_on, runtime_s, ...). With `wait`, the
     returned run's `summary` is set; on a cluster, `retries` more attempts follow one that ended for a
-    cause outside the program (`retry_on="any"`: any failure), as `--retries`, while the run is
-    followed (`wait`, or later `Run.wait()`), none once they cost more than `max_cost` US dollars."""
+    cause outside the program (`retry_on="any"`: any failure), as `--retries` [default: the cluster
+    profile's retries, else 0], while the run is followed (`wait`, or later `Run.wait()`), none once
+    they cost more than `max_cost` US dollars."""
     said = progress or _quiet
     if retries and cluster is None:
         raise SpecError("retries need a cluster: a local run is not retried")
-    again = runner.Retries(retries, retry_on, max_cost_usd=max_cost)
+    if retries is None and cluster is not None:
+        from hpcjob.store.config import get_profile
+
+        retries = get_profile(cluster).retries
+    again = runner.Retries(retries or 0, retry_on, max_cost_usd=max_cost)
     fields: dict[str, Any] = {
         "script": str(script),
         "script_args": tuple(args),

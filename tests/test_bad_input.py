@@ -388,6 +388,7 @@ CASES = [
     case("wait-run-of-another-machine", "wait train-9", config=ONE_CLUSTER),
     case("wait-no-run-yet", "wait"),
     case("wait-max-cost-not-a-number", "wait train-1 --max-cost ten", files={RUNS: LOCAL_RUN}),
+    case("cluster-add-retries-huge", "cluster add c --url https://head --user alice --retries 101"),
     # --- cluster add ---------------------------------------------------------------------------------
     case("cluster-add-http-url", "cluster add c --url http://head --user alice"),
     case(

@@ -1,5 +1,5 @@
 """Issue 33: a run's follower taken up again from the run history (`hpcjob wait`, Run.wait()), one at a
-time under the run's lock; --max-cost. Against a backend of this file's
+time under the run's lock; a profile's default --retries; --max-cost. Against a backend of this file's
 (the attempts' ends are told, not run): tests/test_retries.py runs it end to end on the emulator."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -274,3 +275,21 @@ def test_a_run_of_another_machine_s_history_is_one_line(
     )
     with pytest.raises(HpcjobError, match="only the machine that started a run holds its history"):
         hpcjob.Run.find("42").wait()  # a job of the cluster, not of this machine's
+
+
+def test_a_profile_gives_submit_its_default_retries(
+    cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> None:
+    from hpcjob.cli.options import retries_of
+    from hpcjob.store.config import get_profile
+
+    hpcjob_cli = cli_with_profile("pw", url="https://head", user="alice")
+    added = hpcjob_cli("cluster", "add", "lab", "--url", "https://head", "--user", "alice", "--retries", "3")
+    assert added.code == 0, added.err
+    assert "retries = 3" in (tmp_path / "clusters.toml").read_text()
+    options = {"retries": None, "retry_on": "outside", "node_wait": "10m", "max_cost": None}
+    assert retries_of(options, get_profile("lab")).retries == 3
+    assert retries_of({**options, "retries": 0}, get_profile("lab")).retries == 0  # given, it stands
+    assert retries_of(options, get_profile("emu")).retries == 0  # a profile without one
+    bad = hpcjob_cli("cluster", "add", "lab", "--url", "https://head", "--user", "alice", "--retries", "101")
+    assert bad.code == 2 and "--retries" in bad.err

@@ -38,6 +38,7 @@ from hpcjob.cli.options import (
     tag_option,
 )
 from hpcjob.extras import missing_extra
+from hpcjob.job.attempts import MAX_RETRIES
 from hpcjob.job.spec import CLUSTER_BACKENDS, WINRM_TRANSPORTS
 from hpcjob.runner import (
     ClusterAccess,
@@ -58,7 +59,8 @@ if TYPE_CHECKING:
     "add",
     groups=headed(
         {
-            THE_CLUSTER: "url user backend winrm_url winrm_transport node_group poll_interval make_default",
+            THE_CLUSTER: "url user backend winrm_url winrm_transport node_group poll_interval retries "
+            "make_default",
             CREDENTIALS: "password_env use_keyring ca_bundle insecure cert_fingerprint",
             SHARE: "share mount_point smb_user smb_server smb_port local_share",
             AZURE: "vm_size region spot",
@@ -146,6 +148,12 @@ if TYPE_CHECKING:
     "--region", metavar="REGION", help="The cluster's Azure region, e.g. eastus: where prices come from."
 )
 @click.option("--spot", is_flag=True, help="The compute nodes are Spot VMs: counted at the Spot price.")
+@click.option(
+    "--retries",
+    type=click.IntRange(0, MAX_RETRIES),
+    metavar="N",
+    help="The --retries of runs submitted to this cluster when they give none [default: 0].",
+)
 @click.option("--default", "make_default", is_flag=True, help="Make this the default cluster.")
 def cluster_add(
     name: str, password_env: str | None, use_keyring: bool, make_default: bool, **options: Any
@@ -342,7 +350,7 @@ def submit(
         pull_target(pull_to, "", "--pull-to")
     profile = get_profile(cluster_name)
     spec = job_spec(job_fields(params), profile)
-    retries = retries_of(params)  # its mistakes before anything is sent
+    retries = retries_of(params, profile)  # its mistakes before anything is sent
     run_id = params["run_id"] or new_run_id(spec.name)
     check_new_run_id(run_id)
     if dry_run:

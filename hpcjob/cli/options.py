@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from hpcjob.job.results import JobSummary
     from hpcjob.job.spec import JobSpec
     from hpcjob.runner import Retries
+    from hpcjob.store.config import ClusterProfile
 
 PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
 F = TypeVar("F", bound=Callable[..., Any])
@@ -412,10 +413,9 @@ def retry_options(command: F) -> F:
         click.option(
             "--retries",
             type=click.IntRange(0, MAX_RETRIES),
-            default=0,
-            show_default=True,
             metavar="N",
-            help="Attempts after the first, each a new job on healthy nodes, from the last checkpoint.",
+            help="Attempts after the first, each a new job on healthy nodes, from the last checkpoint "
+            "[default: the cluster profile's retries, else 0].",
         ),
         click.option(
             "--retry-on",
@@ -439,15 +439,17 @@ def retry_options(command: F) -> F:
     return command
 
 
-def retries_of(params: dict[str, Any]) -> Retries:
-    """The Retries the options ask for (hpcjob.runner.Retries)."""
+def retries_of(params: dict[str, Any], profile: ClusterProfile | None = None) -> Retries:
+    """The Retries the options ask for (hpcjob.runner.Retries): --retries, else the cluster `profile`'s
+    retries, else none."""
     from hpcjob.job.spec import parse_duration
     from hpcjob.runner import Retries
 
     node_wait = parse_duration(params["node_wait"], "--node-wait")
-    return Retries(
-        params["retries"], params["retry_on"], node_wait_s=float(node_wait), max_cost_usd=params["max_cost"]
-    )
+    retries = params["retries"]
+    if retries is None:
+        retries = (profile.retries if profile is not None else None) or 0
+    return Retries(retries, params["retry_on"], node_wait_s=float(node_wait), max_cost_usd=params["max_cost"])
 
 
 def smb_options(command: F) -> F:

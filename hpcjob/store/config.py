@@ -152,6 +152,9 @@ class ClusterProfile:
     # (default 15; the first look after a change comes within a second): lower it to hear of a job's end
     # sooner from a small head node, raise it to ask a busy one less.
     poll_interval: float | None = None
+    # How many more attempts a run submitted here gets when one ends for a cause outside the program
+    # (`submit --retries`, when not given; default 0).
+    retries: int | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -244,6 +247,10 @@ class ClusterProfile:
                 f"{where}: poll_interval {self.poll_interval:g} must be between {MIN_POLL_S:g} and "
                 f"{MAX_POLL_S:g} seconds"
             )
+        from hpcjob.job.attempts import MAX_RETRIES
+
+        if self.retries is not None and not 0 <= self.retries <= MAX_RETRIES:
+            raise SpecError(f"{where}: retries {self.retries} must be between 0 and {MAX_RETRIES}")
         # The same rules as the job options', so that a profile never makes a job that fails later.
         if self.mount_point is not None and not PLAIN_PATH.fullmatch(self.mount_point):
             raise SpecError(
