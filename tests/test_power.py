@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -309,3 +310,19 @@ def test_cluster_list_shows_each_cluster_s_state_and_cost_an_hour(
         PowerRecord("emu", "another-group", "stopped", "2026-11-27T15:00:00+00:00", nodes[:1], None, None)
     )
     assert hpcjob("cluster", "list").out.splitlines()[1].split()[-2:] == ["unknown", "-"]  # another's
+
+
+def test_a_head_node_that_is_not_running_is_said_and_nothing_is_done(
+    az: Path, tmp_path: Path, cli_with_profile: Callable[..., Callable[..., Result]]
+) -> None:
+    hpcjob = cli_with_profile(PASSWORD, url="https://127.0.0.1:1", user="alice", resource_group=GROUP)
+    head_id = vm_row("emu", "Standard_DS4_v2")["id"]
+    subprocess.run(["az", "vm", "deallocate", "--ids", head_id], check=True, env=os.environ)
+    for command in ("stop", "start"):
+        done = hpcjob("cluster", command)
+        assert done.code == 1 and done.err.splitlines() == [
+            f"hpcjob: error: the head node VM emu of cluster emu is deallocated: start it first (az vm start "
+            f"--resource-group {GROUP} --name emu)"
+        ]
+    assert az_commands(tmp_path) == ["vm deallocate", "vm list", "vm list"]
+    assert power_of(az)[NODES[0]] == "running"

@@ -191,7 +191,6 @@ def stop_cluster(
     force: bool,
     progress: Progress,
     limits: Limits | None = None,
-    open_backend: Callable[[ClusterProfile], Backend] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> PowerReport:
@@ -204,7 +203,8 @@ def stop_cluster(
     profile = onboarded(name)
     timer = _Clock(clock)
     head, vms = _cluster_vms(profile, run_az)
-    backend = (open_backend or _open)(profile)
+    _head_runs(profile, head)  # the nodes go offline through it
+    backend = _open(profile)
     known = _known_nodes(backend, vms, progress)
     busy = sorted(backend.busy_nodes() & {node.upper() for node in known})
     if busy and not force:
@@ -227,8 +227,7 @@ def stop_cluster(
         _wait_for_vms(profile, running, DEALLOCATED, limits, timer, progress, sleep, run_az)
     else:
         progress(f"hpcjob: every compute node VM of {profile.resource_group} is deallocated already")
-    report = _report(profile, head, vms, STOPPED, timer, progress, [vm.name for vm in running])
-    return report
+    return _report(profile, head, vms, STOPPED, timer, progress, [vm.name for vm in running])
 
 
 def start_cluster(
@@ -236,7 +235,6 @@ def start_cluster(
     *,
     progress: Progress,
     limits: Limits | None = None,
-    open_backend: Callable[[ClusterProfile], Backend] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> PowerReport:
@@ -249,18 +247,14 @@ def start_cluster(
     profile = onboarded(name)
     timer = _Clock(clock)
     head, vms = _cluster_vms(profile, run_az)
-    if head is not None and head.power != RUNNING:
-        raise HpcjobError(
-            f"the head node VM {head.name} is {head.power}: start it first (az vm start --resource-group "
-            f"{profile.resource_group} --name {head.name}), then `hpcjob cluster start {profile.name}`"
-        )
+    _head_runs(profile, head)
     stopped = [vm for vm in vms if vm.power != RUNNING]
     if stopped:
         progress(f"hpcjob: {timer.stamp()} starting {len(stopped)} VM(s) (minutes): "
                  f"{', '.join(vm.name for vm in stopped)}")  # fmt: skip
         run_az(start_command(stopped))
         _wait_for_vms(profile, stopped, RUNNING, limits, timer, progress, sleep, run_az)
-    backend = (open_backend or _open)(profile)
+    backend = _open(profile)
     known = _known_nodes(backend, vms, progress)
     names = list(known)
     if names:
@@ -283,6 +277,16 @@ def start_cluster(
             )
             backend.bring_online(to_bring, progress=_indented(progress), timeout_s=limits.online_timeout_s)
     return _report(profile, head, vms, RECORDED_RUNNING, timer, progress, [vm.name for vm in stopped])
+
+
+def _head_runs(profile: ClusterProfile, head: Vm | None) -> None:
+    """Refuse when the head node's VM is not running: the nodes are taken offline and brought online
+    through it."""
+    if head is not None and head.power != RUNNING:
+        raise HpcjobError(
+            f"the head node VM {head.name} of cluster {profile.name} is {head.power}: start it first (az vm "
+            f"start --resource-group {profile.resource_group} --name {head.name})"
+        )
 
 
 def _open(profile: ClusterProfile) -> Backend:
