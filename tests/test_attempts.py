@@ -65,10 +65,14 @@ def test_a_lost_node_is_retried_and_left_out_of_the_next_attempt(
 def test_a_hang_a_network_error_and_a_task_the_scheduler_ended_are_retried() -> None:
     hang = RootCause("GPU2", HANG_EXIT_CODE, 1.0, rank=1, reason="rank 1 held the others up in all_reduce")
     assert attempt_cause(summary(State.FAILED, hang), job(), healthy()).kind == "hang"
-    nccl = rank_failed("torch.distributed.DistBackendError: NCCL error in: ... ncclRemoteError")
-    found = attempt_cause(summary(State.FAILED, nccl), job(), healthy())
-    assert (found.kind, found.retried, found.lost) == ("network", True, ())
-    ended = job(task("GPU1", "Failed", None, "Task failed during execution on the node."))
+    for reason in (
+        "torch.distributed.DistBackendError: NCCL error in: ... ncclRemoteError",
+        "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 0.",
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+    ):
+        found = attempt_cause(summary(State.FAILED, rank_failed(reason)), job(), healthy())
+        assert (found.kind, found.retried, found.lost) == ("network", True, ()), reason
+    ended = job(task("GPU1", "Failed", -1, "Task failed during execution on the node."))  # HPC Pack's -1
     found = attempt_cause(summary(State.FAILED), ended, healthy())
     assert (found.kind, found.retried) == ("task ended by the scheduler", True)
     assert found.said == "the scheduler ended the task on GPU1: Task failed during execution on the node."
@@ -120,6 +124,7 @@ def test_the_history_keeps_each_attempt_and_a_cancel_marks_the_run() -> None:
         (1, "7", NODES, "node lost", True)
     ]
     assert entry.to_dict()["attempts"][0]["said"] == "GPU2 was lost"
+    assert find_entry("7").record.run_id == "run-1"  # an earlier attempt's job id finds the run
     assert not was_canceled("run-1")
     record_cancel("run-1")
     assert was_canceled("run-1")
@@ -139,3 +144,11 @@ def test_a_later_attempt_s_job_is_looked_up_by_its_own_name() -> None:
     assert recorded_job_id(second, lambda names: {n: jobs[n] for n in names if n in jobs}, "lab") == 9
     with pytest.raises(SpecError, match=r"run run-1 \(attempt 3\) has no job on cluster lab"):
         recorded_job_id(replace(second, attempt=3), lambda names: {}, "lab")
+
+
+def test_a_run_id_never_takes_the_name_of_another_run_s_later_attempt() -> None:
+    from hpcjob.job.spec import SpecError, check_run_id
+
+    assert check_run_id("train.v2") == "train.v2"
+    with pytest.raises(SpecError, match=r"may not end in \.NUMBER: that names a later attempt's job"):
+        check_run_id("train.2")

@@ -31,7 +31,7 @@ from hpcjob.job.results import (
     find_metrics,
     job_exit_code,
 )
-from hpcjob.job.spec import HpcjobError, SpecError
+from hpcjob.job.spec import HpcjobError, NotEnoughNodes, SpecError
 
 if TYPE_CHECKING:
     from hpcjob.backends import Watch
@@ -76,7 +76,7 @@ def choose_nodes(
             f"{n.name} ({'excluded' if n.name.upper() in excluded else f'{n.state}, {n.health}'})"
             for n in nodes
         )
-        raise SpecError(
+        raise NotEnoughNodes(
             f"{count} node(s) needed but only {len(usable)} online, healthy and not excluded {where}; "
             f"found: {found or 'none'}"
         )

@@ -24,6 +24,7 @@ MAX_RETRIES = 100  # --retries: more is a loop, not a plan
 # ncclSystemError/ncclRemoteError, DistNetworkError, the store's connection errors).
 _NETWORK = re.compile(
     r"NCCL (?:error|WARN)|ncclSystemError|ncclRemoteError|ncclInternalError|DistNetworkError|"
+    r"communicator was aborted|Gloo connectFullMesh failed|"
     r"RendezvousConnectionError|Connection (?:reset|refused|closed) by peer|Broken pipe|"
     r"No route to host|Network is unreachable",
     re.IGNORECASE,
@@ -80,8 +81,11 @@ def attempt_cause(
         kind, said = "hang", f"a hang: {cause.reason or 'no collective moved on'}"
     elif cause is not None and _NETWORK.search(cause.reason):
         kind, said = "network", f"a network error on {cause.node}: {cause.reason}"
-    elif scheduler_ended := [  # failed with no exit of its own (a canceled one: the gang's others)
-        t for t in info.tasks if t.state == "Failed" and t.exit_code is None and t.error
+    elif scheduler_ended := [  # failed with no exit of its own (a canceled one: the gang's others);
+        # HPC Pack reports such a task's ExitCode as -1, which no Linux process exits with
+        t
+        for t in info.tasks
+        if t.state == "Failed" and t.exit_code in (None, -1) and t.error
     ]:
         first = scheduler_ended[0]
         kind, said = (

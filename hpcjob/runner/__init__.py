@@ -37,13 +37,7 @@ from hpcjob.runner.access import (
 from hpcjob.runner.attempts import Retries, follow_attempts, not_in_history, submit_attempt, take_up
 from hpcjob.runner.follow import RunOutput, follow_run
 from hpcjob.runner.local import LocalOptions, run_local, start_local, submit_local
-from hpcjob.runner.mount import (
-    MountRequest,
-    mount_preview,
-    mount_request,
-    mount_share,
-    prepare_share,
-)
+from hpcjob.runner.mount import MountRequest, mount_preview, mount_request, mount_share, prepare_share
 from hpcjob.runner.pull import PullReport, pull_run, pull_target
 from hpcjob.runner.render import (
     RENDERERS,

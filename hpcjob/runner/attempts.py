@@ -46,6 +46,10 @@ class Retries:
     settle_s: float = 5.0
     poll_s: float = 5.0
     max_cost_usd: float | None = None
+    # How long a failure that looks like the network's is given for the head node to mark a lost node
+    # before it is judged: HPC Pack marks one after HeartbeatInterval x InactivityCount (30 s x 3 by the
+    # 2008 R2 SDK; Azure nodes x InactivityCountAzure, UNVERIFIED). Survivors of a lost node fail at once.
+    detection_s: float = 120.0
 
     def __post_init__(self) -> None:
         from hpcjob.job.attempts import MAX_RETRIES, RETRY_ON
@@ -91,7 +95,6 @@ def follow_attempts(
     its cause is retried, attempts are left and --max-cost allows, the next one. The newest attempt's
     record, and its summary with a line for each attempt that went before (`told`: lines of those that
     went before this follower)."""
-    from hpcjob.job.attempts import attempt_cause
     from hpcjob.job.results import State
     from hpcjob.store.runs import record_attempt_end, was_canceled
 
@@ -108,8 +111,7 @@ def follow_attempts(
         if info is None:  # HPC Pack requeued the job itself: the same attempt goes on
             continue
         canceled = summary.state is State.CANCELED or _kept(was_canceled, record.run_id)
-        nodes_now = backend.nodes(spec.node_group)
-        cause = attempt_cause(summary, info, nodes_now, canceled_by_user=canceled, retry_on=retries.retry_on)
+        cause = _cause(backend, record, summary, info, canceled, retries, progress)
         last = record.attempt >= total
         over = None  # the line that ends the run at --max-cost
         if cause.retried and not last and retries.max_cost_usd is not None:
@@ -148,7 +150,42 @@ def follow_attempts(
         record, plan = submit_attempt(
             backend, spec, record, open_folder, retries, mount_step=mount_step, progress=progress
         )
+        started = time.monotonic()  # the attempt's own wall time
         progress(f"attempt {record.attempt} of {total}: job {record.job_id} on {', '.join(plan.nodes)}")
+
+
+def _cause(
+    backend: Backend,
+    record: RunRecord,
+    summary: JobSummary,
+    info: JobInfo,
+    canceled: bool,
+    retries: Retries,
+    progress: Progress,
+) -> Cause:
+    """How the attempt ended, judged on every node the scheduler knows (a --node outside the profile's
+    group too). A failure that looks like the network's with no node lost yet may be a lost node the
+    head node has not marked: its survivors fail at once. The nodes are asked again until one of the
+    job's turns unusable, `detection_s` at most, so a lost node is left out of the next attempt."""
+    from hpcjob.job.attempts import attempt_cause
+
+    def judged() -> Cause:
+        return attempt_cause(
+            summary, info, backend.nodes(None), canceled_by_user=canceled, retry_on=retries.retry_on
+        )
+
+    cause = judged()
+    if cause.kind not in ("network", "task ended by the scheduler") or cause.lost:
+        return cause
+    progress(
+        f"attempt {record.attempt} failed as when a node is lost: asking the head node, "
+        f"{retries.detection_s:g} s at most"
+    )
+    deadline = time.monotonic() + retries.detection_s
+    while time.monotonic() < deadline and not cause.lost:
+        time.sleep(min(retries.poll_s, max(0.0, deadline - time.monotonic())))
+        cause = judged()
+    return cause
 
 
 def _keep(write: Callable[..., None], *args: object) -> None:
@@ -258,12 +295,17 @@ def _plan_when_nodes(
 ) -> JobPlan:
     """The attempt's plan once enough healthy nodes are there, asking every `poll_s`, `node_wait_s` at
     most; then the one line of why not."""
+    from hpcjob.job.spec import NotEnoughNodes
+    from hpcjob.store.runs import was_canceled
+
     deadline = time.monotonic() + retries.node_wait_s
     said = False
     while True:
+        if _kept(was_canceled, run_id):
+            raise HpcjobError(f"run {run_id} was canceled while attempt {attempt} waited for nodes")
         try:
             return backend.plan(spec, run_id, attempt)
-        except SpecError as exc:
+        except NotEnoughNodes as exc:
             if time.monotonic() >= deadline:
                 raise HpcjobError(
                     f"attempt {attempt} of run {run_id} did not start: {exc} (waited "

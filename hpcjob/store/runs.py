@@ -563,13 +563,14 @@ def history(
 
 
 def _lookup(run_or_job_id: str, cluster: str | None = None) -> HistoryEntry | None:
-    """The run whose run id, else job id (on `cluster` if named), this is: of several with that job id,
-    the latest updated."""
+    """The run whose run id, else job id (its newest attempt's, or an earlier attempt's) on `cluster` if
+    named, this is: of several with that job id, the latest updated."""
     query = (
-        f"SELECT {_ENTRY_COLUMNS} FROM runs WHERE (run_id = ? OR job_id = ?) AND (? IS NULL OR cluster = ?) "
+        f"SELECT {_ENTRY_COLUMNS} FROM runs WHERE (run_id = ? OR job_id = ? OR run_id IN "
+        "(SELECT run_id FROM attempts WHERE job_id = ?)) AND (? IS NULL OR cluster = ?) "
     )
     query += "ORDER BY run_id = ? DESC, updated DESC, rowid DESC LIMIT 1"
-    values = [run_or_job_id, run_or_job_id, cluster, cluster, run_or_job_id]
+    values = [run_or_job_id, run_or_job_id, run_or_job_id, cluster, cluster, run_or_job_id]
     with _history(write=False) as connection:
         found = _entries(connection, connection.execute(query, values).fetchall())
     return found[0] if found else None
