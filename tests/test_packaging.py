@@ -437,6 +437,11 @@ def test_every_command_runs_in_the_base_install_without_a_traceback(
         hpcjob("nodes", "--cluster", "emu-winrm", code=2, error="pip install 'hpcjob[winrm]'")
         hpcjob("cluster", "delete", "emu", code=2, error="was not made by `hpcjob cluster onboard`")
         hpcjob("cluster", "grow", "emu", "2", code=2, error="was not made by `hpcjob cluster onboard`")
+        for power in ("stop", "start"):
+            hpcjob("cluster", power, "emu", code=2, error="was not onboarded by hpcjob")
+        # No network here (the tests point the price API at a closed port): the package's own table.
+        hpcjob("prices", "--size", "Standard_ND96isr_H100_v5", "--region", "eastus", says="ND96isr_H100_v5")
+        hpcjob("pull", run_id, "--to", str(tmp_path / "pulled"), says="copied")
         hpcjob("cluster", "remove", "emu-winrm", says="removed")
     finally:
         emulator.send_signal(signal.SIGINT)
