@@ -155,3 +155,34 @@ def test_a_follower_killed_in_attempt_1_is_taken_up_by_hpcjob_wait(cluster: Clus
     assert "attempt 2 of 2: job " in err
     entry = json.loads(cluster.hpcjob("runs", "show", run_id, "--json").stdout)
     assert [(a["attempt"], a["cause"]) for a in entry["attempts"]] == [(1, "node lost"), (2, "finished")]
+
+
+def test_a_next_attempt_with_no_healthy_nodes_ends_the_run_with_why(cluster: Cluster) -> None:
+    """All three nodes in the job, one lost: no attempt 2 can start within --node-wait; the run ends
+    with attempt 1's summary and one line of why, the history saying it was not retried after all."""
+    job = ["--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo"]
+    command = [
+        sys.executable, "-m", "hpcjob.cli", "submit", "--wait", "--json", "-n", "3", "--retries", "1",
+        "--node-wait", "1s", *job, str(TRAIN), "--epochs", "20", "--step-sleep", "0.1", *SMALL,
+    ]  # fmt: skip
+    submit = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
+    )
+    try:
+        checkpoints = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
+        deadline = time.monotonic() + 180
+        while not list(checkpoints.glob("*/checkpoint.pt")) and time.monotonic() < deadline:
+            assert submit.poll() is None, submit.communicate()
+            time.sleep(0.2)
+        cluster.head.lose_node("NODE003", "evicted")
+        out, err = submit.communicate(timeout=300)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+    summary = json.loads(out)
+    assert summary["state"] == "Failed" and submit.returncode != 0, err[-3000:]
+    assert "NODE003 was lost" in summary["events"][0]
+    assert summary["events"][1].startswith("attempt 2 did not start: attempt 2 of run ")
+    assert "3 node(s) needed but only 2 online" in summary["events"][1]
+    entry = json.loads(cluster.hpcjob("runs", "show", summary["run_id"], "--json").stdout)
+    assert [(a["cause"], a["retried"]) for a in entry["attempts"]] == [("node lost", False)]

@@ -147,9 +147,14 @@ def follow_attempts(
         if _kept(was_canceled, record.run_id):  # `hpcjob cancel` came as the attempt ended
             told.append("the run was canceled: no other attempt")
             return record, _told(summary, told)
-        record, plan = submit_attempt(
-            backend, spec, record, open_folder, retries, mount_step=mount_step, progress=progress
-        )
+        try:
+            record, plan = submit_attempt(
+                backend, spec, record, open_folder, retries, mount_step=mount_step, progress=progress
+            )
+        except HpcjobError as exc:  # no nodes within --node-wait, a cancel, a refused submission
+            _keep(record_attempt_end, record, summary, cause.kind, cause.said, False)  # not retried after all
+            told.append(f"attempt {record.attempt + 1} did not start: {exc}")
+            return record, _told(summary, told)
         started = time.monotonic()  # the attempt's own wall time
         progress(f"attempt {record.attempt} of {total}: job {record.job_id} on {', '.join(plan.nodes)}")
 
