@@ -127,10 +127,9 @@ def follow_attempts(
 
                 over = past_max_cost(spent, retries.max_cost_usd)
         goes_on = cause.retried and not last and over is None
-        _keep(record_attempt_end, record, summary, cause.kind, cause.said, goes_on)
-        told.append(
-            f"attempt {record.attempt} (job {record.job_id} on {', '.join(plan.nodes)}): {cause.said}"
-        )
+        said = cause.said + ("" if cause.kind == "canceled" else _in_epoch(open_folder, record))
+        _keep(record_attempt_end, record, summary, cause.kind, said, goes_on)
+        told.append(f"attempt {record.attempt} (job {record.job_id} on {', '.join(plan.nodes)}): {said}")
         if not cause.retried:
             return record, _told(summary, told)
         if last:
@@ -191,6 +190,30 @@ def _cause(
         time.sleep(min(retries.poll_s, max(0.0, deadline - time.monotonic())))
         cause = judged()
     return cause
+
+
+def _in_epoch(open_folder: Callable[[], ShareFolder | None], record: RunRecord) -> str:
+    """Where the attempt's ranks were when it ended, from their timelines on the share: " in epoch N"
+    (a step line of epoch N came last) or " after epoch N" (its end came last); "" where none says."""
+    from hpcjob.store.logs import RunLogs
+
+    try:
+        folder = open_folder()
+    except HpcjobError:
+        return ""
+    if folder is None:
+        return ""
+    try:
+        timeline = RunLogs(folder, record.log_folder, record.nodes).timeline()  # in time order
+    except (HpcjobError, OSError):  # the line is said without it
+        return ""
+    finally:
+        folder.close()
+    marks = [e for e in timeline if isinstance(e.get("epoch"), int) and not isinstance(e.get("epoch"), bool)]
+    if not marks:
+        return ""
+    last = marks[-1]
+    return f" {'after' if last.get('event') == 'epoch' else 'in'} epoch {last['epoch']}"
 
 
 def _keep(write: Callable[..., None], *args: object) -> None:
