@@ -26,21 +26,30 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     yield from emulated_cluster(tmp_path, detection_delay_s=1.0)
 
 
-def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_checkpoint(cluster: Cluster) -> None:
+def submit_until_checkpoint(cluster: Cluster, *options: str, epochs: int) -> subprocess.Popen[str]:
+    """`hpcjob submit --wait OPTIONS` of the training program (a slow step, `epochs`), started and
+    returned once attempt 1 has saved its first checkpoint: the run is then in its second epoch."""
     job = ["--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo"]
-    command = [
-        sys.executable, "-m", "hpcjob.cli", "submit", "--wait", "--json", "-n", "2", "--retries", "1",
-        "--node-wait", "60", *job, str(TRAIN), "--epochs", "4", "--step-sleep", "0.1", *SMALL,
-    ]  # fmt: skip
+    command = [sys.executable, "-m", "hpcjob.cli", "submit", "--wait", *options, *job, str(TRAIN)]
+    command += ["--epochs", str(epochs), "--step-sleep", "0.1", *SMALL]
     submit = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
     )
+    checkpoints = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
+    deadline = time.monotonic() + 180
+    while not list(checkpoints.glob("*/checkpoint.pt")):
+        if submit.poll() is not None or time.monotonic() > deadline:
+            submit.kill()
+            raise AssertionError(f"no checkpoint within 180 s: {submit.communicate()}")
+        time.sleep(0.2)
+    return submit
+
+
+def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_checkpoint(cluster: Cluster) -> None:
+    submit = submit_until_checkpoint(
+        cluster, "--json", "-n", "2", "--retries", "1", "--node-wait", "60", epochs=4
+    )
     try:
-        checkpoints = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
-        deadline = time.monotonic() + 180
-        while not list(checkpoints.glob("*/checkpoint.pt")) and time.monotonic() < deadline:
-            time.sleep(0.2)  # the first epoch's checkpoint: then the run is in its second
-        assert list(checkpoints.glob("*/checkpoint.pt")), "no checkpoint within 180 s"
         cluster.head.lose_node("NODE002", "evicted")
         out, err = submit.communicate(timeout=300)
     finally:
@@ -73,19 +82,10 @@ def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_checkpoint(cluster
 
 
 def test_a_canceled_run_starts_no_other_attempt(cluster: Cluster) -> None:
-    job = ["--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo"]
-    command = [
-        sys.executable, "-m", "hpcjob.cli", "submit", "--wait", "--json", "-n", "2", "--retries", "2",
-        "--retry-on", "any", *job, str(TRAIN), "--epochs", "20", "--step-sleep", "0.1", *SMALL,
-    ]  # fmt: skip
-    submit = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
+    submit = submit_until_checkpoint(
+        cluster, "--json", "-n", "2", "--retries", "2", "--retry-on", "any", epochs=20
     )
     try:
-        checkpoints = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
-        deadline = time.monotonic() + 180
-        while not list(checkpoints.glob("*/checkpoint.pt")) and time.monotonic() < deadline:
-            time.sleep(0.2)
         canceled = cluster.hpcjob("cancel")  # this machine's newest run: even --retry-on any stops
         assert canceled.returncode == 0 and " canceled" in canceled.stdout, canceled.stderr
         out, err = submit.communicate(timeout=240)
@@ -104,21 +104,9 @@ def test_a_follower_killed_in_attempt_1_is_taken_up_by_hpcjob_wait(cluster: Clus
     follows says who follows and starts nothing."""
     from hpcjob.store.followers import lock_file
 
-    job = ["--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo"]
-    command = [
-        sys.executable, "-m", "hpcjob.cli", "submit", "--wait", "-n", "2", "--retries", "1", "--node-wait",
-        "60", *job, str(TRAIN), "--epochs", "4", "--step-sleep", "0.1", *SMALL,
-    ]  # fmt: skip
-    submit = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
-    )
+    submit = submit_until_checkpoint(cluster, "-n", "2", "--retries", "1", "--node-wait", "60", epochs=4)
     follower = None
     try:
-        checkpoints = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
-        deadline = time.monotonic() + 180
-        while not list(checkpoints.glob("*/checkpoint.pt")) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert list(checkpoints.glob("*/checkpoint.pt")), "no checkpoint within 180 s"
         submit.kill()  # SIGKILL: no word to anyone, the job goes on
         said, _ = submit.communicate(timeout=30)  # its progress: on stdout without --json
         cluster.head.lose_node("NODE002", "evicted")
@@ -130,7 +118,8 @@ def test_a_follower_killed_in_attempt_1_is_taken_up_by_hpcjob_wait(cluster: Clus
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env,
         )  # fmt: skip
         lock = lock_file(run_id)  # this test's state folder is the CLI's (tests/conftest.py)
-        while time.monotonic() < deadline + 60 and f'"pid": {follower.pid},' not in (
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and f'"pid": {follower.pid},' not in (
             lock.read_text() if lock.exists() else ""
         ):
             time.sleep(0.1)
@@ -161,20 +150,10 @@ def test_a_follower_killed_in_attempt_1_is_taken_up_by_hpcjob_wait(cluster: Clus
 def test_a_next_attempt_with_no_healthy_nodes_ends_the_run_with_why(cluster: Cluster) -> None:
     """All three nodes in the job, one lost: no attempt 2 can start within --node-wait; the run ends
     with attempt 1's summary and one line of why, the history saying it was not retried after all."""
-    job = ["--python", sys.executable, "--rdzv-port", str(free_port()), "--env", "HPCJOB_IFNAME=lo"]
-    command = [
-        sys.executable, "-m", "hpcjob.cli", "submit", "--wait", "--json", "-n", "3", "--retries", "1",
-        "--node-wait", "1s", *job, str(TRAIN), "--epochs", "20", "--step-sleep", "0.1", *SMALL,
-    ]  # fmt: skip
-    submit = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
+    submit = submit_until_checkpoint(
+        cluster, "--json", "-n", "3", "--retries", "1", "--node-wait", "1s", epochs=20
     )
     try:
-        checkpoints = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
-        deadline = time.monotonic() + 180
-        while not list(checkpoints.glob("*/checkpoint.pt")) and time.monotonic() < deadline:
-            assert submit.poll() is None, submit.communicate()
-            time.sleep(0.2)
         cluster.head.lose_node("NODE003", "evicted")
         out, err = submit.communicate(timeout=300)
     finally:
