@@ -289,7 +289,14 @@ def test_doctor_local_checks_this_machine_for_a_local_run(tmp_path: Path) -> Non
     report = json.loads(done.stdout)
     results = {c["check"]: c["result"] for c in report["checks"]}
     assert (report["cluster"], report["backend"]) == ("this machine", "local")
-    assert [results[k] for k in ("Python", "torch", "all-reduce gloo", "disk")] == ["pass"] * 4, done.stdout
+    assert [results[k] for k in ("Python", "torch", "all-reduce gloo")] == ["pass"] * 3, done.stdout
+    # The disk check judges this machine's free space (a CI machine may be short of it): as it stands.
+    import shutil
+
+    from hpcjob.checks.cluster import ENV_SPACE_GB
+
+    roomy = shutil.disk_usage(tmp_path).free / 1e9 >= ENV_SPACE_GB
+    assert results["disk"] == ("pass" if roomy else "fail"), done.stdout
     assert set(results) >= {"GPUs", "rendezvous port", "docker"}
     gloo = next(c for c in report["checks"] if c["check"] == "all-reduce gloo")
     assert gloo["figures"][0]["bus_gbps"] > 0
