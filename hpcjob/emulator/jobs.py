@@ -348,24 +348,28 @@ class JobBook:
             self._may_change(actor, job)
             if job.state not in ("Failed", "Canceled"):
                 raise ApiError(400, f"Jobs in the {job.state} state cannot be requeued.")
-            job.props.update(
-                ErrorMessage="",
-                StartTime="",
-                EndTime="",
-                AllocatedNodes="",
-                RequeueCount=str(int(job.props["RequeueCount"]) + 1),
-            )
-            job.stopping = None
-            job.auto_requeue_at = None
-            job.seq = self._next_seq
+            job.seq = self._next_seq  # in the queue as if submitted now
             self._next_seq += 1
-            for task in job.tasks:
-                if task.state != "Finished":
-                    self._reset_task(task)
-                    self.task_state(task, "Submitted")
-            self.job_state(job, "Submitted")
-            job.step_at = time.monotonic() + self.step_delay
-            self.changed.notify_all()
+            self._back_to_queue(job, "Submitted", automatic=False)
+
+    def _back_to_queue(self, job: Job, state: str, *, automatic: bool) -> None:
+        """A failed or canceled job, and its unfinished tasks, in `state` again: its end forgotten,
+        RequeueCount counting it (and AutoRequeueCount, when the scheduler did it by itself)."""
+        counts = {"RequeueCount": str(int(job.props["RequeueCount"]) + 1)}
+        if automatic:
+            counts["AutoRequeueCount"] = str(int(job.props["AutoRequeueCount"]) + 1)
+        job.props.update(ErrorMessage="", StartTime="", EndTime="", AllocatedNodes="", **counts)
+        job.stopping = None
+        job.auto_requeue_at = None
+        for task in job.tasks:
+            if task.state != "Finished":
+                self._reset_task(task)
+                if automatic:
+                    task.props["AutoRequeueCount"] = str(int(task.props["AutoRequeueCount"]) + 1)
+                self.task_state(task, state)
+        self.job_state(job, state)
+        job.step_at = time.monotonic() + self.step_delay
+        self.changed.notify_all()
 
     def _reset_task(self, task: Task) -> None:
         task.props.update(
@@ -540,25 +544,8 @@ class JobBook:
     def auto_requeue(self, job: Job) -> None:
         """JobRetryCount: a job that failed for a system error goes back to the queue by itself, as
         Queued, its unfinished tasks too; RequeueCount and AutoRequeueCount count it."""
-        job.auto_requeue_at = None
-        job.props.update(
-            ErrorMessage="",
-            StartTime="",
-            EndTime="",
-            AllocatedNodes="",
-            RequeueCount=str(int(job.props["RequeueCount"]) + 1),
-            AutoRequeueCount=str(int(job.props["AutoRequeueCount"]) + 1),
-        )
-        job.stopping = None
         job.filtered_nodes = set()  # a new start on each node: OnJobTaskStart.sh again
-        for task in job.tasks:
-            if task.state != "Finished":
-                self._reset_task(task)
-                task.props["AutoRequeueCount"] = str(int(task.props["AutoRequeueCount"]) + 1)
-                self.task_state(task, "Queued")
-        self.job_state(job, "Queued")
-        job.step_at = time.monotonic() + self.step_delay
-        self.changed.notify_all()
+        self._back_to_queue(job, "Queued", automatic=True)
 
     def stop_job(self, job: Job, final: str, message: str | None, forced: bool) -> None:
         """End a job: stop its running tasks (SIGINT, SIGKILL after the grace period), cancel the rest."""
