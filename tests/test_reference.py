@@ -8,6 +8,10 @@ import pytest
 
 from .conftest import REFERENCE, SHARED_REFERENCE
 
+# Copies fetched from their public source by this project and not (yet) in the team's reference: each is
+# compared when the team's copy appears, and otherwise stands on the source and commit in the README.
+OURS_ALONE = {"arm/GeneratedTemplates/add-lnx-compute-nodes.json"}
+
 
 def copies() -> list[Path]:
     return sorted(
@@ -27,4 +31,6 @@ def test_the_copies_are_there() -> None:
 @pytest.mark.skipif(not SHARED_REFERENCE.is_dir(), reason=f"no team reference at {SHARED_REFERENCE}")
 @pytest.mark.parametrize("relative", copies(), ids=str)
 def test_each_copy_is_the_shared_one(relative: Path) -> None:
+    if str(relative) in OURS_ALONE and not (SHARED_REFERENCE / relative).exists():
+        pytest.skip(f"{relative} is not in the team's reference")
     assert (REFERENCE / relative).read_bytes() == (SHARED_REFERENCE / relative).read_bytes()
