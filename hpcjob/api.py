@@ -151,13 +151,13 @@ def submit(
     `resume_from`: an earlier run of this machine's (run id or job id) whose latest checkpoint the new
     run starts from, as `--resume-from` (None: a new run starts fresh, saving into a folder of its own).
     More job options by their JobSpec names (node_group, env_on, runtime_s, ...). With `wait`, the
-    returned run's `summary` is set; on a cluster, `retries` more attempts follow one that ended for a
-    cause outside the program (`retry_on="any"`: any failure), as `--retries` [default: the cluster
-    profile's retries, else 0], while the run is followed (`wait`, or later `Run.wait()`), none once
-    they cost more than `max_cost` US dollars."""
+    returned run's `summary` is set. `retries` more attempts follow one that ended for a cause outside
+    the program (`retry_on="any"`: any failure), as `--retries` [default: the cluster profile's retries,
+    else 0], while the run is followed (`wait`, or later `Run.wait()`), none once they cost more than
+    `max_cost` US dollars (a cluster's runs: a local one has no price)."""
     said = progress or _quiet
-    if retries and cluster is None:
-        raise SpecError("retries need a cluster: a local run is not retried")
+    if max_cost is not None and cluster is None:
+        raise SpecError("max_cost needs a cluster: a local run has no price")
     if retries is None and cluster is not None:
         from hpcjob.store.config import get_profile
 
@@ -184,7 +184,9 @@ def submit(
     }
     command = f"hpcjob.submit({str(script)!r}, args={list(args)!r}, cluster={cluster!r})"
     if cluster is None:
-        record, plan = runner.submit_local(fields, run_id, progress=said, command=command, tags=tags)
+        record, plan = runner.submit_local(
+            fields, run_id, progress=said, command=command, tags=tags, retries=again
+        )
         run = Run(record, plan)
         if wait:
             run.wait(said)

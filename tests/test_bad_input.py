@@ -381,7 +381,7 @@ CASES = [
     case(
         "submit-node-wait-bad", f"submit --wait --retries 1 --node-wait soon --node A {S}", config=ONE_CLUSTER
     ),
-    case("run-local-retries", f"run --local --retries 1 {S}"),
+    case("run-local-retries-huge", f"run --local --retries 1000 {S}"),
     case("run-local-max-cost", f"run --local --max-cost 10 {S}"),
     case("submit-max-cost-negative", f"submit --wait --max-cost -1 --node A {S}", config=ONE_CLUSTER),
     case("submit-max-cost-nan", f"submit --wait --max-cost nan --node A {S}", config=ONE_CLUSTER),

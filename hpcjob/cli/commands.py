@@ -26,6 +26,7 @@ from hpcjob.cli.options import (
     named_or_newest,
     pull_after,
     pull_options,
+    retries_of,
     retry_options,
     smb_options,
     started_command,
@@ -186,8 +187,8 @@ def run(
             as_json=as_json, tag_items=tag_items, pull=pull, pull_to=pull_to, **smb, **params,
         )  # fmt: skip
         return
-    if params["retries"] or params["max_cost"] is not None:
-        raise SpecError("--retries and --max-cost need a cluster: a local run is not retried")
+    if params["max_cost"] is not None:
+        raise SpecError("--max-cost needs a cluster: a local run has no price")
     tags = parse_tags(tag_items)
     if pull_to is not None:  # a file in its place is refused before the run, not after it
         pull_target(pull_to, "", "--pull-to")
@@ -205,6 +206,7 @@ def run(
         progress=progress,
         command=started_command(),
         tags=tags,
+        retries=retries_of(params),
     )
     with contextlib.suppress(OSError):
         click.echo(summary.to_json() if as_json else format_summary(summary))

@@ -106,6 +106,9 @@ class NodeResult:
     # clock: what a run cost is counted from); None where the backend does not say (a local run).
     task_start: float | None = None
     task_end: float | None = None
+    # What ended the task where its exit code does not say it (a local node's whole task killed from
+    # outside, as a lost node); "" where nothing more is known.
+    error: str = ""
 
 
 @dataclass(frozen=True)

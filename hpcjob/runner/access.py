@@ -159,6 +159,7 @@ def backend_for_run(
 ) -> Backend:
     """The backend that runs the recorded run (a run rendered for submitting by hand has none)."""
     from hpcjob.backends import BACKENDS, open_backend
+    from hpcjob.backends.local import LocalBackend
 
     if record.cluster is None:
         if record.backend not in BACKENDS:
@@ -166,7 +167,10 @@ def backend_for_run(
                 f"run {record.run_id} was rendered for submitting by hand: ask its cluster, or give the "
                 "job id"
             )
-        return open_backend(record.backend, None, None)
+        backend = open_backend(record.backend, None, None)
+        if isinstance(backend, LocalBackend) and record.local_root:  # its later attempts: the same folder
+            backend.share_root, backend.fresh_port_each_attempt = Path(record.local_root), True
+        return backend
     return ClusterAccess(cluster_name or record.cluster, backend_kind or record.backend).backend
 
 

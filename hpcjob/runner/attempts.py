@@ -98,6 +98,8 @@ def follow_attempts(
     from hpcjob.job.results import State
     from hpcjob.store.runs import record_attempt_end, was_canceled
 
+    if backend.kind == "local":  # this machine's nodes are judged at once: no head node to hear from
+        retries = replace(retries, settle_s=0.0, detection_s=0.0)
     told = list(told)
     total = retries.retries + 1
     unpriced_said = False
@@ -303,7 +305,15 @@ def submit_attempt(
 
     def step(done: Submission) -> None:
         nonlocal latest
-        latest = replace(latest, state=done.state, job_id=done.job_id, mount_job_id=done.mount_job_id)
+        pid, pid_start = done.process or (None, None)  # a local attempt's own process
+        latest = replace(
+            latest,
+            state=done.state,
+            job_id=done.job_id,
+            mount_job_id=done.mount_job_id,
+            pid=pid,
+            pid_start=pid_start,
+        )
         save_run(latest)
 
     try:
@@ -398,7 +408,7 @@ def take_up(
         if plan is None:
             raise HpcjobError(f"run {run_id} has no plan in this machine's history: hpcjob cannot follow it")
         spec, retries, mount_step = _recorded_way(record, max_cost_usd, progress)
-        if spec is None:  # a local run, or a run whose job cannot be read: followed, never retried
+        if spec is None:  # a run whose job cannot be read: followed, never retried
             return record, follow_run(backend, record, plan, folder, started, progress)
         told: list[str] = []
         unsent = record.state is None and not record.job_id
@@ -415,14 +425,12 @@ def take_up(
 def _recorded_way(
     record: RunRecord, max_cost_usd: float | None, progress: Progress
 ) -> tuple[JobSpec | None, Retries, bool]:
-    """How the recorded run goes on: its newest attempt's spec (None: a local run, or a spec this
-    hpcjob cannot read, said when it had retries), its Retries (`max_cost_usd`, given, replacing the
+    """How the recorded run goes on: its newest attempt's spec (None: a spec this hpcjob cannot read,
+    said when it had retries), its Retries (`max_cost_usd`, given, replacing the
     recorded bound) and whether its attempts mount the share first."""
     from hpcjob.job.spec import JobSpec
     from hpcjob.store.runs import recorded_follow
 
-    if record.cluster is None:
-        return None, Retries(), False
     spec_data, follow = recorded_follow(record.run_id)
     try:
         retries = Retries.from_dict((follow or {}).get("retries") or {})

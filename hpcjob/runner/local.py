@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.job.spec import SpecError
+from hpcjob.job.spec import HpcjobError, SpecError
 from hpcjob.runner.access import Progress, StoppedWaiting, keep_open, new_run_id, run_folder_opener
+from hpcjob.runner.attempts import Retries, follow_attempts
 from hpcjob.runner.follow import follow_run
 from hpcjob.runner.submit import job_spec, submit_run
 
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
     from hpcjob.backends import Backend
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobSummary
+    from hpcjob.job.spec import JobSpec
     from hpcjob.store.runs import RunRecord
 
 
@@ -40,12 +43,13 @@ def start_local(
     command: str,
     tags: Mapping[str, str] | None = None,
     attached: bool = False,
-) -> tuple[Backend, RunRecord, JobPlan]:
+    retries: Retries | None = None,
+) -> tuple[Backend, JobSpec, RunRecord, JobPlan]:
     """Start a job on this machine (options by their JobSpec names; a share or mount point they name
     does not apply), in a process of its own, through the local backend as the registry opens it: its
     nodes are local processes, its share a local folder, its rendezvous on a free port of loopback unless
-    the options name one. `attached`: the job is canceled when this process ends. The backend, the run's
-    record and its plan."""
+    the options name one. `attached`: the job is canceled when this process ends; `retries`: recorded, as a
+    cluster run's. The backend, the spec, the run's record and its plan."""
     import importlib.util
     import os
     import sys
@@ -59,6 +63,7 @@ def start_local(
         raise SpecError("a local run needs Linux: on Windows, run it in WSL")
     values = {**fields, "share": None}
     values.pop("mount_point", None)  # the local folder stands in for the share: the plan puts it there
+    port_named = bool(values.get("rdzv_port"))
     values["rdzv_port"] = values.get("rdzv_port") or free_port()
     spec = job_spec(values, local=True)
     if importlib.util.find_spec("torch") is None:
@@ -72,6 +77,7 @@ def start_local(
     assert isinstance(backend, LocalBackend)
     backend.share_root, backend.grace_period_s = local.share_root, local.grace_period_s
     backend.echo_output, backend.attached = local.echo_output, attached
+    backend.fresh_port_each_attempt = not port_named
     keep_open(backend)
 
     def root(plan: JobPlan) -> str:  # the local folder the plan put the job folder in
@@ -88,8 +94,9 @@ def start_local(
         command=command,
         tags=tags,
         gpus_per_node=len(local_gpus.split(",")) if local_gpus else None,
+        retries=retries,
     )
-    return backend, record, plan
+    return backend, spec, record, plan
 
 
 def submit_local(
@@ -99,11 +106,13 @@ def submit_local(
     progress: Progress,
     command: str,
     tags: Mapping[str, str] | None = None,
+    retries: Retries | None = None,
 ) -> tuple[RunRecord, JobPlan]:
     """Start a job on this machine (`start_local`) that goes on whatever becomes of this process:
-    status, wait, logs and cancel find it from anywhere."""
-    _, record, plan = start_local(
-        fields, run_id, LocalOptions(), progress=progress, command=command, tags=tags
+    status, wait, logs and cancel find it from anywhere; its `retries` start while someone follows it
+    (`hpcjob wait`, Run.wait())."""
+    _, _, record, plan = start_local(
+        fields, run_id, LocalOptions(), progress=progress, command=command, tags=tags, retries=retries
     )
     return record, plan
 
@@ -116,11 +125,14 @@ def run_local(
     progress: Progress,
     command: str,
     tags: Mapping[str, str] | None = None,
+    retries: Retries | None = None,
 ) -> JobSummary:
     """Run a job on this machine to its summary, as `submit --wait` follows a cluster's job (the same
-    local backend, through `start_local` and `follow_run`). The job lives no longer than this process:
-    Ctrl-C, SIGTERM and SIGHUP cancel it (a second one: its nodes are killed at once) and it is followed
-    on to its summary; a process killed outright takes the job with it."""
+    local backend, through `start_local` and `follow_run`), and with `retries`, its attempts as a
+    cluster's (`follow_attempts`: a local node whose whole task is killed from outside is lost, and the
+    next attempt runs on a fresh one). The job lives no longer than this process: Ctrl-C, SIGTERM and
+    SIGHUP cancel it and the run (a second one: its nodes are killed at once) and it is followed on to its
+    summary; a process killed outright takes the job with it."""
     import signal
     import sys
 
@@ -131,19 +143,39 @@ def run_local(
     before = interrupt_on_cancel_signals()
     started = time.monotonic()
     try:
-        backend, record, plan = start_local(
-            fields, run_id, local, progress=progress, command=command, tags=tags, attached=True
-        )
+        backend, spec, record, plan = start_local(
+            fields, run_id, local, progress=progress, command=command, tags=tags, attached=True,
+            retries=retries,
+        )  # fmt: skip
         interrupted = False
         while True:
             try:
                 # Each interrupt is one SIGTERM to the job's process: the first stops the nodes, a second
                 # kills them at once (as a second Ctrl-C in its own shell would).
                 if interrupted:
-                    backend.cancel(record, force=False)
-                return follow_run(backend, record, plan, run_folder_opener(record), started, progress)
+                    record, plan = _cancel_newest(backend, record, plan)
+                folder = run_folder_opener(record)
+                if retries is None or not retries.retries:
+                    return follow_run(backend, record, plan, folder, started, progress)
+                return follow_attempts(
+                    backend, spec, record, plan, folder, started, progress, retries, mount_step=False
+                )[1]
             except (KeyboardInterrupt, StoppedWaiting):
                 interrupted = True
     finally:
         for stop, handler in before.items():
             signal.signal(stop, handler)
+
+
+def _cancel_newest(backend: Backend, record: RunRecord, plan: JobPlan) -> tuple[RunRecord, JobPlan]:
+    """Cancel the run (no attempt after it) and its newest attempt's job, as the history has it now (an
+    interrupt may come while the attempts go on): that attempt's record and plan."""
+    from hpcjob.job.plan import JobPlan
+    from hpcjob.store.runs import find_entry, record_cancel
+
+    with contextlib.suppress(HpcjobError):  # the job's cancel matters more than the mark
+        record_cancel(record.run_id)
+        entry = find_entry(record.run_id)
+        record, plan = entry.record, JobPlan.from_dict(entry.plan) if entry.plan else plan
+    backend.cancel(record, force=False)
+    return record, plan

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -81,8 +81,18 @@ Printer = Callable[[str], None]
 
 
 def local_node_names(spec: JobSpec) -> tuple[str, ...]:
-    """The spec's node names if given, else LOCAL1..LOCALn."""
-    return spec.node_names or tuple(f"LOCAL{i}" for i in range(1, spec.node_count + 1))
+    """The spec's node names if given, else n of LOCAL1, LOCAL2, ... leaving out the excluded ones (a
+    later attempt's: its run lost them)."""
+    if spec.node_names:
+        return spec.node_names
+    excluded = {name.upper() for name in spec.exclude_nodes}
+    names = (f"LOCAL{i}" for i in range(1, spec.node_count + len(excluded) + 1))
+    return tuple(name for name in names if name not in excluded)[: spec.node_count]
+
+
+# A local node is lost as a machine is: its whole task killed from outside the job (a signal to the task
+# itself, not a rank that torchrun reports), which `hpcjob.job.attempts` retries as a node lost.
+LOST_NODE = "its whole task was killed by signal {signal} from outside the job: the node is lost"
 
 
 def free_port() -> int:
@@ -146,13 +156,20 @@ class LocalBackend:
         self.echo_output = echo_output
         self.attached = attached
         self._progress_tails: dict[str, Tail] = {}  # each followed run's progress, read so far
+        self._known_nodes: dict[str, None] = {}  # the local nodes of the jobs planned or looked at here
+        # Each later attempt gets a free rendezvous port of its own (its first's may linger in TIME_WAIT):
+        # set where nobody named the port.
+        self.fresh_port_each_attempt = False
         self._lifelines: list[IO[bytes]] = []  # attached jobs: their end of the pipe closes with us
 
     # -- the Backend interface -------------------------------------------------------------------
 
     def nodes(self, group: str | None) -> list[NodeInfo]:
-        """This machine, which holds every local node."""
-        return [NodeInfo(socket.gethostname(), "Online", "OK", cores=os.cpu_count())]
+        """This machine, which holds every local node, and the local nodes of the jobs planned or looked at
+        here: all healthy (a lost one is told by its task: LOST_NODE)."""
+        cores = os.cpu_count()
+        names = dict.fromkeys([socket.gethostname(), *self._known_nodes])
+        return [NodeInfo(name, "Online", "OK", cores=cores) for name in names]
 
     def busy_nodes(self) -> set[str]:
         return set()
@@ -174,12 +191,14 @@ class LocalBackend:
 
         if attempt == 1:  # a later attempt is of a run in the history already
             check_new_run_id(run_id)
+        if attempt > 1 and self.fresh_port_each_attempt:
+            spec = replace(spec, rdzv_port=free_port())
         root = self.share_root or default_share_root(Path(spec.script).resolve().parent)
         share = share_gpus(visible_gpus(os.environ), spec.node_count, spec.procs_per_node)
         self.gpu_devices, self.gpu_note = share.devices, share.note
-        plan = make_plan(
-            spec, local_node_names(spec), run_id, rdzv_host=LOOPBACK, mount_point=str(root), attempt=attempt
-        )
+        names = local_node_names(spec)
+        plan = make_plan(spec, names, run_id, rdzv_host=LOOPBACK, mount_point=str(root), attempt=attempt)
+        self._known_nodes.update(dict.fromkeys(names))
         engine = container_engine(dict(plan.env))
         if plan.image is not None and shutil.which(engine) is None:
             raise HpcjobError(
@@ -247,6 +266,7 @@ class LocalBackend:
     def status(self, run: RunRecord) -> JobInfo:
         """From the run's summary once it has ended, else from its nodes' end marks."""
         log_dir = self._log_dir(run)
+        self._known_nodes.update(dict.fromkeys(run.nodes))
         summary = local_status(log_dir, run.pid, run.pid_start)
         if summary is not None:
             return JobInfo(
@@ -256,7 +276,7 @@ class LocalBackend:
                 error=summary.root_cause.describe() if summary.root_cause else "",
                 root_cause=summary.root_cause,
                 tasks=tuple(
-                    TaskInfo(i + 1, f"torchrun {n.node}", n.state, n.exit_code, n.node)
+                    TaskInfo(i + 1, f"torchrun {n.node}", n.state, n.exit_code, n.node, n.error)
                     for i, n in enumerate(summary.nodes)
                 ),
             )
@@ -377,6 +397,8 @@ class LocalBackend:
                         # as just after it was last seen running, maybe before its peers' ranks failed
                         # for its loss: that earliest time is the one to put in order.
                         killed = code > 128 and node.alive_at is not None
+                        if node.process.popen.returncode < 0:  # the task itself, not what it ran
+                            node.result.error = LOST_NODE.format(signal=-node.process.popen.returncode)
                         node.ended_at = node.alive_at if killed else time.time()
                         node.result.exit_code = code
                         node.result.state = State.FINISHED if code == 0 else State.FAILED
