@@ -195,6 +195,27 @@ def run_status(
     return info, steps[-1] if steps and not info.ended else None
 
 
+def stopped_cluster_hint(cluster_name: str | None) -> str:
+    """For a line about too few nodes: how to start the cluster's compute nodes where `hpcjob cluster stop`
+    deallocated them, as this machine last saw them ("" otherwise)."""
+    from hpcjob.store.config import get_profile
+    from hpcjob.store.power import STOPPED, power_record
+
+    try:
+        profile = get_profile(cluster_name) if cluster_name else None
+    except SpecError:
+        return ""
+    if profile is None or not profile.resource_group:
+        return ""
+    record = power_record(profile.name, profile.resource_group)
+    if record is None or record.state != STOPPED:
+        return ""
+    return (
+        f"; cluster {profile.name}'s compute nodes were stopped by `hpcjob cluster stop` ({record.when}): "
+        f"`hpcjob cluster start {profile.name}` starts them"
+    )
+
+
 def cancel_run(
     record: RunRecord, cluster_name: str | None = None, backend_kind: str | None = None, force: bool = False
 ) -> str | None:

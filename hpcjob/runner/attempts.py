@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from hpcjob.job.spec import HpcjobError, SpecError
-from hpcjob.runner.access import Progress, submit_failure
+from hpcjob.runner.access import Progress, stopped_cluster_hint, submit_failure
 from hpcjob.runner.follow import follow_run
 
 if TYPE_CHECKING:
@@ -292,7 +292,7 @@ def submit_attempt(
     from hpcjob.store.runs import record_next_attempt, save_run
 
     attempt = record.attempt + 1
-    plan = _plan_when_nodes(backend, spec, record.run_id, attempt, retries, progress)
+    plan = _plan_when_nodes(backend, spec, record.run_id, attempt, retries, progress, record.cluster)
     folder = open_folder()
     if folder is not None:
         try:
@@ -329,10 +329,16 @@ def submit_attempt(
 
 
 def _plan_when_nodes(
-    backend: Backend, spec: JobSpec, run_id: str, attempt: int, retries: Retries, progress: Progress
+    backend: Backend,
+    spec: JobSpec,
+    run_id: str,
+    attempt: int,
+    retries: Retries,
+    progress: Progress,
+    cluster: str | None,
 ) -> JobPlan:
     """The attempt's plan once enough healthy nodes are there, asking every `poll_s`, `node_wait_s` at
-    most; then the one line of why not."""
+    most; then the one line of why not (with how to start `cluster` where hpcjob stopped it)."""
     from hpcjob.job.spec import NotEnoughNodes
     from hpcjob.store.runs import was_canceled
 
@@ -343,14 +349,15 @@ def _plan_when_nodes(
             raise HpcjobError(f"run {run_id} was canceled while attempt {attempt} waited for nodes")
         try:
             return backend.plan(spec, run_id, attempt)
-        except NotEnoughNodes as exc:
+        except NotEnoughNodes as short:
+            why = f"{short}{stopped_cluster_hint(cluster)}"
             if time.monotonic() >= deadline:
                 raise HpcjobError(
-                    f"attempt {attempt} of run {run_id} did not start: {exc} (waited "
+                    f"attempt {attempt} of run {run_id} did not start: {why} (waited "
                     f"{retries.node_wait_s:g} s, --node-wait)"
                 ) from None
             if not said:
-                progress(f"attempt {attempt} waits for healthy nodes: {exc}")
+                progress(f"attempt {attempt} waits for healthy nodes: {why}")
                 said = True
             time.sleep(min(retries.poll_s, max(0.0, deadline - time.monotonic())))
 

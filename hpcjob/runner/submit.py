@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcjob.job.spec import SpecError
-from hpcjob.runner.access import ClusterAccess, Progress, new_run_id, submit_failure, with_profile
+from hpcjob.runner.access import (
+    ClusterAccess,
+    Progress,
+    new_run_id,
+    stopped_cluster_hint,
+    submit_failure,
+    with_profile,
+)
 from hpcjob.runner.follow import follow_run
 
 if TYPE_CHECKING:
@@ -58,13 +65,17 @@ def submit_and_follow(
     `command`: how it was asked for, and how it goes on: `retries`) and, with `wait`, follow it to its
     summary, its attempts with `retries`, holding the run's follower lock from before the submission on
     (hpcjob.store.followers): the run's latest record, its plan, and the summary (None without `wait`)."""
+    from hpcjob.job.spec import NotEnoughNodes
     from hpcjob.store.followers import follower_lock
 
     with follower_lock(run_id, command) if wait else contextlib.nullcontext():
-        return _submit_and_follow(
-            cluster, spec, run_id, smb, mount_step=mount_step, wait=wait, progress=progress,
-            command=command, tags=tags, retries=retries,
-        )  # fmt: skip
+        try:
+            return _submit_and_follow(
+                cluster, spec, run_id, smb, mount_step=mount_step, wait=wait, progress=progress,
+                command=command, tags=tags, retries=retries,
+            )  # fmt: skip
+        except NotEnoughNodes as exc:  # its first attempt's nodes: a stopped cluster says how to start it
+            raise NotEnoughNodes(f"{exc}{stopped_cluster_hint(cluster.profile.name)}") from None
 
 
 def _submit_and_follow(
