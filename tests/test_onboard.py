@@ -40,6 +40,7 @@ from hpcjob.backends.local import free_port
 from hpcjob.emulator import HeadNode, NodeSpec
 from hpcjob.job.spec import HpcjobError
 from hpcjob.store.config import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, get_profile
+from hpcjob.store.power import NodeKind, power_record
 
 from .conftest import REFERENCE
 
@@ -719,11 +720,19 @@ def head_node(az_env: dict[str, str]) -> Iterator[HeadNode]:
             thread.join()
 
 
+def hourly(row: str) -> float:
+    """The $/H column of a `cluster list` row ("~$8.51"; a Spot size the package's table has no price
+    for: "-")."""
+    return float(row.split()[-1].lstrip("~$"))
+
+
 def test_grow_adds_spot_nodes_after_every_existing_one_and_waits_for_them_online(
     hpcjob: CommandRunner, az_env: dict[str, str], head_node: HeadNode, tmp_path: Path
 ) -> None:
     at = {"FAKE_AZ_DNS": f"127.0.0.1:{head_node.port}", "FAKE_AZ_CERT": head_node.ca_file}
     assert onboard(hpcjob, **at).returncode == 0  # the profile pins the emulator's certificate
+    onboarded = hpcjob("cluster", "list").stdout.splitlines()[1]
+    assert " running, as of " in onboarded and hourly(onboarded) > 0  # known from the start
     out = tmp_path / "grow"
     done = hpcjob(
         "cluster", "grow", "gpu1", "2", "--spot", "--no-check", "--poll-interval", "0.2", "--out", str(out)
@@ -757,6 +766,10 @@ def test_grow_adds_spot_nodes_after_every_existing_one_and_waits_for_them_online
         assert all(secret not in " ".join(map(str, call["argv"])) for call in calls)  # type: ignore[call-overload]
         assert secret not in done.stdout + done.stderr
         assert secret not in (out / "parameters.json").read_text()
+    # The new VMs cost from now on: counted in the cluster's cost an hour.
+    grown = power_record("gpu1", "rg-gpu1")
+    assert grown is not None and grown.state == "running"
+    assert grown.nodes == (NodeKind(A100_SIZE, False, 2), NodeKind(A100_SIZE, True, 2))
     # Again: after the new ones.
     named = hpcjob("cluster", "grow", "gpu1", "1", "--no-check", "--poll-interval", "0.2", "--out", str(out))
     assert named.returncode == 0, named.stderr

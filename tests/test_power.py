@@ -211,7 +211,8 @@ def test_stop_deallocates_the_nodes_after_taking_them_offline_and_start_brings_t
     script.write_text("print('hello')\n")
     refused = hpcjob("submit", "-n", "2", str(script))  # no nodes to run on: how to start them
     assert refused.code == 2 and refused.err.splitlines()[-1].endswith(
-        "; cluster emu's compute nodes were stopped by `hpcjob cluster stop` (" + row.split(", as of ")[1][:16]
+        "; cluster emu's compute nodes were stopped by `hpcjob cluster stop` ("
+        + row.split(", as of ")[1][:16]
         + "): `hpcjob cluster start emu` starts them"
     ), refused.err
 

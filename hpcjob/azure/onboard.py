@@ -12,13 +12,14 @@ import os
 import secrets
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcjob.azure.data import ARM_DIR, ARM_PACKAGE, size_table
 from hpcjob.job.spec import SpecError
 from hpcjob.runner import ClusterAccess, HpcjobWarning, Progress
+from hpcjob.store.power import NodeKind
 
 if TYPE_CHECKING:
     from hpcjob.azure.template import (
@@ -295,6 +296,7 @@ def _write_profile(
     from hpcjob.azure.az import AzError, run_az
     from hpcjob.azure.template import CERTIFICATE_DEPLOYMENT, NODE_GROUP, SHARE, certificate_thumbprint
     from hpcjob.store.config import KEYRING_SERVICE, ClusterProfile, save_profile
+    from hpcjob.store.power import RUNNING, PowerRecord, keep_power_record, now_utc
 
     try:
         thumbprint = certificate_thumbprint(run_az(commands.certificate) or {})
@@ -334,6 +336,18 @@ def _write_profile(
     if not options.key_from_env:
         _keep_key(request.name, secret.authentication_key)
     path = save_profile(profile, options.make_default)
+    # `cluster list` then says its state and cost an hour from the start, as `cluster start` would.
+    keep_power_record(
+        PowerRecord(
+            cluster=request.name,
+            resource_group=request.resource_group,
+            state=RUNNING,
+            as_of=now_utc(),
+            nodes=(NodeKind(request.vm_size, request.spot, request.nodes),),
+            head_size=request.head_node_size or table.head_node_size,
+            region=request.location,
+        )
+    )
     progress(f"hpcjob: cluster {request.name} saved in {path} (nodes {', '.join(request.node_names)})")
     return profile
 
@@ -546,10 +560,25 @@ def grow(
     deploy(
         done.commands, secrets_json, lambda line: progress(f"hpcjob: {line}"), poll_s=options.poll_interval_s
     )
+    _count_grown(profile.name, request.resource_group, NodeKind(request.vm_size, spot, len(done.nodes)))
     done.online = _wait_online(access, done.nodes, options, progress)
     if options.check:
         _mount_new(access, done, progress)
     return done
+
+
+def _count_grown(cluster: str, resource_group: str, grown: NodeKind) -> None:
+    """The new VMs counted in the cluster's record (`cluster list`'s cost an hour), once deployed: they
+    cost from then on. A stopped cluster's record is left for `cluster start` to count again."""
+    from hpcjob.store.power import RUNNING, keep_power_record, now_utc, power_record
+
+    before = power_record(cluster, resource_group)
+    if before is None or before.state != RUNNING:
+        return
+    kinds = {(kind.size, kind.spot): kind.count for kind in before.nodes}
+    kinds[(grown.size, grown.spot)] = kinds.get((grown.size, grown.spot), 0) + grown.count
+    nodes = tuple(NodeKind(size, spot, count) for (size, spot), count in sorted(kinds.items()))
+    keep_power_record(replace(before, as_of=now_utc(), nodes=nodes))
 
 
 def _write_grow_parameters(
