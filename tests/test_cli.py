@@ -238,11 +238,11 @@ def test_every_command_s_help_fits_80_columns_and_ends_with_examples(monkeypatch
 
 def test_run_help_lists_each_option_once_under_its_heading_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     from hpcjob.cli import cli
-    from hpcjob.cli.options import FAILURE, NODES, OTHER, OUTPUT, SHAPE, SHARE, SOFTWARE
+    from hpcjob.cli.options import DATA, FAILURE, NODES, OTHER, OUTPUT, SHAPE, SHARE, SOFTWARE
 
     lines = _help("hpcjob run", monkeypatch).splitlines()
     headings = [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")]
-    assert headings == [SHAPE, NODES, SHARE, SOFTWARE, OUTPUT, FAILURE, OTHER, "Examples"]
+    assert headings == [SHAPE, NODES, DATA, SHARE, SOFTWARE, OUTPUT, FAILURE, OTHER, "Examples"]
     listed = [line.split()[0].rstrip(",") for line in lines if line.startswith("  -")]
     run = cli.commands["run"]
     options = [p for p in run.get_params(click.Context(run)) if isinstance(p, click.Option)]

@@ -131,6 +131,11 @@ def test_a_spec_goes_through_json_and_back_whole() -> None:
         docker_options="--shm-size=16g",
         vm_size="Standard_ND96isr_H100_v5",
         resume_dir="/mnt/alice/hpcjob/alice/exp/checkpoints/exp-0",
+        data_nodes=2,
+        data_node_names=("CPU1", "cpu2"),
+        data_node_group="CPU Nodes",
+        data_port=29700,
+        data_wait_s=60.0,
     )
     default = JobSpec(script="train.py")
     unset = [f.name for f in fields(JobSpec) if getattr(full, f.name) == getattr(default, f.name)]

@@ -64,9 +64,10 @@ def choose_nodes(
     busy: set[str],
     group: str | None,
     exclude: Sequence[str] = (),
+    what: str = "node(s)",
 ) -> tuple[str, ...]:
     """`count` usable nodes (Online, health OK, not excluded), idle ones first, in name order within
-    each kind."""
+    each kind; `what` they are, for the line that says there are too few."""
     excluded = {name.upper() for name in exclude}
     usable = [n for n in nodes if n.usable and n.name.upper() not in excluded]
     ordered = sorted(usable, key=lambda n: (n.name.upper() in busy, n.name.upper()))
@@ -77,7 +78,7 @@ def choose_nodes(
             for n in nodes
         )
         raise NotEnoughNodes(
-            f"{count} node(s) needed but only {len(usable)} online, healthy and not excluded {where}; "
+            f"{count} {what} needed but only {len(usable)} online, healthy and not excluded {where}; "
             f"found: {found or 'none'}"
         )
     return tuple(n.name for n in ordered[:count])
@@ -148,9 +149,29 @@ def cluster_plan(
     cluster has jobs of the run's names already (`find`: name -> job id)."""
     from hpcjob.job.plan import make_plan
 
-    group = spec.node_group
-    chosen = spec.node_names or choose_nodes(nodes(group), spec.node_count, busy(), group, spec.exclude_nodes)
-    plan = make_plan(spec, chosen, run_id, attempt=attempt)
+    group, taken = spec.node_group, busy()
+    data: tuple[str, ...] = ()
+    keep_out = tuple(spec.exclude_nodes)
+    if spec.data_nodes:  # the data nodes first: from their own group, never a named trainer
+        data_group = spec.data_node_group
+        if not spec.data_node_names and data_group is None:
+            raise SpecError(
+                "--data-nodes: name the data nodes' group with --data-node-group (a profile's "
+                "data_node_group), or the nodes with --data-node"
+            )
+        data = spec.data_node_names or choose_nodes(
+            nodes(data_group),
+            spec.data_nodes,
+            taken,
+            data_group,
+            (*keep_out, *spec.node_names),
+            "data node(s)",
+        )
+        # The trainers: never a data node, nor, from the whole cluster, a node of the data nodes' group.
+        kept_for_data = [n.name for n in nodes(data_group)] if group is None and data_group else []
+        keep_out = (*keep_out, *data, *kept_for_data)
+    chosen = spec.node_names or choose_nodes(nodes(group), spec.node_count, taken, group, keep_out)
+    plan = make_plan(spec, chosen, run_id, attempt=attempt, data_nodes=data)
     names = run_job_names(plan.job_name, plan.mount is not None)
     refuse_taken_names(names, find(names), cluster)
     return plan

@@ -59,8 +59,8 @@ if TYPE_CHECKING:
     "add",
     groups=headed(
         {
-            THE_CLUSTER: "url user backend winrm_url winrm_transport node_group poll_interval retries "
-            "make_default",
+            THE_CLUSTER: "url user backend winrm_url winrm_transport node_group data_node_group "
+            "poll_interval retries make_default",
             CREDENTIALS: "password_env use_keyring ca_bundle insecure cert_fingerprint",
             SHARE: "share mount_point smb_user smb_server smb_port local_share",
             AZURE: "vm_size region spot",
@@ -90,6 +90,7 @@ if TYPE_CHECKING:
 )
 @click.option("--share", metavar="UNC", help="The share folder, e.g. //HEADNODE/CcpSpoolDir/app.")
 @click.option("--node-group", metavar="GROUP", help="Default node group (GPU nodes).")
+@click.option("--data-node-group", metavar="GROUP", help="Default node group of --data-nodes (CPU nodes).")
 @click.option(
     "--mount-point",
     metavar="PATH",

@@ -78,8 +78,22 @@ FILTER = "Execution filter (HPC administrators, with --install)"
 SOFTWARE = "Software"
 OUTPUT = "Output"
 FAILURE = "Failure handling"
+DATA = "CPU data nodes"
 OTHER = "Other options"
-HEADINGS = (THE_CLUSTER, AZURE, CREDENTIALS, SHAPE, NODES, SHARE, FILTER, SOFTWARE, OUTPUT, FAILURE, OTHER)
+HEADINGS = (
+    THE_CLUSTER,
+    AZURE,
+    CREDENTIALS,
+    SHAPE,
+    NODES,
+    DATA,
+    SHARE,
+    FILTER,
+    SOFTWARE,
+    OUTPUT,
+    FAILURE,
+    OTHER,
+)
 
 
 def headed(names: dict[str, str]) -> dict[str, str]:
@@ -95,6 +109,7 @@ GROUPS = headed(
         SHAPE: "nodes nproc_per_node gpus_per_node runtime name run_id",
         NODES: "cluster_name backend_kind node_names exclude_nodes node_group vm_size priority job_template "
         "rdzv_port command_limit",
+        DATA: "data_nodes data_node_names data_node_group data_port data_wait",
         SHARE: "share mount_point mount_options job_folder smb_user smb_server smb_port",
         SOFTWARE: "requirements wheelhouse no_env env_on image python env_items",
         OUTPUT: "as_json tag_items pull pull_to",
@@ -190,6 +205,38 @@ def job_options(command: F) -> F:
             type=TEXT,
             metavar="GROUP",
             help="HPC Pack node group the nodes belong to (GPU nodes).",
+        ),
+        click.option(
+            "--data-nodes",
+            type=click.IntRange(1),
+            metavar="M",
+            help="CPU data nodes beside the -n trainers: the script's data service runs there and feeds "
+            "them (docs/data-nodes.md).",
+        ),
+        click.option(
+            "--data-node",
+            "data_node_names",
+            multiple=True,
+            metavar="NAME",
+            help="A data node to use, repeatable; never a trainer.",
+        ),
+        click.option(
+            "--data-node-group",
+            type=TEXT,
+            metavar="GROUP",
+            help="HPC Pack node group the data nodes come from [default: the profile's data_node_group].",
+        ),
+        click.option(
+            "--data-port",
+            type=PORT,
+            metavar="PORT",
+            help="Port of the data service on the data nodes [default: 29600].",
+        ),
+        click.option(
+            "--data-wait",
+            type=TEXT,
+            metavar="DURATION",
+            help="How long a trainer waits for a data node to come up before it fails [default: 5m].",
         ),
         click.option(
             "--name",
@@ -622,7 +669,14 @@ def job_fields(params: dict[str, Any]) -> dict[str, Any]:
         "requirements": requirements_text(script, params["requirements"], params["no_env"]),
         "wheelhouse": wheelhouse_target(params["wheelhouse"]),
         "resume_from": params["resume_from"],
+        "data_nodes": params["data_nodes"] or len(params["data_node_names"]),
+        "data_node_names": tuple(params["data_node_names"]),
+        "data_node_group": params["data_node_group"],
     }
+    if params["data_port"] is not None:
+        fields["data_port"] = params["data_port"]
+    if params["data_wait"]:
+        fields["data_wait_s"] = float(parse_duration(params["data_wait"], "--data-wait"))
     for key in ("env_on", "node_env_dir", "image", "docker_gpus", "docker_options", "vm_size"):  # or profile
         if params.get(key):
             fields[key] = params[key]

@@ -26,13 +26,22 @@ from hpcjob.job.spec import (
     check_run_id,
     parse_node_names,
 )
-from hpcjob.job.torchrun import NODE_DIR, TorchrunCommand, bash_join, bash_quote, command_line
+from hpcjob.job.torchrun import (
+    NODE_DIR,
+    TRAINER_ROLE,
+    TorchrunCommand,
+    bash_join,
+    bash_quote,
+    command_line,
+    data_command_line,
+)
 from hpcjob.node import mount_filter
 
 
 @dataclass(frozen=True)
 class TaskPlan:
-    """One single-node task: the torchrun agent of one node."""
+    """One single-node task: the torchrun agent of one node, or a data node's data service. `env`: the
+    task's own variables, over the job's."""
 
     name: str
     node: str
@@ -40,6 +49,7 @@ class TaskPlan:
     work_directory: str
     stdout_path: str
     stderr_path: str
+    env: tuple[tuple[str, str], ...] = ()
 
 
 # Elastic jobs: each rendezvous round's workers get a store of their own. torchrun's default shares one
@@ -66,6 +76,13 @@ CHECKPOINTS_FOLDER = "checkpoints"
 # brings home with the checkpoints and logs.
 OUTPUT_VAR = "HPCJOB_OUTPUT_DIR"
 OUTPUTS_FOLDER = "outputs"
+# A job with CPU data nodes (issue 34; docs/data-nodes.md): every task knows the data nodes in order, the
+# port their data service listens on, how long a trainer waits for one, and the folder, private to the
+# job's owner and not among the logs, where each data node publishes its address and the attempt's keys.
+DATA_NODES_VAR = "HPCJOB_DATA_NODES"
+DATA_PORT_VAR = "HPCJOB_DATA_PORT"
+DATA_WAIT_VAR = "HPCJOB_DATA_WAIT_S"
+DATA_DIR_VAR = "HPCJOB_DATA_DIR"
 
 
 # Each attempt of a run is one HPC Pack job; the tasks know which (issue 33: a user's script may start
@@ -274,6 +291,13 @@ class JobPlan:
     hang_timeout_s: float | None = None
     # Which attempt of the run this job is (1: the first).
     attempt: int = 1
+    # The CPU data nodes that feed the trainers (`nodes`), each with a data task of its own.
+    data_nodes: tuple[str, ...] = ()
+
+    @property
+    def all_nodes(self) -> tuple[str, ...]:
+        """Every node of the job: its trainers, then its data nodes."""
+        return (*self.nodes, *self.data_nodes)
 
     @property
     def job_name(self) -> str:
@@ -297,7 +321,10 @@ class JobPlan:
         env = data.get("env") or {}
         values["env"] = tuple(env.items()) if isinstance(env, Mapping) else tuple(map(tuple, env))
         values["nodes"] = tuple(data["nodes"])
-        values["tasks"] = tuple(TaskPlan(**task) for task in data["tasks"])
+        values["data_nodes"] = tuple(data.get("data_nodes") or ())
+        values["tasks"] = tuple(
+            TaskPlan(**{**task, "env": tuple(map(tuple, task.get("env") or ()))}) for task in data["tasks"]
+        )
         values["files"] = tuple(map(tuple, data.get("files") or ()))
         mount = data.get("mount")
         values["mount"] = None if mount is None else MountStep(**{**mount, "nodes": tuple(mount["nodes"])})
@@ -312,8 +339,10 @@ def make_plan(
     rdzv_host: str | None = None,
     mount_point: str | None = None,
     attempt: int = 1,
+    data_nodes: Sequence[str] = (),
 ) -> JobPlan:
-    """Build the job for `nodes`, in order: the first hosts the rendezvous.
+    """Build the job for `nodes`, in order: the first hosts the rendezvous; `data_nodes` run the
+    script's data service for them.
 
     `rdzv_host` replaces the first node's name in the endpoint where the backend knows better (the
     local backend rendezvous on 127.0.0.1); `mount_point` replaces the spec's (the local backend's
@@ -323,6 +352,11 @@ def make_plan(
     nodes = parse_node_names(nodes)
     if len(nodes) != spec.node_count:
         raise SpecError(f"{len(nodes)} node(s) chosen for a job of {spec.node_count} node(s)")
+    data_nodes = parse_node_names(data_nodes)
+    if len(data_nodes) != spec.data_nodes:
+        raise SpecError(f"{len(data_nodes)} data node(s) chosen for a job of {spec.data_nodes}")
+    if both := {n.upper() for n in nodes} & {n.upper() for n in data_nodes}:
+        raise SpecError(f"node {sorted(both)[0]} chosen as both a trainer and a data node")
     check_run_id(run_id)
     if attempt < 1:
         raise SpecError(f"attempt {attempt}: attempts count from 1")
@@ -330,25 +364,26 @@ def make_plan(
     job_dir = f"{root.rstrip('/')}/{spec.job_folder}"
     log_dir = f"{job_dir}/logs/{attempt_log_folder(run_id, attempt)}"
     endpoint = f"{rdzv_host or nodes[0]}:{spec.rdzv_port}"
-    line = command_line(
-        TorchrunCommand(
-            python=spec.python,
-            nnodes=len(nodes),
-            nproc_per_node=spec.procs_per_node,
-            rdzv_endpoint=endpoint,
-            rdzv_id=attempt_id(run_id, attempt),
-            store_node=nodes[0],
-            script=spec.script_name,
-            script_args=spec.script_args,
-            max_restarts=spec.max_restarts,
-            rdzv_join_timeout=spec.rdzv_join_timeout,
-            rdzv_last_call=spec.rdzv_last_call,
-            rdzv_keep_alive=spec.rdzv_keep_alive,
-            min_nnodes=spec.min_nodes if spec.elastic else None,
-            environment=spec.requirements is not None,
-            log_id=attempt_log_folder(run_id, attempt),
-        )
+    torchrun = TorchrunCommand(
+        python=spec.python,
+        nnodes=len(nodes),
+        nproc_per_node=spec.procs_per_node,
+        rdzv_endpoint=endpoint,
+        rdzv_id=attempt_id(run_id, attempt),
+        store_node=nodes[0],
+        script=spec.script_name,
+        script_args=spec.script_args,
+        max_restarts=spec.max_restarts,
+        rdzv_join_timeout=spec.rdzv_join_timeout,
+        rdzv_last_call=spec.rdzv_last_call,
+        rdzv_keep_alive=spec.rdzv_keep_alive,
+        min_nnodes=spec.min_nodes if spec.elastic else None,
+        environment=spec.requirements is not None,
+        log_id=attempt_log_folder(run_id, attempt),
+        role=TRAINER_ROLE if data_nodes else None,
     )
+    line = command_line(torchrun)
+    data_line = data_command_line(torchrun)
     if len(line) > spec.command_limit:
         raise SpecError(
             f"the task command line is {len(line)} characters, more than the scheduler's limit of "
@@ -367,6 +402,24 @@ def make_plan(
         for node in nodes
     )
     mount = None
+    if data_nodes and len(data_line) > spec.command_limit:
+        raise SpecError(
+            f"the data task command line is {len(data_line)} characters, more than the scheduler's limit "
+            f"of {spec.command_limit}: shorten the script arguments"
+        )
+    data_env = _data_task_env(spec, root)
+    tasks += tuple(
+        TaskPlan(
+            name=f"data {node}",
+            node=node,
+            command_line=data_line,
+            work_directory=job_dir,
+            stdout_path=f"{log_dir}/{node}.out",
+            stderr_path=f"{log_dir}/{node}.err",
+            env=data_env,
+        )
+        for node in data_nodes
+    )
     given = {name for name, _ in spec.env}  # the job's own --env wins over the size's and hpcjob's settings
     checkpoints = (CHECKPOINT_VAR, f"{root.rstrip('/')}/{checkpoint_folder(spec.job_folder, run_id)}")
     outputs = (OUTPUT_VAR, f"{root.rstrip('/')}/{output_folder(spec.job_folder, run_id)}")
@@ -378,6 +431,15 @@ def make_plan(
         (ATTEMPT_VAR, str(attempt)),
     )
     env = (*((name, value) for name, value in defaults if name not in given), *spec.env)
+    if data_nodes:
+        data_dir = f"{job_dir}/{NODE_DIR}/data/{attempt_log_folder(run_id, attempt)}"
+        env = (
+            *env,
+            (DATA_NODES_VAR, ",".join(data_nodes)),
+            (DATA_PORT_VAR, str(spec.data_port)),
+            (DATA_WAIT_VAR, f"{spec.data_wait_s:g}"),
+            (DATA_DIR_VAR, data_dir),
+        )
     if spec.resume_dir is not None:
         if RESUME_VAR in given:
             raise SpecError(f"--resume-from and --env {RESUME_VAR} both say where to start from: give one")
@@ -400,7 +462,7 @@ def make_plan(
     if spec.elastic and all(name != SEPARATE_ROUND_STORES[0] for name, _ in env):
         env = (*env, SEPARATE_ROUND_STORES)
     if spec.share is not None:
-        mount = mount_step(spec.share.unc, root, spec.mount_options, nodes, log_dir)
+        mount = mount_step(spec.share.unc, root, spec.mount_options, (*nodes, *data_nodes), log_dir)
         if len(mount.command) > spec.command_limit:
             raise SpecError(
                 f"the mount command is {len(mount.command)} characters, more than the scheduler's limit of "
@@ -428,7 +490,19 @@ def make_plan(
         files=files,
         hang_timeout_s=spec.hang_timeout_s,
         attempt=attempt,
+        data_nodes=data_nodes,
     )
+
+
+def _data_task_env(spec: JobSpec, root: str) -> tuple[tuple[str, str], ...]:
+    """A data task's own variables: in a container, the job's options without its GPUs (a CPU node has
+    none to give, and `--gpus=all` would fail there). The task's variables over the job's: UNVERIFIED on
+    a real cluster that the agent reads its CCP_DOCKER_* from the task's (docs/data-nodes.md)."""
+    job = dict(docker_env(spec, root))
+    if DOCKER_OPTIONS_VAR not in job:
+        return ()
+    options = " ".join(word for word in job[DOCKER_OPTIONS_VAR].split() if word != "--gpus=all")
+    return ((DOCKER_OPTIONS_VAR, options), (DOCKER_NVIDIA_VAR, "0"))
 
 
 def mount_job_name(run_id: str) -> str:

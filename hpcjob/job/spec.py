@@ -23,6 +23,11 @@ DEFAULT_COMMAND_LIMIT = 480
 TASK_ENV_LIMIT = 2048
 DEFAULT_MOUNT_POINT = "/app"
 DEFAULT_RDZV_PORT = 29400
+# CPU data nodes (issue 34): the port each one's data service listens on, and how long a trainer waits
+# for a data node that has not come up before it fails.
+DEFAULT_DATA_PORT = 29600
+DEFAULT_DATA_WAIT_S = 300.0
+MAX_DATA_WAIT_S = 24 * 3600.0
 # Where a job's environment lives (`--env-on`). Node-local by default: importing torch and torchvision from
 # the share took 10.5 s against 2.4 s from local disk (medians, benchmarks/bench_env.py, a real smbd), on
 # every rank of every job; a node builds its own environment once, at the same time as the other nodes.
@@ -316,6 +321,14 @@ class JobSpec:
     # An earlier run's checkpoint folder on the nodes, to start from (`--resume-from RUN`, which
     # hpcjob.runner.resume finds in the run history): HPCJOB_RESUME_FROM in the tasks' environment.
     resume_dir: str | None = None
+    # CPU data nodes that feed the trainers (issue 34): this many, chosen from data_node_group, or these
+    # named ones; never trainers. Their data service listens on data_port; a trainer waits data_wait_s at
+    # most for one to come up.
+    data_nodes: int = 0
+    data_node_names: tuple[str, ...] = ()
+    data_node_group: str | None = None
+    data_port: int = DEFAULT_DATA_PORT
+    data_wait_s: float = DEFAULT_DATA_WAIT_S
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem
@@ -326,6 +339,8 @@ class JobSpec:
             object.__setattr__(self, "nproc_per_node", self.gpus_per_node or 1)
         if self.nodes is None and self.node_names:
             object.__setattr__(self, "nodes", len(self.node_names))
+        if not self.data_nodes and self.data_node_names:
+            object.__setattr__(self, "data_nodes", len(self.data_node_names))
         self._validate()
 
     def to_dict(self) -> dict[str, Any]:
@@ -412,6 +427,7 @@ class JobSpec:
         both = [name for name in self.node_names if name.upper() in excluded]
         if both:
             raise SpecError(f"node {both[0]!r} is both named with --node and excluded with --exclude-node")
+        self._validate_data_nodes(excluded)
         _positive("--runtime", self.runtime_s)
         if self.priority is not None and self.priority not in PRIORITIES:
             raise SpecError(f"--priority {self.priority!r} must be one of {', '.join(PRIORITIES)}")
@@ -484,6 +500,46 @@ class JobSpec:
         ):
             raise SpecError(f"--resume-from: {self.resume_dir!r} is not an absolute folder on the nodes")
 
+    def _validate_data_nodes(self, excluded: set[str]) -> None:
+        if self.data_nodes < 0:
+            raise SpecError(f"--data-nodes {self.data_nodes} must be at least 1")
+        _positive("--data-nodes", self.data_nodes or None, MAX_NODES)
+        named = parse_node_names(self.data_node_names)
+        if named and len(named) != self.data_nodes:
+            fewer = "fewer" if len(named) < self.data_nodes else "more"
+            raise SpecError(
+                f"{len(named)} data node(s) named with --data-node, {fewer} than the {self.data_nodes} asked "
+                "for with --data-nodes"
+            )
+        trainers = {name.upper() for name in self.node_names}
+        for name in named:
+            if name.upper() in trainers:
+                raise SpecError(
+                    f"node {name!r} is named both a trainer (--node) and a data node (--data-node)"
+                )
+            if name.upper() in excluded:
+                raise SpecError(
+                    f"node {name!r} is both a data node (--data-node) and excluded (--exclude-node)"
+                )
+        if self.data_node_group is not None and not GROUP_NAME.fullmatch(self.data_node_group):
+            raise SpecError(f"data node group {self.data_node_group!r} is not a valid group name")
+        if not self.data_nodes:
+            return
+        if self.elastic:
+            raise SpecError(
+                "--data-nodes does not go with --min-nodes: which data node serves which trainer follows the "
+                "ranks, and a re-formed world orders them anew"
+            )
+        if not 1 <= self.data_port <= 65535 or self.data_port == self.rdzv_port:
+            raise SpecError(f"--data-port {self.data_port} must be between 1 and 65535, not the --rdzv-port")
+        if not 0 < self.data_wait_s <= MAX_DATA_WAIT_S:
+            raise SpecError(f"--data-wait {self.data_wait_s:g} must be more than 0 and at most a day")
+
+    @property
+    def all_node_count(self) -> int:
+        """The job's nodes of both roles: its trainers and its data nodes."""
+        return self.node_count + self.data_nodes
+
     def _validate_env(self) -> None:
         total = 0
         for name, value in self.env:
@@ -533,7 +589,22 @@ class JobSpec:
 
 
 # JobSpec's fields that are tuples of strings (JSON has lists).
-_SPEC_TUPLES = ("script_args", "node_names", "exclude_nodes")
+_SPEC_TUPLES = ("script_args", "node_names", "exclude_nodes", "data_node_names")
+
+
+# A script with a data-service mode reads its role (HPCJOB_ROLE), itself or through a data_service module
+# such as the training program's (docs/data-nodes.md).
+_DATA_SERVICE = re.compile(r"HPCJOB_ROLE|\bdata_service\b")
+
+
+def check_data_service(script: str, text: str) -> None:
+    """Refuse --data-nodes for a script (`text`: its source) with no data-service mode: its data tasks
+    would train, or do nothing, and the trainers would wait for them in vain."""
+    if not _DATA_SERVICE.search(text):
+        raise SpecError(
+            f"--data-nodes: {script} has no data-service mode (it never reads HPCJOB_ROLE nor imports a "
+            "data_service module): see docs/data-nodes.md"
+        )
 
 
 def check_env_place(env_on: str, node_env_dir: str) -> None:

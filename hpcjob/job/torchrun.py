@@ -40,6 +40,8 @@ class TorchrunCommand:
     min_nnodes: int | None = None  # elastic: torchrun's --nnodes=MIN:MAX
     environment: bool = False  # run in the job's environment (hpcjob/node/env.py) built from `python`
     log_id: str | None = None  # the task's log folder under logs/ [default: rdzv_id]
+    # In a job with data nodes, the trainers' role (HPCJOB_ROLE), set on their command line
+    role: str | None = None
 
 
 def bash_quote(word: str) -> str:
@@ -69,12 +71,9 @@ def command_line(cmd: TorchrunCommand) -> str:
         rdzv_conf += (
             f",keep_alive_interval={cmd.rdzv_keep_alive},keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}"
         )
-    helper = bash_join([".", NODE_HELPER, cmd.store_node, cmd.log_id or cmd.rdzv_id])
-    python = bash_quote(cmd.python)
-    if cmd.environment:  # the node's Python builds (or finds) the job's environment and names its Python
-        helper += f" && HPCJOB_PYTHON=$({python} {ENV_BUILDER})"
-        python = '"$HPCJOB_PYTHON"'
+    helper, python = _helper_and_python(cmd)
     torchrun = [
+        *([f"HPCJOB_ROLE={cmd.role}"] if cmd.role else []),
         python,
         "-m torch.distributed.run",
         f"--nnodes={cmd.nnodes}" if cmd.min_nnodes is None else f"--nnodes={cmd.min_nnodes}:{cmd.nnodes}",
@@ -89,3 +88,24 @@ def command_line(cmd: TorchrunCommand) -> str:
         bash_join([cmd.script, *cmd.script_args]),
     ]
     return f"{helper} && {' '.join(torchrun)}"
+
+
+def _helper_and_python(cmd: TorchrunCommand) -> tuple[str, str]:
+    """The node helper's line, and the Python that runs the task (the job's environment's, if any)."""
+    helper = bash_join([".", NODE_HELPER, cmd.store_node, cmd.log_id or cmd.rdzv_id])
+    python = bash_quote(cmd.python)
+    if cmd.environment:  # the node's Python builds (or finds) the job's environment and names its Python
+        helper += f" && HPCJOB_PYTHON=$({python} {ENV_BUILDER})"
+        python = '"$HPCJOB_PYTHON"'
+    return helper, python
+
+
+DATA_ROLE, TRAINER_ROLE = "data", "trainer"
+
+
+def data_command_line(cmd: TorchrunCommand) -> str:
+    """A data node's task CommandLine: the node helper (the same address rule as the trainers'), then
+    the script itself in its data-service role, HPCJOB_ROLE=data. No torchrun: a data node is no rank of
+    the training's world, and its output is unbuffered, for the logs."""
+    helper, python = _helper_and_python(cmd)
+    return f"{helper} && HPCJOB_ROLE={DATA_ROLE} {python} -u {bash_join([cmd.script, *cmd.script_args])}"

@@ -94,6 +94,7 @@ def with_profile(options: dict[str, Any], profile: ClusterProfile) -> dict[str, 
     for key, value in (
         ("share", profile.share),
         ("node_group", profile.node_group),
+        ("data_node_group", profile.data_node_group),
         ("smb_server", profile.smb_server),
         ("env_on", profile.env_on),
         ("node_env_dir", profile.node_env_dir),

@@ -269,7 +269,7 @@ def job_spec(
     filling in what they do not say (with_profile). Checks that the script exists. The SMB options are
     not the job's: smb_access reads them. `resume_from`, a run to start from, becomes the folder of its
     checkpoints (hpcjob.runner.resume; `local`: as a local run reads it)."""
-    from hpcjob.job.spec import JobSpec, parse_share
+    from hpcjob.job.spec import JobSpec, check_data_service, parse_share
     from hpcjob.runner.resume import resolve
 
     values = with_profile(dict(fields), profile) if profile is not None else dict(fields)
@@ -280,7 +280,10 @@ def job_spec(
         values["share"] = parse_share(values["share"])
     if not Path(values["script"]).is_file():
         raise SpecError(f"script {values['script']} does not exist")
-    return JobSpec(**values)
+    spec = JobSpec(**values)
+    if spec.data_nodes:
+        check_data_service(spec.script, Path(spec.script).read_text(encoding="utf-8", errors="replace"))
+    return spec
 
 
 def smb_access(fields: Mapping[str, Any], profile: ClusterProfile) -> tuple[str | None, str | None, int]:

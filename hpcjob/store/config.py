@@ -117,6 +117,8 @@ class ClusterProfile:
     smb_port: int = 445
     mount_point: str | None = None
     node_group: str | None = None
+    # The node group of the CPU data nodes that feed the trainers (`--data-nodes`; issue 34).
+    data_node_group: str | None = None
     # The share as mounted on this machine (a drive, a CIFS mount): uploads and logs use it, not SMB.
     local_share: str | None = None
     # How hpcjob reaches the head node: "rest" (the HPC Pack REST API at url) or "winrm" (PowerShell
@@ -264,11 +266,12 @@ class ClusterProfile:
             if os.path.isabs(self.local_share) and not os.path.lexists(self.local_share):
                 raise GoneFile(message, "local_share", self.local_share)
             raise SpecError(message)
-        if self.node_group is not None and not GROUP_NAME.fullmatch(self.node_group):
-            raise SpecError(
-                f"{where}: node_group {self.node_group!r} must be a node group name (letters, digits, "
-                "space and . _ -, at most 64)"
-            )
+        for key, group in (("node_group", self.node_group), ("data_node_group", self.data_node_group)):
+            if group is not None and not GROUP_NAME.fullmatch(group):
+                raise SpecError(
+                    f"{where}: {key} {group!r} must be a node group name (letters, digits, space and "
+                    ". _ -, at most 64)"
+                )
         try:
             check_env_place(
                 DEFAULT_ENV_ON if self.env_on is None else self.env_on,

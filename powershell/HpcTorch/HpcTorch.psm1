@@ -42,6 +42,11 @@ $script:JobOptions = @{
     EnvOn        = '--env-on'
     Image        = '--image'
     VmSize       = '--vm-size'
+    DataNodes    = '--data-nodes'
+    DataNode     = '--data-node'
+    DataNodeGroup = '--data-node-group'
+    DataPort     = '--data-port'
+    DataWait     = '--data-wait'
 }
 $script:SmbOptions = @{ SmbUser = '--smb-user'; SmbServer = '--smb-server'; SmbPort = '--smb-port' }
 $script:ClusterOptions = @{ Cluster = '--cluster'; Backend = '--backend' }
@@ -64,9 +69,10 @@ $script:Cli = @{
         Words     = @('run', '--local', '--json')
         Options   = $script:JobOptions + @{
             Quiet = '--quiet'; GracePeriod = '--grace-period'; Tag = '--tag'; Pull = '--pull'; PullTo = '--pull-to'
+            Retries = '--retries'; RetryOn = '--retry-on'
         }
         Arguments = @('Script', 'ArgumentList')
-        Unexposed = @('--retries', '--retry-on', '--node-wait', '--max-cost')  # a local run is not retried
+        Unexposed = @('--node-wait', '--max-cost')  # a local run waits for no node and has no price
     }
     'Get-HpcTorchJob'          = @{
         Words     = @('status', '--json')
@@ -395,6 +401,11 @@ function Submit-HpcTorchJob {
         [ValidateSet('node-local', 'share')][string]$EnvOn,
         [string]$Image,
         [string]$VmSize,
+        [ValidateRange(1, 100000)][int]$DataNodes,
+        [string[]]$DataNode,
+        [string]$DataNodeGroup,
+        [ValidateRange(1, 65535)][int]$DataPort,
+        [string]$DataWait,
         [string]$SmbUser,
         [string]$SmbServer,
         [ValidateRange(1, 65535)][int]$SmbPort,
@@ -478,9 +489,16 @@ function Invoke-HpcTorchJob {
         [ValidateSet('node-local', 'share')][string]$EnvOn,
         [string]$Image,
         [string]$VmSize,
+        [ValidateRange(1, 100000)][int]$DataNodes,
+        [string[]]$DataNode,
+        [string]$DataNodeGroup,
+        [ValidateRange(1, 65535)][int]$DataPort,
+        [string]$DataWait,
         [hashtable]$Tag,
         [switch]$Quiet,
         [ValidateRange(0, 86400)][double]$GracePeriod,
+        [ValidateRange(0, 100)][int]$Retries,
+        [ValidateSet('outside', 'any')][string]$RetryOn,
         [switch]$Pull,
         [string]$PullTo
     )

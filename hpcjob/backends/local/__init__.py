@@ -197,8 +197,11 @@ class LocalBackend:
         share = share_gpus(visible_gpus(os.environ), spec.node_count, spec.procs_per_node)
         self.gpu_devices, self.gpu_note = share.devices, share.note
         names = local_node_names(spec)
-        plan = make_plan(spec, names, run_id, rdzv_host=LOOPBACK, mount_point=str(root), attempt=attempt)
-        self._known_nodes.update(dict.fromkeys(names))
+        data = spec.data_node_names or tuple(f"DATA{i}" for i in range(1, spec.data_nodes + 1))
+        plan = make_plan(
+            spec, names, run_id, rdzv_host=LOOPBACK, mount_point=str(root), attempt=attempt, data_nodes=data
+        )
+        self._known_nodes.update(dict.fromkeys((*names, *data)))
         engine = container_engine(dict(plan.env))
         if plan.image is not None and shutil.which(engine) is None:
             raise HpcjobError(

@@ -41,7 +41,11 @@ class JobShape:
 
     @classmethod
     def of(cls, plan: JobPlan) -> JobShape:
-        return cls(plan.nodes, plan.node_group, plan.job_template, plan.priority)
+        """The plan's: with data nodes, every node of both roles and no node group, for a group's default
+        Intersect would leave the other role's nodes out and the job would never start (the job's
+        RequestedNodes alone are its candidates: docs/facts/ and the team's two-roles fact sheet §A.2)."""
+        group = None if plan.data_nodes else plan.node_group
+        return cls(plan.all_nodes, group, plan.job_template, plan.priority)
 
 
 def _job(
@@ -77,16 +81,28 @@ def _job(
     if shape.node_group:
         job.set("NodeGroups", shape.node_group)
     job.set("xmlns", JOB_NAMESPACE)  # the exporter writes xmlns last; ElementTree keeps the order
+    _variables(job, env)
+    return job, ET.SubElement(job, "Tasks")
+
+
+def _variables(parent: ET.Element, env: Sequence[tuple[str, str]]) -> None:
+    """A job's or a task's EnvironmentVariables (the same shape for both)."""
     if env:
-        variables = ET.SubElement(job, "EnvironmentVariables")
+        variables = ET.SubElement(parent, "EnvironmentVariables")
         for key, value in env:
             variable = ET.SubElement(variables, "Variable")
             ET.SubElement(variable, "Name").text = key
             ET.SubElement(variable, "Value").text = value
-    return job, ET.SubElement(job, "Tasks")
 
 
-def _task(tasks: ET.Element, name: str, command_line: str, node: str, **paths: str) -> None:
+def _task(
+    tasks: ET.Element,
+    name: str,
+    command_line: str,
+    node: str,
+    env: Sequence[tuple[str, str]] = (),
+    **paths: str,
+) -> None:
     task = ET.SubElement(tasks, "Task")
     task.set("Name", name)
     task.set("CommandLine", command_line)
@@ -96,6 +112,7 @@ def _task(tasks: ET.Element, name: str, command_line: str, node: str, **paths: s
     task.set("IsRerunnable", _bool(False))
     for attribute, value in paths.items():
         task.set(attribute, value)
+    _variables(task, env)
 
 
 def _text(job: ET.Element) -> str:
@@ -128,6 +145,7 @@ def job_xml(plan: JobPlan) -> str:
             task.name,
             task.command_line,
             task.node,
+            task.env,
             WorkDirectory=task.work_directory,
             StdOutFilePath=task.stdout_path,
             StdErrFilePath=task.stderr_path,

@@ -1,0 +1,89 @@
+# hpcjob: submit run run_ddp-20261122-000000-abcd (2 node(s) and 2 data node(s)) by hand.
+# Run on the head node in Windows PowerShell 5.1 as an HPC Pack administrator. The code must already
+# be in /app/hpcjob/run_ddp on the nodes (hpcjob render --upload puts it there).
+# First, clusrun /user:system mounts the share as root on the nodes.
+# The job: exclusive, one torchrun task per node with 4 process(es) each, rendezvous at GPUNODE001:29400.
+# Nodes: GPUNODE001, GPUNODE002
+# Data nodes, one data task each that feeds the trainers: CPUNODE001, CPUNODE002
+# The job names every node of both roles and no node group: a group would keep the other role's nodes out.
+# Environment variables: TORCH_FR_BUFFER_SIZE, TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE, HPCJOB_CHECKPOINT_DIR, HPCJOB_OUTPUT_DIR, HPCJOB_ATTEMPT, NCCL_DEBUG, HPCJOB_DATA_NODES, HPCJOB_DATA_PORT, HPCJOB_DATA_WAIT_S, HPCJOB_DATA_DIR, HPCJOB_MOUNT
+# The job file is what `hpcjob render --format xml --run-id RUN` prints with the same options. It is
+# carried as base64 of its UTF-8 bytes: no value in it (an environment variable, a script argument)
+# can end the string and run here.
+$ErrorActionPreference = 'Stop'
+if (-not (Get-PSSnapin Microsoft.HPC -ErrorAction SilentlyContinue)) { Add-PSSnapin Microsoft.HPC }
+$runId = 'run_ddp-20261122-000000-abcd'
+$logDir = '/app/hpcjob/run_ddp/logs/run_ddp-20261122-000000-abcd'
+# The node list is quoted: unquoted, PowerShell would read its commas as an array.
+clusrun /user:system '/nodes:GPUNODE001,GPUNODE002,CPUNODE001,CPUNODE002' 'm=/app; mkdir -p $m && { mountpoint -q $m || mount -t cifs //HEADNODE/CcpSpoolDir/app $m -o vers=3.0,credentials=/etc/hpcjob/smb-credentials,dir_mode=0777,file_mode=0777; } && mkdir -p $m/hpcjob/run_ddp/logs/run_ddp-20261122-000000-abcd'
+if ($LASTEXITCODE -ne 0) { throw "mounting the share failed on a node (clusrun exit code $LASTEXITCODE)" }
+$jobFile = Join-Path $env:TEMP ($runId + '.xml')
+# The file gets the job XML's own bytes: UTF-8 without a BOM, as `job submit /jobfile:` takes the
+# output of --format xml; the XML declaration names the encoding, and no text conversion touches a value.
+[System.IO.File]::WriteAllBytes($jobFile, [Convert]::FromBase64String(-join @(
+    'PD94bWwgdmVyc2lvbj0iMS4wIiBlbmNvZGluZz0idXRmLTgiPz4KPEpvYiBWZXJzaW9uPSIzLjAwMCIgTmFtZT0icnVuX2RkcC0y'
+    'MDI2MTEyMi0wMDAwMDAtYWJjZCIgSXNFeGNsdXNpdmU9InRydWUiIFVuaXRUeXBlPSJOb2RlIiBBdXRvQ2FsY3VsYXRlTWF4PSJm'
+    'YWxzZSIgQXV0b0NhbGN1bGF0ZU1pbj0iZmFsc2UiIEZhaWxPblRhc2tGYWlsdXJlPSJ0cnVlIiBNaW5Ob2Rlcz0iNCIgTWF4Tm9k'
+    'ZXM9IjQiIFJlcXVlc3RlZE5vZGVzPSJHUFVOT0RFMDAxLEdQVU5PREUwMDIsQ1BVTk9ERTAwMSxDUFVOT0RFMDAyIiB4bWxucz0i'
+    'aHR0cDovL3NjaGVtYXMubWljcm9zb2Z0LmNvbS9IUENTMjAwOFIyL3NjaGVkdWxlci8iPgogIDxFbnZpcm9ubWVudFZhcmlhYmxl'
+    'cz4KICAgIDxWYXJpYWJsZT4KICAgICAgPE5hbWU+VE9SQ0hfRlJfQlVGRkVSX1NJWkU8L05hbWU+CiAgICAgIDxWYWx1ZT4yMDAw'
+    'PC9WYWx1ZT4KICAgIDwvVmFyaWFibGU+CiAgICA8VmFyaWFibGU+CiAgICAgIDxOYW1lPlRPUkNIX05DQ0xfVFJBQ0VfQlVGRkVS'
+    'X1NJWkU8L05hbWU+CiAgICAgIDxWYWx1ZT4yMDAwPC9WYWx1ZT4KICAgIDwvVmFyaWFibGU+CiAgICA8VmFyaWFibGU+CiAgICAg'
+    'IDxOYW1lPlRPUkNIX05DQ0xfRFVNUF9PTl9USU1FT1VUPC9OYW1lPgogICAgICA8VmFsdWU+MTwvVmFsdWU+CiAgICA8L1Zhcmlh'
+    'YmxlPgogICAgPFZhcmlhYmxlPgogICAgICA8TmFtZT5UT1JDSF9GUl9EVU1QX1RFTVBfRklMRTwvTmFtZT4KICAgICAgPFZhbHVl'
+    'Pi9hcHAvaHBjam9iL3J1bl9kZHAvbG9ncy9ydW5fZGRwLTIwMjYxMTIyLTAwMDAwMC1hYmNkL25jY2wtdHJhY2UtcmFuay08L1Zh'
+    'bHVlPgogICAgPC9WYXJpYWJsZT4KICAgIDxWYXJpYWJsZT4KICAgICAgPE5hbWU+VE9SQ0hfTkNDTF9ERUJVR19JTkZPX1RFTVBf'
+    'RklMRTwvTmFtZT4KICAgICAgPFZhbHVlPi9hcHAvaHBjam9iL3J1bl9kZHAvbG9ncy9ydW5fZGRwLTIwMjYxMTIyLTAwMDAwMC1h'
+    'YmNkL25jY2wtdHJhY2UtcmFuay08L1ZhbHVlPgogICAgPC9WYXJpYWJsZT4KICAgIDxWYXJpYWJsZT4KICAgICAgPE5hbWU+SFBD'
+    'Sk9CX0NIRUNLUE9JTlRfRElSPC9OYW1lPgogICAgICA8VmFsdWU+L2FwcC9ocGNqb2IvcnVuX2RkcC9jaGVja3BvaW50cy9ydW5f'
+    'ZGRwLTIwMjYxMTIyLTAwMDAwMC1hYmNkPC9WYWx1ZT4KICAgIDwvVmFyaWFibGU+CiAgICA8VmFyaWFibGU+CiAgICAgIDxOYW1l'
+    'PkhQQ0pPQl9PVVRQVVRfRElSPC9OYW1lPgogICAgICA8VmFsdWU+L2FwcC9ocGNqb2IvcnVuX2RkcC9vdXRwdXRzL3J1bl9kZHAt'
+    'MjAyNjExMjItMDAwMDAwLWFiY2Q8L1ZhbHVlPgogICAgPC9WYXJpYWJsZT4KICAgIDxWYXJpYWJsZT4KICAgICAgPE5hbWU+SFBD'
+    'Sk9CX0FUVEVNUFQ8L05hbWU+CiAgICAgIDxWYWx1ZT4xPC9WYWx1ZT4KICAgIDwvVmFyaWFibGU+CiAgICA8VmFyaWFibGU+CiAg'
+    'ICAgIDxOYW1lPk5DQ0xfREVCVUc8L05hbWU+CiAgICAgIDxWYWx1ZT5XQVJOPC9WYWx1ZT4KICAgIDwvVmFyaWFibGU+CiAgICA8'
+    'VmFyaWFibGU+CiAgICAgIDxOYW1lPkhQQ0pPQl9EQVRBX05PREVTPC9OYW1lPgogICAgICA8VmFsdWU+Q1BVTk9ERTAwMSxDUFVO'
+    'T0RFMDAyPC9WYWx1ZT4KICAgIDwvVmFyaWFibGU+CiAgICA8VmFyaWFibGU+CiAgICAgIDxOYW1lPkhQQ0pPQl9EQVRBX1BPUlQ8'
+    'L05hbWU+CiAgICAgIDxWYWx1ZT4yOTYwMDwvVmFsdWU+CiAgICA8L1ZhcmlhYmxlPgogICAgPFZhcmlhYmxlPgogICAgICA8TmFt'
+    'ZT5IUENKT0JfREFUQV9XQUlUX1M8L05hbWU+CiAgICAgIDxWYWx1ZT4zMDA8L1ZhbHVlPgogICAgPC9WYXJpYWJsZT4KICAgIDxW'
+    'YXJpYWJsZT4KICAgICAgPE5hbWU+SFBDSk9CX0RBVEFfRElSPC9OYW1lPgogICAgICA8VmFsdWU+L2FwcC9ocGNqb2IvcnVuX2Rk'
+    'cC8uaHBjam9iL2RhdGEvcnVuX2RkcC0yMDI2MTEyMi0wMDAwMDAtYWJjZDwvVmFsdWU+CiAgICA8L1ZhcmlhYmxlPgogICAgPFZh'
+    'cmlhYmxlPgogICAgICA8TmFtZT5IUENKT0JfTU9VTlQ8L05hbWU+CiAgICAgIDxWYWx1ZT4vL0hFQUROT0RFL0NjcFNwb29sRGly'
+    'L2FwcHwvYXBwPC9WYWx1ZT4KICAgIDwvVmFyaWFibGU+CiAgPC9FbnZpcm9ubWVudFZhcmlhYmxlcz4KICA8VGFza3M+CiAgICA8'
+    'VGFzayBOYW1lPSJ0b3JjaHJ1biBHUFVOT0RFMDAxIiBDb21tYW5kTGluZT0iLiAuaHBjam9iL25vZGUuc2ggR1BVTk9ERTAwMSBy'
+    'dW5fZGRwLTIwMjYxMTIyLTAwMDAwMC1hYmNkICZhbXA7JmFtcDsgSFBDSk9CX1JPTEU9dHJhaW5lciBweXRob24zIC1tIHRvcmNo'
+    'LmRpc3RyaWJ1dGVkLnJ1biAtLW5ub2Rlcz0yIC0tbnByb2NfcGVyX25vZGU9NCAtLXJkenZfYmFja2VuZD1jMTBkIC0tcmR6dl9l'
+    'bmRwb2ludD1HUFVOT0RFMDAxOjI5NDAwIC0tcmR6dl9pZD1ydW5fZGRwLTIwMjYxMTIyLTAwMDAwMC1hYmNkIC0tcmR6dl9jb25m'
+    'PWlzX2hvc3Q9JEhQQ0pPQl9JU19IT1NUIC0tbG9jYWxfYWRkcj0kSFBDSk9CX0FERFIgLS1tYXhfcmVzdGFydHM9MCAuaHBjam9i'
+    'L3dvcmtlci5weSBydW5fZGRwLnB5IC0tZXBvY2hzIDUgLS1kYXRhIGZhc2hpb24tbW5pc3QgLS1kYXRhLXJvb3QgL2FwcC9kYXRh'
+    'IiBNaW5Ob2Rlcz0iMSIgTWF4Tm9kZXM9IjEiIFJlcXVpcmVkTm9kZXM9IkdQVU5PREUwMDEiIElzUmVydW5uYWJsZT0iZmFsc2Ui'
+    'IFdvcmtEaXJlY3Rvcnk9Ii9hcHAvaHBjam9iL3J1bl9kZHAiIFN0ZE91dEZpbGVQYXRoPSIvYXBwL2hwY2pvYi9ydW5fZGRwL2xv'
+    'Z3MvcnVuX2RkcC0yMDI2MTEyMi0wMDAwMDAtYWJjZC9HUFVOT0RFMDAxLm91dCIgU3RkRXJyRmlsZVBhdGg9Ii9hcHAvaHBjam9i'
+    'L3J1bl9kZHAvbG9ncy9ydW5fZGRwLTIwMjYxMTIyLTAwMDAwMC1hYmNkL0dQVU5PREUwMDEuZXJyIiAvPgogICAgPFRhc2sgTmFt'
+    'ZT0idG9yY2hydW4gR1BVTk9ERTAwMiIgQ29tbWFuZExpbmU9Ii4gLmhwY2pvYi9ub2RlLnNoIEdQVU5PREUwMDEgcnVuX2RkcC0y'
+    'MDI2MTEyMi0wMDAwMDAtYWJjZCAmYW1wOyZhbXA7IEhQQ0pPQl9ST0xFPXRyYWluZXIgcHl0aG9uMyAtbSB0b3JjaC5kaXN0cmli'
+    'dXRlZC5ydW4gLS1ubm9kZXM9MiAtLW5wcm9jX3Blcl9ub2RlPTQgLS1yZHp2X2JhY2tlbmQ9YzEwZCAtLXJkenZfZW5kcG9pbnQ9'
+    'R1BVTk9ERTAwMToyOTQwMCAtLXJkenZfaWQ9cnVuX2RkcC0yMDI2MTEyMi0wMDAwMDAtYWJjZCAtLXJkenZfY29uZj1pc19ob3N0'
+    'PSRIUENKT0JfSVNfSE9TVCAtLWxvY2FsX2FkZHI9JEhQQ0pPQl9BRERSIC0tbWF4X3Jlc3RhcnRzPTAgLmhwY2pvYi93b3JrZXIu'
+    'cHkgcnVuX2RkcC5weSAtLWVwb2NocyA1IC0tZGF0YSBmYXNoaW9uLW1uaXN0IC0tZGF0YS1yb290IC9hcHAvZGF0YSIgTWluTm9k'
+    'ZXM9IjEiIE1heE5vZGVzPSIxIiBSZXF1aXJlZE5vZGVzPSJHUFVOT0RFMDAyIiBJc1JlcnVubmFibGU9ImZhbHNlIiBXb3JrRGly'
+    'ZWN0b3J5PSIvYXBwL2hwY2pvYi9ydW5fZGRwIiBTdGRPdXRGaWxlUGF0aD0iL2FwcC9ocGNqb2IvcnVuX2RkcC9sb2dzL3J1bl9k'
+    'ZHAtMjAyNjExMjItMDAwMDAwLWFiY2QvR1BVTk9ERTAwMi5vdXQiIFN0ZEVyckZpbGVQYXRoPSIvYXBwL2hwY2pvYi9ydW5fZGRw'
+    'L2xvZ3MvcnVuX2RkcC0yMDI2MTEyMi0wMDAwMDAtYWJjZC9HUFVOT0RFMDAyLmVyciIgLz4KICAgIDxUYXNrIE5hbWU9ImRhdGEg'
+    'Q1BVTk9ERTAwMSIgQ29tbWFuZExpbmU9Ii4gLmhwY2pvYi9ub2RlLnNoIEdQVU5PREUwMDEgcnVuX2RkcC0yMDI2MTEyMi0wMDAw'
+    'MDAtYWJjZCAmYW1wOyZhbXA7IEhQQ0pPQl9ST0xFPWRhdGEgcHl0aG9uMyAtdSBydW5fZGRwLnB5IC0tZXBvY2hzIDUgLS1kYXRh'
+    'IGZhc2hpb24tbW5pc3QgLS1kYXRhLXJvb3QgL2FwcC9kYXRhIiBNaW5Ob2Rlcz0iMSIgTWF4Tm9kZXM9IjEiIFJlcXVpcmVkTm9k'
+    'ZXM9IkNQVU5PREUwMDEiIElzUmVydW5uYWJsZT0iZmFsc2UiIFdvcmtEaXJlY3Rvcnk9Ii9hcHAvaHBjam9iL3J1bl9kZHAiIFN0'
+    'ZE91dEZpbGVQYXRoPSIvYXBwL2hwY2pvYi9ydW5fZGRwL2xvZ3MvcnVuX2RkcC0yMDI2MTEyMi0wMDAwMDAtYWJjZC9DUFVOT0RF'
+    'MDAxLm91dCIgU3RkRXJyRmlsZVBhdGg9Ii9hcHAvaHBjam9iL3J1bl9kZHAvbG9ncy9ydW5fZGRwLTIwMjYxMTIyLTAwMDAwMC1h'
+    'YmNkL0NQVU5PREUwMDEuZXJyIiAvPgogICAgPFRhc2sgTmFtZT0iZGF0YSBDUFVOT0RFMDAyIiBDb21tYW5kTGluZT0iLiAuaHBj'
+    'am9iL25vZGUuc2ggR1BVTk9ERTAwMSBydW5fZGRwLTIwMjYxMTIyLTAwMDAwMC1hYmNkICZhbXA7JmFtcDsgSFBDSk9CX1JPTEU9'
+    'ZGF0YSBweXRob24zIC11IHJ1bl9kZHAucHkgLS1lcG9jaHMgNSAtLWRhdGEgZmFzaGlvbi1tbmlzdCAtLWRhdGEtcm9vdCAvYXBw'
+    'L2RhdGEiIE1pbk5vZGVzPSIxIiBNYXhOb2Rlcz0iMSIgUmVxdWlyZWROb2Rlcz0iQ1BVTk9ERTAwMiIgSXNSZXJ1bm5hYmxlPSJm'
+    'YWxzZSIgV29ya0RpcmVjdG9yeT0iL2FwcC9ocGNqb2IvcnVuX2RkcCIgU3RkT3V0RmlsZVBhdGg9Ii9hcHAvaHBjam9iL3J1bl9k'
+    'ZHAvbG9ncy9ydW5fZGRwLTIwMjYxMTIyLTAwMDAwMC1hYmNkL0NQVU5PREUwMDIub3V0IiBTdGRFcnJGaWxlUGF0aD0iL2FwcC9o'
+    'cGNqb2IvcnVuX2RkcC9sb2dzL3J1bl9kZHAtMjAyNjExMjItMDAwMDAwLWFiY2QvQ1BVTk9ERTAwMi5lcnIiIC8+CiAgPC9UYXNr'
+    'cz4KPC9Kb2I+Cg=='
+)))
+$job = New-HpcJob -JobFile $jobFile
+Submit-HpcJob -Job $job
+Write-Output "submitted job $($job.Id) (run $runId); logs: $logDir"

@@ -1,0 +1,167 @@
+"""Issue 34, the job: N GPU trainers and M CPU data nodes in one HPC Pack job. Node unit, exactly N+M
+nodes, exclusive, failing as a whole; every node in RequestedNodes and no node group (a group's default
+Intersect would keep the other role's nodes out); N torchrun tasks and M data tasks, each pinned with
+RequiredNodes. Golden files for a 2+2 job, and the emulator's Intersect rule catching the wrong job."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from hpcjob.backends.scheduler import cluster_plan
+from hpcjob.emulator import HeadNode, NodeSpec
+from hpcjob.job.plan import JobPlan, make_plan
+from hpcjob.job.render import JOB_NAMESPACE, clusrun_text, job_xml, powershell_text
+from hpcjob.job.results import NodeInfo
+from hpcjob.job.spec import JobSpec, NotEnoughNodes, SpecError, check_data_service
+
+from .artefact_checks import check_powershell, powershell_errors
+from .conftest import RUN_ID, cluster_spec
+from .emulator.conftest import PASSWORD, Client
+
+NS = {"j": JOB_NAMESPACE}
+CPU = ("CPUNODE001", "CPUNODE002")
+
+
+def plan_2plus2(**overrides: object) -> JobPlan:
+    spec = cluster_spec(2, data_nodes=2, data_node_group="CPUNodes", **overrides)
+    return make_plan(spec, spec.node_names, RUN_ID, data_nodes=CPU)
+
+
+def test_the_2plus2_job_file_clusrun_and_powershell_are_the_golden_ones(
+    golden: Callable[[str, str], None],
+) -> None:
+    plan = plan_2plus2()
+    golden("job-2plus2.xml", job_xml(plan))
+    golden("clusrun-2plus2.txt", clusrun_text(plan))
+    text = powershell_text(plan)
+    golden("submit-2plus2.ps1", text)
+    assert not powershell_errors(text)
+    check_powershell(plan, text, text)
+
+
+def test_the_job_names_every_node_of_both_roles_and_no_node_group() -> None:
+    root = ET.fromstring(job_xml(plan_2plus2()).encode())
+    trainers = ("GPUNODE001", "GPUNODE002")
+    assert root.get("RequestedNodes") == ",".join((*trainers, *CPU))
+    assert (root.get("MinNodes"), root.get("MaxNodes"), root.get("UnitType")) == ("4", "4", "Node")
+    assert root.get("NodeGroups") is None and root.get("IsExclusive") == "true"
+    assert root.get("FailOnTaskFailure") == "true"  # a data node that fails ends the job
+    tasks = root.findall("j:Tasks/j:Task", NS)
+    assert [t.get("RequiredNodes") for t in tasks] == [*trainers, *CPU]
+    lines = [t.get("CommandLine") or "" for t in tasks]
+    assert all("HPCJOB_ROLE=trainer" in line and "torch.distributed.run" in line for line in lines[:2])
+    assert all("HPCJOB_ROLE=data" in line and "torch.distributed.run" not in line for line in lines[2:])
+    variables = {
+        v.findtext("j:Name", namespaces=NS): v.findtext("j:Value", namespaces=NS)
+        for v in root.findall("j:EnvironmentVariables/j:Variable", NS)
+    }
+    assert variables["HPCJOB_DATA_NODES"] == "CPUNODE001,CPUNODE002"
+    assert variables["HPCJOB_DATA_PORT"] == "29600" and variables["HPCJOB_DATA_WAIT_S"] == "300"
+    # Published outside the logs (which `hpcjob pull` brings home), in the owner's job folder.
+    assert variables["HPCJOB_DATA_DIR"] == f"/app/hpcjob/run_ddp/.hpcjob/data/{RUN_ID}"
+
+
+def test_in_a_container_a_data_task_gets_no_gpus() -> None:
+    root = ET.fromstring(job_xml(plan_2plus2(image="nvcr.io/nvidia/pytorch:24.05-py3")).encode())
+    job_options = next(
+        v.findtext("j:Value", namespaces=NS)
+        for v in root.findall("j:EnvironmentVariables/j:Variable", NS)
+        if v.findtext("j:Name", namespaces=NS) == "CCP_DOCKER_START_OPTION"
+    )
+    assert job_options is not None and "--gpus=all" in job_options
+    for task in root.findall("j:Tasks/j:Task", NS):
+        own = {
+            v.findtext("j:Name", namespaces=NS): v.findtext("j:Value", namespaces=NS)
+            for v in task.findall("j:EnvironmentVariables/j:Variable", NS)
+        }
+        if task.get("Name", "").startswith("data "):
+            assert own == {
+                "CCP_DOCKER_START_OPTION": job_options.replace(" --gpus=all", ""),
+                "CCP_DOCKER_NVIDIA": "0",
+            }
+        else:
+            assert own == {}
+
+
+def nodes_of(names: tuple[str, ...], group: str, state: str = "Online") -> list[NodeInfo]:
+    return [NodeInfo(name, state, "OK", cores=8, groups=(group,)) for name in names]
+
+
+def test_hpcjob_chooses_the_data_nodes_from_their_group_and_never_a_trainer() -> None:
+    gpus = nodes_of(("GPUNODE001", "GPUNODE002", "GPUNODE003"), "GPUNodes")
+    cpus = nodes_of(("CPUNODE001", "CPUNODE002", "CPUNODE003"), "CPUNodes")
+    by_group = {"GPUNodes": gpus, "CPUNodes": cpus, None: gpus + cpus}
+    spec = replace(cluster_spec(2, data_nodes=2, data_node_group="CPUNodes"), node_names=())
+
+    def plan(spec: JobSpec, busy: set[str] = set()) -> JobPlan:  # noqa: B006 - read only
+        return cluster_plan(spec, RUN_ID, lambda g: by_group[g], lambda: busy, lambda names: {}, "lab")
+
+    chosen = plan(spec, {"CPUNODE001"})
+    assert chosen.nodes == ("GPUNODE001", "GPUNODE002") and chosen.data_nodes == ("CPUNODE002", "CPUNODE003")
+    # With no trainer group, the trainers never come from the data nodes' group.
+    assert plan(replace(spec, node_group=None)).nodes == ("GPUNODE001", "GPUNODE002")
+    too_few = r"^4 data node\(s\) needed but only 3 online.* in group CPUNodes"
+    with pytest.raises(NotEnoughNodes, match=too_few):
+        plan(replace(spec, data_nodes=4))
+    with pytest.raises(SpecError, match="--data-node-group"):
+        plan(replace(spec, data_node_group=None))
+    named = plan(replace(spec, data_node_names=("CPUNODE003",), data_nodes=1))
+    assert named.data_nodes == ("CPUNODE003",)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"data_nodes": -1}, "--data-nodes -1 must be at least 1"),
+        (
+            {"node_names": ("A", "B"), "data_node_names": ("b",)},
+            "node 'b' is named both a trainer (--node) and a data node (--data-node)",
+        ),
+        ({"data_node_names": ("C", "c")}, "node 'c' is named twice (as 'C')"),
+        ({"data_nodes": 3, "data_node_names": ("C",)}, "1 data node(s) named with --data-node, fewer than"),
+        (
+            {"data_nodes": 1, "nodes": 3, "min_nodes": 2, "max_restarts": 1},
+            "--data-nodes does not go with --min-nodes",
+        ),
+        ({"data_nodes": 1, "data_port": 29400}, "not the --rdzv-port"),
+        ({"data_nodes": 1, "data_wait_s": 0.0}, "--data-wait 0 must be more than 0"),
+    ],
+)
+def test_bad_data_node_specs_are_one_line(fields: dict[str, object], error: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        JobSpec(script="train.py", **fields)  # type: ignore[arg-type]
+    assert error in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_script_without_a_data_service_mode_is_refused() -> None:
+    check_data_service("train.py", "role = os.environ.get('HPCJOB_ROLE', 'trainer')\n")
+    check_data_service("train.py", "from data_service import feed\n")
+    with pytest.raises(SpecError, match=r"train\.py has no data-service mode"):
+        check_data_service("train.py", "import torch\n")
+
+
+def test_the_emulator_never_starts_the_job_a_node_group_would_make() -> None:
+    """The job as it would be with the trainers' group named (the default Intersect): its data tasks'
+    required nodes are outside the group, and the scheduler refuses it; hpcjob's own job is taken."""
+    nodes = [
+        *(NodeSpec(name, groups=("ComputeNodes", "GPUNodes")) for name in ("GPUNODE001", "GPUNODE002")),
+        *(NodeSpec(name, groups=("ComputeNodes", "CPUNodes")) for name in CPU),
+    ]
+    right = job_xml(plan_2plus2())
+    wrong = right.replace('RequestedNodes="', 'NodeGroups="GPUNodes" RequestedNodes="', 1)
+    with HeadNode(nodes, users={"alice": PASSWORD}, grace_period=0.2) as head:
+        client = Client(head)
+        refused = client.submit_xml(wrong)
+        assert client.wait(refused) == "Failed"
+        message = client.props(f"/jobs/{refused}", properties="ErrorMessage")["ErrorMessage"]
+        assert "the required node CPUNODE001 is not among the nodes the job may use" in message
+        taken = client.submit_xml(right)
+        client.wait(taken, ("Running", "Finished", "Failed"))
+        message = client.props(f"/jobs/{taken}", properties="ErrorMessage")["ErrorMessage"]
+        assert "not among the nodes" not in message and "match its RequestedNodes" not in message
+        client.post(f"/jobs/{taken}/cancel")
+        client.wait(taken)
