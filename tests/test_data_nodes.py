@@ -5,12 +5,20 @@ RequiredNodes. Golden files for a 2+2 job, and the emulator's Intersect rule cat
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from hpcjob.backends.local.procs import MARKER_VAR, marked_processes
 from hpcjob.backends.scheduler import cluster_plan
 from hpcjob.emulator import HeadNode, NodeSpec
 from hpcjob.job.plan import JobPlan, make_plan
@@ -19,10 +27,11 @@ from hpcjob.job.results import NodeInfo
 from hpcjob.job.spec import JobSpec, NotEnoughNodes, SpecError, check_data_service
 
 from .artefact_checks import check_powershell, powershell_errors
-from .conftest import RUN_ID, cluster_spec
+from .conftest import REPO, RUN_ID, cluster_spec
 from .emulator.conftest import PASSWORD, Client
 
 NS = {"j": JOB_NAMESPACE}
+TRAIN = REPO / "training" / "run_ddp.py"
 CPU = ("CPUNODE001", "CPUNODE002")
 
 
@@ -165,3 +174,76 @@ def test_the_emulator_never_starts_the_job_a_node_group_would_make() -> None:
         assert "not among the nodes" not in message and "match its RequestedNodes" not in message
         client.post(f"/jobs/{taken}/cancel")
         client.wait(taken)
+
+
+def run_local(
+    share: Path, *options: str, epochs: int = 2, more: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpcjob.cli", "run", "--local", "--json", "--quiet", "-n", "1",
+         "--mount-point", str(share), *options, str(TRAIN), "--epochs", str(epochs),
+         "--train-samples", "600", "--batch-size", "30", *more],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_local_job_with_two_data_nodes_trains_from_them_and_ends_finished(tmp_path: Path) -> None:
+    """`run --local -n 1 --data-nodes 2`: the trainer's batches come from its data node (the other has
+    no rank to serve, and ends at once); every task exits 0 and the job ends Finished, its summary and
+    `runs` saying what the data nodes served and how long the trainer waited. A run resumed from it asks
+    the data node for the checkpoint's next epoch."""
+    job = run_local(tmp_path, "--data-nodes", "2", "--run-id", "hetero-1")
+    out, err = job.communicate(timeout=240)
+    assert job.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["state"] == "Finished"
+    assert [(n["node"], n["exit_code"]) for n in summary["nodes"]] == [
+        ("LOCAL1", 0),
+        ("DATA1", 0),
+        ("DATA2", 0),
+    ]
+    metrics = summary["metrics"]
+    assert [n["node"] for n in metrics["data_nodes"]] == ["DATA1"] and metrics["data_nodes"][0][
+        "samples"
+    ] == 1200
+    assert metrics["data_samples_per_sec"] > 0 and 0 <= metrics["data_wait_fraction"] < 1
+    logs = tmp_path / "hpcjob" / "run_ddp" / "logs" / "hetero-1"
+    assert "no trainer rank to serve" in (logs / "DATA2.out").read_text()
+    listed = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "runs", "--last", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    row = listed.stdout.splitlines()[1].split()
+    assert row[3:5] == ["1+2", "data"], listed.stdout
+    resumed = run_local(tmp_path, "--data-nodes", "1", "--resume-from", "hetero-1", epochs=3)
+    out, err = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, err[-3000:]
+    again = json.loads(out)["metrics"]
+    assert (again["resumed_from_epoch"], again["epochs_trained"]) == (2, 1)
+    assert again["data_nodes"][0]["samples"] == 600  # one epoch served: the third
+
+
+@pytest.mark.slow
+def test_a_data_node_that_fails_ends_the_job_naming_it(tmp_path: Path) -> None:
+    job = run_local(
+        tmp_path, "--data-nodes", "1", "--run-id", "hetero-2", epochs=20, more=("--step-sleep", "0.05")
+    )
+    try:
+        folder = tmp_path / "hpcjob" / "run_ddp" / ".hpcjob" / "data" / "hetero-2"
+        deadline = time.monotonic() + 120
+        while not (folder / "DATA1.json").is_file():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.1)
+        time.sleep(2)  # training from it
+        for pid, _ in marked_processes(f"{MARKER_VAR}=hetero-2/2\0".encode()):
+            os.kill(pid, signal.SIGKILL)
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    summary = json.loads(out)
+    assert summary["state"] == "Failed", err[-3000:]
+    assert summary["root_cause"]["node"] == "DATA1"

@@ -104,11 +104,12 @@ def test_the_list_filters_and_its_table(monkeypatch: pytest.MonkeyPatch) -> None
     table = CliRunner().invoke(cli, ["runs"]).output.splitlines()
     assert table[0].split() == [
         "RUN", "NAME", "WHERE", "NODES", "STATE", "START", "WALL", "NODE-H", "GPU-H", "COST", "SAMPLES/S",
-        "TAGS",
+        "WAIT", "DATA/S", "TAGS",
     ]  # fmt: skip
     loc = table[1].split()
     assert loc[:5] == ["loc-1", "loc", "local", "2", "Failed"]
-    assert loc[-4:-1] == ["-", "-", "-"]  # GPU-H, COST (a local run has none, not $0.00), SAMPLES/S
+    # GPU-H, COST (a local run has none, not $0.00), SAMPLES/S, WAIT, DATA/S (no data nodes)
+    assert loc[-6:-1] == ["-", "-", "-", "-", "-"]
     assert runs("--last", "1")[0]["cost_usd"] is None
     assert "1 min 0 s" in table[1] and "0.03" in table[1] and table[1].endswith("exp=a")
     assert "2x8" in table[2]

@@ -53,7 +53,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -63,6 +63,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+import data_service
 from gpu_monitor import GpuMonitor, open_monitor
 from images import default_workers, node_cpus, processes_on_node
 from neural_network import MODELS, build_model, input_shape
@@ -88,6 +89,7 @@ from operations import (
     local_sums,
     make_loaders,
     one_line,
+    resident_tensors,
     save_checkpoint,
     train_one_epoch,
 )
@@ -364,7 +366,7 @@ class Context:
         """
         try:
             result = step()
-        except (DataError, CheckpointError, OSError) as exc:
+        except (DataError, CheckpointError, OSError, data_service.DataServiceError) as exc:
             self._agree(one_line(exc), what)  # raises: this rank failed
             raise
         self._agree(None, what)
@@ -595,6 +597,9 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
         shape=shape,
         prefetch=args.prefetch,
     )
+    remote = remote_batches(args, ctx)
+    if remote is not None:  # the data nodes make this rank's training batches
+        loaders = replace(loaders, train=remote, train_sampler=remote)
     ctx.log(
         f"start world_size={ctx.env.world_size} backend={ctx.backend} device={ctx.device.type} "
         f"model={args.model} input={'x'.join(map(str, shape.dims))} bf16={args.bf16} "
@@ -654,13 +659,97 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
         timeline.close()
     assert last is not None  # epochs_to_run was not empty
     gpus = gpu_use(ctx, monitor)
-    ctx.log(format_metrics_line(final_metrics(args, ctx, resumed, started, (last, mine, steps), gpus)))
+    metrics = final_metrics(args, ctx, resumed, started, (last, mine, steps), gpus)
+    if remote is not None:
+        metrics.update(data_node_metrics(ctx.gather(remote.close())))
+    ctx.log(format_metrics_line(metrics))
+
+
+def remote_batches(args: argparse.Namespace, ctx: Context) -> data_service.RemoteBatches | None:
+    """This rank's batches from its data node, in a job with data nodes (HPCJOB_ROLE=trainer); else
+    None. Every rank waits for its data node (--data-wait at most), and all stop if one cannot."""
+    if data_service.role(os.environ) != data_service.TRAINER_ROLE:
+        return None
+    layout = data_service.Layout.from_env(os.environ)
+    if layout is None:
+        return None
+    return ctx.on_all_ranks(
+        lambda: data_service.RemoteBatches(
+            layout, ctx.env.rank, batch_size=args.batch_size, seed=args.seed, prefetch=args.prefetch
+        ),
+        "connecting to the data nodes",
+    )
+
+
+def data_node_metrics(served: Sequence[dict[str, object] | None]) -> dict[str, object]:
+    """What the data nodes did, from each trainer's last word with its data node: per node its latest
+    figures, and their samples a second together."""
+    nodes: dict[str, dict[str, object]] = {}
+    for figures in served:
+        if figures is None:
+            continue
+        node = str(figures.get("node"))
+        if node not in nodes or _count(figures) >= _count(nodes[node]):
+            nodes[node] = figures
+    rates = [r for f in nodes.values() if isinstance(r := f.get("samples_per_sec"), int | float)]
+    return {"data_nodes": list(nodes.values()), "data_samples_per_sec": sum(rates) if rates else None}
+
+
+def _count(figures: dict[str, object]) -> int:
+    samples = figures.get("samples")
+    return samples if isinstance(samples, int) else 0
+
+
+def serve_data(args: argparse.Namespace) -> int:
+    """A data node's whole part (HPCJOB_ROLE=data): the training set, decoded and augmented here in
+    loader workers, served to the trainer ranks this node serves until each is done. No process group:
+    a data node is no rank of the training's world."""
+    layout = data_service.Layout.from_env(os.environ)
+    if layout is None:
+        print("error: HPCJOB_ROLE=data, and the job names no data nodes (HPCJOB_DATA_NODES)", file=sys.stderr)
+        return 2
+    node = os.environ.get("HPCJOB_NODE") or data_service.socket.gethostname().split(".")[0]
+    shape = input_shape(args.model, args.image_size)
+    data = load_data(
+        args.data, args.data_root, args.train_samples, args.test_samples, args.seed, shape, decode="cpu"
+    )
+    streams = max(1, len(layout.ranks_of(node)))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # Decoding is the work here: every CPU this node gives, shared by the trainer ranks it serves; data
+    # held in memory needs no worker.
+    workers = 0 if resident_tensors(data.train) is not None else max(1, cpus // streams)
+    if args.num_workers is not None:
+        workers = args.num_workers
+    print(
+        f"data node {node}: {data.description}, {data.train_size} training samples, {workers} loader "
+        f"worker(s) per trainer rank, {cpus} CPU(s)",
+        flush=True,
+    )
+    data_service.serve(
+        data.train,
+        layout,
+        node,
+        data_service.node_address(os.environ),
+        batch_size=args.batch_size,
+        seed=args.seed,
+        workers=workers,
+        prefetch=args.prefetch,
+        port=int(os.environ.get(data_service.PORT_VAR, layout.port)),
+        log=partial(print, flush=True),
+    )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     parser = build_parser()
     args = parse_args(argv)
+    if data_service.role(os.environ) == data_service.DATA_ROLE:  # a CPU node: no device, no torchrun
+        try:
+            return serve_data(args)
+        except (DataError, OSError, data_service.DataServiceError) as exc:
+            print(f"error: data node: {one_line(exc)}", file=sys.stderr, flush=True)
+            return 1
     try:
         env = read_dist_env(os.environ)
         device, backend = choose_device(args.device, args.backend, env.local_rank)

@@ -105,7 +105,8 @@ def runs(
             e.record.run_id,
             e.record.name,
             e.record.cluster or e.record.backend,
-            f"{len(e.record.nodes)}x{e.gpus_per_node}" if e.gpus_per_node else str(len(e.record.nodes)),
+            (f"{len(e.record.nodes)}x{e.gpus_per_node}" if e.gpus_per_node else str(len(e.record.nodes)))
+            + (f"+{len(e.data_nodes)} data" if e.data_nodes else ""),
             e.state or e.record.state,
             time.strftime("%Y-%m-%d %H:%M", time.localtime(e.started)),
             None if e.wall_s is None else duration(e.wall_s),
@@ -113,6 +114,8 @@ def runs(
             hours(e.gpu_hours),
             money(e.cost_usd),
             None if e.samples_per_s is None else number(e.samples_per_s),
+            None if e.data_wait is None else f"{e.data_wait:.0%}",
+            None if e.data_samples_per_s is None else number(e.data_samples_per_s),
             " ".join(f"{k}={v}" for k, v in e.tags.items()) or None,
         )
         for e in entries
@@ -129,6 +132,8 @@ def runs(
         "GPU-H",
         "COST",
         "SAMPLES/S",
+        "WAIT",
+        "DATA/S",
         "TAGS",
     )
     for line in table(header, rows):

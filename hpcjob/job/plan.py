@@ -83,6 +83,7 @@ DATA_NODES_VAR = "HPCJOB_DATA_NODES"
 DATA_PORT_VAR = "HPCJOB_DATA_PORT"
 DATA_WAIT_VAR = "HPCJOB_DATA_WAIT_S"
 DATA_DIR_VAR = "HPCJOB_DATA_DIR"
+DATA_CLIENTS_VAR = "HPCJOB_DATA_CLIENTS"  # the trainers' world size: the ranks the data nodes serve
 
 
 # Each attempt of a run is one HPC Pack job; the tasks know which (issue 33: a user's script may start
@@ -439,6 +440,7 @@ def make_plan(
             (DATA_PORT_VAR, str(spec.data_port)),
             (DATA_WAIT_VAR, f"{spec.data_wait_s:g}"),
             (DATA_DIR_VAR, data_dir),
+            (DATA_CLIENTS_VAR, str(len(nodes) * spec.procs_per_node)),
         )
     if spec.resume_dir is not None:
         if RESUME_VAR in given:

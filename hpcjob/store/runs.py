@@ -505,6 +505,27 @@ class HistoryEntry:
         value = (self.summary.metrics or {}).get("samples_per_sec")
         return float(value) if isinstance(value, int | float) else None
 
+    @property
+    def data_nodes(self) -> tuple[str, ...]:
+        """The CPU data nodes of the run's newest attempt (its plan's), if it had any."""
+        return tuple(str(node) for node in (self.plan or {}).get("data_nodes") or ())
+
+    def _metric(self, key: str) -> float | None:
+        if self.summary is None or self.summary.trained_nothing:
+            return None
+        value = (self.summary.metrics or {}).get(key)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    @property
+    def data_wait(self) -> float | None:
+        """The share of the trainers' loop time spent waiting for data (their loaders', or data nodes')."""
+        return self._metric("data_wait_fraction")
+
+    @property
+    def data_samples_per_s(self) -> float | None:
+        """The data nodes' samples a second together, as the trainers drew them (a run with data nodes)."""
+        return self._metric("data_samples_per_sec")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             **asdict(self.record),
@@ -517,6 +538,9 @@ class HistoryEntry:
             "node_hours": self.node_hours,
             "gpu_hours": self.gpu_hours,
             "samples_per_s": self.samples_per_s,
+            "data_nodes": list(self.data_nodes),
+            "data_wait": self.data_wait,
+            "data_samples_per_s": self.data_samples_per_s,
             "cost_usd": self.cost_usd,
             "cost_per_1000_samples_usd": self.cost_per_1000_samples,
             "price": asdict(self.summary.price) if self.summary and self.summary.price else None,

@@ -28,6 +28,7 @@ from typing import IO, TYPE_CHECKING
 
 from hpcjob.backends.local.gpus import share_gpus, visible_gpus
 from hpcjob.backends.local.procs import (
+    LOCAL_CPUS_VAR,
     MARKER_VAR,
     STOP_SIGNALS,
     TaskProcess,
@@ -37,6 +38,7 @@ from hpcjob.backends.local.procs import (
     process_table,
 )
 from hpcjob.job.plan import (
+    DATA_PORT_VAR,
     ENV_ON_VAR,
     ENVS_VAR,
     RESUME_VAR,
@@ -88,6 +90,35 @@ def local_node_names(spec: JobSpec) -> tuple[str, ...]:
     excluded = {name.upper() for name in spec.exclude_nodes}
     names = (f"LOCAL{i}" for i in range(1, spec.node_count + len(excluded) + 1))
     return tuple(name for name in names if name not in excluded)[: spec.node_count]
+
+
+# How many of this machine's CPUs the trainers of a local job with data nodes get (a benchmark's knob:
+# one CPU for a trainer that must not decode its own data); unset: their share, N of N+M nodes.
+TRAINER_CPUS_VAR = "HPCJOB_LOCAL_TRAINER_CPUS"
+
+
+def local_cpus(
+    cpus: Sequence[int], trainers: Sequence[str], data_nodes: Sequence[str], trainer_cpus: int | None = None
+) -> dict[str, str]:
+    """Each local node's CPUs in a job with data nodes (HPCJOB_LOCAL_CPUS, as the task's first process
+    sets its affinity): the trainers share the first `trainer_cpus` [default: N of N+M of them, at least
+    one], the data nodes split the rest (sharing one each where there are fewer). {} without data nodes,
+    or with one CPU: all share it."""
+    if not data_nodes or len(cpus) < 2:
+        return {}
+    share = round(len(cpus) * len(trainers) / (len(trainers) + len(data_nodes)))
+    count = min(len(cpus) - 1, max(1, trainer_cpus if trainer_cpus is not None else share))
+    ordered = sorted(cpus)
+    theirs, rest = ordered[:count], ordered[count:]
+    placement = {name: ",".join(map(str, theirs)) for name in trainers}
+    for index, name in enumerate(data_nodes):
+        if len(rest) >= len(data_nodes):
+            each = len(rest) // len(data_nodes)
+            mine = rest[index * each : (index + 1) * each if index < len(data_nodes) - 1 else None]
+        else:
+            mine = [rest[index % len(rest)]]
+        placement[name] = ",".join(map(str, mine))
+    return placement
 
 
 # A local node is lost as a machine is: its whole task killed from outside the job (a signal to the task
@@ -161,6 +192,7 @@ class LocalBackend:
         # set where nobody named the port.
         self.fresh_port_each_attempt = False
         self._lifelines: list[IO[bytes]] = []  # attached jobs: their end of the pipe closes with us
+        self._cpus: dict[str, str] = {}  # each node's CPUs in a job with data nodes (local_cpus)
 
     # -- the Backend interface -------------------------------------------------------------------
 
@@ -373,6 +405,13 @@ class LocalBackend:
         """Run the plan's tasks here until the job ends; Ctrl-C (KeyboardInterrupt) cancels it."""
         Path(plan.log_dir).mkdir(parents=True, exist_ok=True)
         nodes = [self._node(task) for task in plan.tasks]
+        trainer_cpus = os.environ.get(TRAINER_CPUS_VAR, "")
+        self._cpus = local_cpus(
+            sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
+            plan.nodes,
+            plan.data_nodes,
+            int(trainer_cpus) if trainer_cpus.isdigit() else None,
+        )
         start = time.monotonic()
         state = State.RUNNING
         failed_first: _Node | None = None
@@ -470,9 +509,16 @@ class LocalBackend:
         # plan says so (--resume-from), as on a node.
         left_out = {MARKER_VAR, RESUME_VAR, *self.hidden_env}
         env = {k: v for k, v in os.environ.items() if k not in left_out}
-        variables = dict(plan.env)  # the task's own, as a node gets them
+        variables = {**dict(plan.env), **dict(task.env)}  # the task's own, as a node gets them
         if index < len(self.gpu_devices) and self.gpu_devices[index] is not None:
             variables["CUDA_VISIBLE_DEVICES"] = str(self.gpu_devices[index])  # this node's own GPUs
+        if task.node in plan.data_nodes:
+            # A CPU node: no GPU; and a port of its own, the data nodes sharing this machine's address
+            # (it publishes the port it took; the trainers read it there).
+            variables["CUDA_VISIBLE_DEVICES"] = ""
+            variables[DATA_PORT_VAR] = str(free_port())
+        if task.node in self._cpus:
+            variables[LOCAL_CPUS_VAR] = self._cpus[task.node]
         variables.update(
             {
                 "CCP_JOBID": str(os.getpid()),

@@ -27,6 +27,7 @@ from typing import Any
 
 # Put into each task's environment by whoever starts it, with a value unique to the task.
 MARKER_VAR = "HPCJOB_TASK_MARKER"
+LOCAL_CPUS_VAR = "HPCJOB_LOCAL_CPUS"  # a local node's CPUs: DEFAULT_SIGNALS sets its affinity from it
 
 Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
 
@@ -63,6 +64,10 @@ DEFAULT_SIGNALS = (
     "            signal.signal(s, signal.SIG_DFL)\n"
     "    except (OSError, ValueError):\n"
     "        pass\n"
+    # A local node's own CPUs (a job with data nodes): set before bash starts, so all it runs inherits them.
+    "cpus = os.environ.pop('HPCJOB_LOCAL_CPUS', '')\n"
+    "if cpus and hasattr(os, 'sched_setaffinity'):\n"
+    "    os.sched_setaffinity(0, {int(c) for c in cpus.split(',')})\n"
     "stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}\n"
     "signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"

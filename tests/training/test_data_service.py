@@ -1,0 +1,151 @@
+"""The training program's data service (issue 34), over real ZeroMQ sockets on loopback: the trainers
+together get exactly DistributedSampler's indices each epoch, padding included; a client without the
+attempt's key gets nothing; a batch is read back from raw frames and checked, never unpickled."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hpcjob.backends.local import free_port
+from torch.utils.data import Dataset, DistributedSampler
+
+from data_service import (  # type: ignore[import-not-found]
+    DataServiceError,
+    Layout,
+    RemoteBatches,
+    ServeStats,
+    batch_frames,
+    serve,
+    tensors_of,
+    wait_for_endpoint,
+)
+
+pytest.importorskip("zmq")
+
+
+class Numbered(Dataset[tuple[torch.Tensor, int]]):
+    """Sample i is a small image whose label is i: what a trainer got says which indices it got."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.full((1, 2, 2), float(index)), index
+
+
+def start_data_nodes(layout: Layout, dataset: Dataset[Any], batch_size: int) -> list[threading.Thread]:
+    """Each data node of the layout serving in a thread of its own, on a port of its own."""
+    results: list[ServeStats] = []
+    threads = []
+    for node in layout.nodes:
+        thread = threading.Thread(
+            target=lambda node=node: results.append(
+                serve(
+                    dataset,
+                    layout,
+                    node,
+                    "127.0.0.1",
+                    batch_size=batch_size,
+                    seed=7,
+                    workers=0,
+                    prefetch=2,
+                    port=free_port(),
+                    log=lambda line: None,
+                )
+            ),
+            daemon=True,
+        )
+        thread.start()
+        threads.append(thread)
+    return threads
+
+
+@pytest.mark.parametrize(("length", "clients", "data_nodes"), [(23, 2, 1), (23, 4, 2), (5, 3, 2)])
+def test_the_trainers_get_exactly_distributed_sampler_s_indices(
+    tmp_path: Path, length: int, clients: int, data_nodes: int
+) -> None:
+    """23 samples for 2 and 4 ranks, 5 for 3: padded (the first indices again) as DistributedSampler
+    pads them, each rank its strided share, two epochs shuffled differently."""
+    names = tuple(f"DATA{i}" for i in range(1, data_nodes + 1))
+    layout = Layout(names, 0, 20.0, tmp_path / "data", clients)
+    threads = start_data_nodes(layout, Numbered(length), batch_size=3)
+    got: dict[tuple[int, int], list[int]] = {}
+    trainers = [RemoteBatches(layout, rank, batch_size=3, seed=7, prefetch=2) for rank in range(clients)]
+    for epoch in (0, 1):
+        for trainer in trainers:
+            trainer.set_epoch(epoch)
+            labels = [int(label) for _, batch in trainer for label in batch]
+            got[(epoch, trainer.rank)] = labels
+    for trainer in trainers:
+        served = trainer.close()
+        assert served is not None and served["node"] == layout.node_of(trainer.rank)
+    for thread in threads:
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "a data node did not end once every rank it serves was done"
+    for (epoch, rank), labels in got.items():
+        sampler = DistributedSampler(range(length), num_replicas=clients, rank=rank, shuffle=True, seed=7)
+        sampler.set_epoch(epoch)
+        assert labels == list(sampler), (epoch, rank)
+    assert got[(0, 0)] != got[(1, 0)]  # each epoch its own shuffle
+    everyone = sorted(i for (epoch, _), labels in got.items() if epoch == 0 for i in labels)
+    assert set(everyone) == set(range(length)) and len(everyone) >= length  # all, padded to a multiple
+
+
+def test_a_client_without_the_attempt_s_key_gets_nothing(tmp_path: Path) -> None:
+    import zmq
+
+    layout = Layout(("DATA1",), 0, 10.0, tmp_path / "data", 1)
+    threads = start_data_nodes(layout, Numbered(8), batch_size=4)
+    endpoint = wait_for_endpoint(layout.folder, "DATA1", 10.0)
+    assert (layout.folder / "DATA1.json").stat().st_mode & 0o077 == 0  # the owner's alone
+    context = zmq.Context()
+    try:
+        for keys in ("another pair", "none"):
+            intruder = context.socket(zmq.DEALER)
+            intruder.linger = 0
+            if keys == "another pair":  # knows the server's public key, not the client's secret one
+                public, secret = zmq.curve_keypair()
+                intruder.curve_secretkey, intruder.curve_publickey = secret, public
+                intruder.curve_serverkey = endpoint.server_public
+            intruder.connect(f"tcp://{endpoint.address}:{endpoint.port}")
+            intruder.send(b'{"op": "epoch", "epoch": 0, "rank": 0, "world_size": 1, "batch_size": 4}')
+            assert intruder.poll(1500) == 0, f"a client with {keys} got an answer"
+            intruder.close()
+    finally:
+        context.term()
+    trainer = RemoteBatches(layout, 0, batch_size=4, seed=7)  # the job's own trainer is served
+    trainer.set_epoch(0)
+    assert sum(len(labels) for _, labels in trainer) == 8
+    trainer.close()
+    threads[0].join(timeout=20)
+    assert not threads[0].is_alive()
+
+
+def test_a_batch_is_read_back_from_raw_frames_and_checked() -> None:
+    images = torch.randn(3, 1, 2, 2).to(torch.bfloat16)
+    labels = torch.tensor([4, 5, 6])
+    frames = [bytes(frame) for frame in batch_frames(images, labels)]
+    back_images, back_labels = tensors_of(frames)
+    assert torch.equal(back_images, images) and torch.equal(back_labels, labels)
+    with pytest.raises(DataServiceError, match="bytes, not the"):
+        tensors_of([frames[0], frames[1][:-2], frames[2]])
+    with pytest.raises(DataServiceError, match="unknown kind"):
+        tensors_of([frames[0].replace(b"bfloat16", b"object"), frames[1], frames[2]])
+
+
+def test_a_data_node_that_never_comes_up_is_one_line_after_the_wait(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(DataServiceError) as raised:
+        wait_for_endpoint(tmp_path, "CPUNODE007", 0.5, poll_s=0.05)
+    assert time.monotonic() - started < 5
+    message = str(raised.value)
+    assert message.startswith("data node CPUNODE007 did not come up within 0.5 s (--data-wait)")
+    assert "\n" not in message
