@@ -247,3 +247,32 @@ def test_a_data_node_that_fails_ends_the_job_naming_it(tmp_path: Path) -> None:
     summary = json.loads(out)
     assert summary["state"] == "Failed", err[-3000:]
     assert summary["root_cause"]["node"] == "DATA1"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["rest", "winrm"])
+def test_both_emulator_front_doors_run_a_2plus2_job_to_the_end(tmp_path: Path, backend: str) -> None:
+    """Two GPU trainers and two CPU data nodes of their own group, chosen by hpcjob, in one job through
+    each front door: every task exits 0, the job ends Finished, each data node served its trainer."""
+    from hpcjob.emulator.headnode import GPU_GROUPS
+
+    from .test_rest_e2e import SMALL, emulated_cluster
+
+    nodes = [
+        NodeSpec("LOCALHOST", groups=GPU_GROUPS),
+        NodeSpec("NODE002", groups=GPU_GROUPS),
+        *(NodeSpec(name, groups=("ComputeNodes", "LinuxNodes", "CPUNodes")) for name in CPU),
+    ]
+    for cluster in emulated_cluster(tmp_path, filter_nodes=("LOCALHOST", "NODE002", *CPU), nodes=nodes):
+        done = cluster.submit(
+            "--wait", "--json", "--backend", backend, "-n", "2", "--data-nodes", "2",
+            "--data-node-group", "CPUNodes", str(TRAIN), "--epochs", "1", *SMALL,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-4000:]
+        summary = json.loads(done.stdout)
+        assert summary["state"] == "Finished"
+        assert sorted((n["node"], n["exit_code"]) for n in summary["nodes"]) == sorted(
+            [("LOCALHOST", 0), ("NODE002", 0), *((name, 0) for name in CPU)]
+        )
+        served = {n["node"]: n["samples"] for n in summary["metrics"]["data_nodes"]}
+        assert set(served) == set(CPU) and all(samples > 0 for samples in served.values())

@@ -68,9 +68,11 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     yield from emulated_cluster(tmp_path)
 
 
-def emulated_cluster(tmp_path: Path, **head_options: Any) -> Iterator[Cluster]:
+def emulated_cluster(
+    tmp_path: Path, filter_nodes: tuple[str, ...] = ("LOCALHOST", "NODE002", "NODE003"), **head_options: Any
+) -> Iterator[Cluster]:
     """The head node (both front doors, nodes from this process's environment; `head_options` for
-    HeadNode), a real smbd, alice's profile, and hpcjob's filter on every node."""
+    HeadNode), a real smbd, alice's profile, and hpcjob's filter on `filter_nodes`."""
     require_testbed(tools=("smbd", "smbpasswd", "mount", "umount", "mountpoint"))
     share_dir = tmp_path / "CcpSpoolDir" / "app"
     share_dir.mkdir(parents=True)
@@ -122,7 +124,7 @@ def emulated_cluster(tmp_path: Path, **head_options: Any) -> Iterator[Cluster]:
             assert added.returncode == 0, added.stderr
             # hpcjob's execution filter on every node, once (alice is an administrator): the mount job of
             # each submit has it mount the share (bind-mounted here already: "already mounted").
-            nodes = [f"--node={n}" for n in ("LOCALHOST", "NODE002", "NODE003")]
+            nodes = [f"--node={n}" for n in filter_nodes]
             installed = cluster.hpcjob("mount", "--install", "--backend", "winrm", *nodes)
             assert installed.returncode == 0, installed.stderr
             # and hpcjob/ on the share made the administrator's, each user's folder theirs (issue 31)

@@ -340,8 +340,7 @@ def serve(
     router.curve_publickey = server_public
     router.linger = 1000
     try:
-        bound = port or layout.port
-        router.bind(f"tcp://{address}:{bound}")
+        bound = _bind(router, address, port or layout.port, log)
         publish(layout.folder, Endpoint(node, address, bound, server_public, client_public, client_secret))
         log(f"data node {node}: serving ranks {', '.join(map(str, ranks))} at {address}:{bound}")
         streams: dict[bytes, _Stream] = {}
@@ -405,6 +404,22 @@ def serve(
         router.close(linger=1000)
         authenticator.stop()
         context.term()
+
+
+def _bind(router: Any, address: str, port: int, log: Any) -> int:
+    """Listen on `port`, or where it is taken (several data nodes on one host: a local run, the
+    emulator), on a free port, said: the trainers read the port from the endpoint file either way."""
+    import zmq
+
+    try:
+        router.bind(f"tcp://{address}:{port}")
+        return port
+    except zmq.ZMQError as exc:
+        if exc.errno != zmq.EADDRINUSE:
+            raise DataServiceError(f"cannot listen on {address}:{port}: {exc}") from None
+    taken = int(router.bind_to_random_port(f"tcp://{address}"))
+    log(f"data node: port {port} is taken on {address}: serving on {taken} instead")
+    return taken
 
 
 class _OneKey:

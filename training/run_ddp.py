@@ -734,7 +734,6 @@ def serve_data(args: argparse.Namespace) -> int:
         seed=args.seed,
         workers=workers,
         prefetch=args.prefetch,
-        port=int(os.environ.get(data_service.PORT_VAR, layout.port)),
         log=partial(print, flush=True),
     )
     return 0

@@ -88,7 +88,7 @@ def mount_preview(request: MountRequest, *, install: bool) -> str:
         lines.append(f"# would run as root on {', '.join(nodes)} (clusrun /user:system or an admin job):")
         lines.append(filter_install_command([request.allowed], request.containers))
     step = mount_step(request.allowed.unc, request.point, request.allowed.options, nodes)
-    job = mount_check_job_xml(new_run_id("mount"), step, JobShape(nodes, request.group))
+    job = mount_check_job_xml(new_run_id("mount"), step, JobShape(nodes))  # named: no group (mount_share)
     lines.append(f"# would submit, as you, the mount job:\n{job}")
     return "\n".join(lines)
 
@@ -134,7 +134,10 @@ def mount_share(
     nodes = request.nodes or tuple(n.name for n in backend.nodes(group) if n.usable)
     if not nodes:
         raise SpecError(f"no online, healthy node {f'in group {group}' if group else 'in the cluster'}")
-    shape = JobShape(nodes, group, None, None)
+    # Named nodes are the job's candidates themselves: a group would narrow them (its default Intersect
+    # keeps out a named node of another group, a CPU data node's), so the job names none.
+    kept_to = None if request.nodes else group
+    shape = JobShape(nodes, kept_to, None, None)
     if install:
         command = filter_install_command([allowed], request.containers)
         ok, said = backend.install_filter(command, shape, progress)
@@ -154,7 +157,7 @@ def mount_share(
     if new:
         progress(f"your account was made just now on {', '.join(new)}: mounting there again")
         step = mount_step(allowed.unc, request.point, allowed.options, new)
-        again = backend.mount(new_run_id("mount"), step, JobShape(new, group), progress)
+        again = backend.mount(new_run_id("mount"), step, JobShape(new, kept_to), progress)
         retried = {r.node.upper(): r for r in again}
         results = [retried.get(r.node.upper(), r) for r in results]
     return results

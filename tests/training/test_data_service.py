@@ -41,10 +41,15 @@ class Numbered(Dataset[tuple[torch.Tensor, int]]):
         return torch.full((1, 2, 2), float(index)), index
 
 
-def start_data_nodes(layout: Layout, dataset: Dataset[Any], batch_size: int) -> list[threading.Thread]:
-    """Each data node of the layout serving in a thread of its own, on a port of its own."""
+def start_data_nodes(
+    layout: Layout, dataset: Dataset[Any], batch_size: int, said: list[str] | None = None
+) -> list[threading.Thread]:
+    """Each data node of the layout serving in a thread of its own, all asked for the same port, as on
+    one host: the second finds it taken and serves on another (`said` gets their lines)."""
     results: list[ServeStats] = []
     threads = []
+    port = free_port()
+    lines = said if said is not None else []
     for node in layout.nodes:
         thread = threading.Thread(
             target=lambda node=node: results.append(
@@ -57,8 +62,8 @@ def start_data_nodes(layout: Layout, dataset: Dataset[Any], batch_size: int) -> 
                     seed=7,
                     workers=0,
                     prefetch=2,
-                    port=free_port(),
-                    log=lambda line: None,
+                    port=port,
+                    log=lines.append,
                 )
             ),
             daemon=True,
@@ -76,7 +81,8 @@ def test_the_trainers_get_exactly_distributed_sampler_s_indices(
     pads them, each rank its strided share, two epochs shuffled differently."""
     names = tuple(f"DATA{i}" for i in range(1, data_nodes + 1))
     layout = Layout(names, 0, 20.0, tmp_path / "data", clients)
-    threads = start_data_nodes(layout, Numbered(length), batch_size=3)
+    said: list[str] = []
+    threads = start_data_nodes(layout, Numbered(length), batch_size=3, said=said)
     got: dict[tuple[int, int], list[int]] = {}
     trainers = [RemoteBatches(layout, rank, batch_size=3, seed=7, prefetch=2) for rank in range(clients)]
     for epoch in (0, 1):
@@ -90,6 +96,8 @@ def test_the_trainers_get_exactly_distributed_sampler_s_indices(
     for thread in threads:
         thread.join(timeout=20)
         assert not thread.is_alive(), "a data node did not end once every rank it serves was done"
+    taken = [line for line in said if " is taken on 127.0.0.1: serving on " in line]
+    assert len(taken) == data_nodes - 1  # one host: the first took the port, the other another
     for (epoch, rank), labels in got.items():
         sampler = DistributedSampler(range(length), num_replicas=clients, rank=rank, shuffle=True, seed=7)
         sampler.set_epoch(epoch)

@@ -38,7 +38,6 @@ from hpcjob.backends.local.procs import (
     process_table,
 )
 from hpcjob.job.plan import (
-    DATA_PORT_VAR,
     ENV_ON_VAR,
     ENVS_VAR,
     RESUME_VAR,
@@ -512,11 +511,8 @@ class LocalBackend:
         variables = {**dict(plan.env), **dict(task.env)}  # the task's own, as a node gets them
         if index < len(self.gpu_devices) and self.gpu_devices[index] is not None:
             variables["CUDA_VISIBLE_DEVICES"] = str(self.gpu_devices[index])  # this node's own GPUs
-        if task.node in plan.data_nodes:
-            # A CPU node: no GPU; and a port of its own, the data nodes sharing this machine's address
-            # (it publishes the port it took; the trainers read it there).
+        if task.node in plan.data_nodes:  # a CPU node (its data service finds a free port if it must)
             variables["CUDA_VISIBLE_DEVICES"] = ""
-            variables[DATA_PORT_VAR] = str(free_port())
         if task.node in self._cpus:
             variables[LOCAL_CPUS_VAR] = self._cpus[task.node]
         variables.update(
