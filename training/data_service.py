@@ -105,8 +105,9 @@ class Layout:
 
 
 def role(environ: Mapping[str, str]) -> str:
-    """ "data" on a data node, "trainer" beside data nodes, "" in a job without them."""
-    return environ.get(ROLE_VAR, "")
+    """The task's role: "data" on a data node (HPCJOB_ROLE=data, on its command line), "trainer" on any
+    other task of a job with data nodes, "" in a job without them."""
+    return environ.get(ROLE_VAR) or (TRAINER_ROLE if environ.get(NODES_VAR) else "")
 
 
 def epoch_indices(

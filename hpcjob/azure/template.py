@@ -78,6 +78,16 @@ class GpuSize:
 
 
 @dataclass(frozen=True)
+class CpuSize:
+    """A CPU size for data nodes: its vCPUs, quota family and approximate Linux price."""
+
+    name: str
+    vcpus: int
+    quota_family: str
+    usd_per_hour: float
+
+
+@dataclass(frozen=True)
 class SizeTable:
     """hpcjob/azure/arm/sizes.json: the GPU sizes hpcjob onboards, the fractional ones it refuses, the head
     node's."""
@@ -89,6 +99,7 @@ class SizeTable:
     head_node_quota_family: str
     head_node_usd_per_hour: float
     prices_as_of: str
+    cpu_sizes: Mapping[str, CpuSize] = field(default_factory=dict)
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> SizeTable:
@@ -116,6 +127,10 @@ class SizeTable:
             str(head["quota_family"]),
             float(head["usd_per_hour"]),
             str(data["prices_as_of"]),
+            {
+                name: CpuSize(name, int(row["vcpus"]), str(row["quota_family"]), float(row["usd_per_hour"]))
+                for name, row in data.get("cpu_sizes", {}).items()
+            },
         )
 
 

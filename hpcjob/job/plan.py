@@ -28,7 +28,6 @@ from hpcjob.job.spec import (
 )
 from hpcjob.job.torchrun import (
     NODE_DIR,
-    TRAINER_ROLE,
     TorchrunCommand,
     bash_join,
     bash_quote,
@@ -381,7 +380,6 @@ def make_plan(
         min_nnodes=spec.min_nodes if spec.elastic else None,
         environment=spec.requirements is not None,
         log_id=attempt_log_folder(run_id, attempt),
-        role=TRAINER_ROLE if data_nodes else None,
     )
     line = command_line(torchrun)
     data_line = data_command_line(torchrun)

@@ -40,8 +40,6 @@ class TorchrunCommand:
     min_nnodes: int | None = None  # elastic: torchrun's --nnodes=MIN:MAX
     environment: bool = False  # run in the job's environment (hpcjob/node/env.py) built from `python`
     log_id: str | None = None  # the task's log folder under logs/ [default: rdzv_id]
-    # In a job with data nodes, the trainers' role (HPCJOB_ROLE), set on their command line
-    role: str | None = None
 
 
 def bash_quote(word: str) -> str:
@@ -73,7 +71,6 @@ def command_line(cmd: TorchrunCommand) -> str:
         )
     helper, python = _helper_and_python(cmd)
     torchrun = [
-        *([f"HPCJOB_ROLE={cmd.role}"] if cmd.role else []),
         python,
         "-m torch.distributed.run",
         f"--nnodes={cmd.nnodes}" if cmd.min_nnodes is None else f"--nnodes={cmd.min_nnodes}:{cmd.nnodes}",
@@ -100,7 +97,9 @@ def _helper_and_python(cmd: TorchrunCommand) -> tuple[str, str]:
     return helper, python
 
 
-DATA_ROLE, TRAINER_ROLE = "data", "trainer"
+# A data task's role, on its command line; a task of a job with data nodes without it is a trainer (the
+# trainers' lines stay as they are: the scheduler's limit on a CommandLine is tight).
+DATA_ROLE = "data"
 
 
 def data_command_line(cmd: TorchrunCommand) -> str:

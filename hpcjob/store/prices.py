@@ -170,8 +170,9 @@ def table_prices(size: str) -> SizePrices | None:
     from hpcjob.azure.data import size_table
 
     table = size_table()
-    known = {name.lower(): row for name, row in table.sizes.items()}
-    linux = known[size.lower()].usd_per_hour if size.lower() in known else None
+    known = {name.lower(): row.usd_per_hour for name, row in table.sizes.items()}
+    known.update({name.lower(): row.usd_per_hour for name, row in table.cpu_sizes.items()})
+    linux = known.get(size.lower())
     head = table.head_node_size.lower() == size.lower()
     if linux is None and not head:
         return None
@@ -185,7 +186,7 @@ def canonical_size(size: str) -> str:
     from hpcjob.azure.data import size_table
 
     table = size_table()
-    for name in (*table.sizes, table.head_node_size):
+    for name in (*table.sizes, *table.cpu_sizes, table.head_node_size):
         if name.lower() == size.lower():
             return name
     return size
