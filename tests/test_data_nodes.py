@@ -22,8 +22,9 @@ from hpcjob.backends.local.procs import MARKER_VAR, marked_processes
 from hpcjob.backends.scheduler import cluster_plan
 from hpcjob.emulator import HeadNode, NodeSpec
 from hpcjob.job.plan import JobPlan, make_plan
+from hpcjob.job.prices import Price
 from hpcjob.job.render import JOB_NAMESPACE, clusrun_text, job_xml, powershell_text
-from hpcjob.job.results import NodeInfo
+from hpcjob.job.results import JobSummary, NodeInfo, NodeResult, State
 from hpcjob.job.spec import JobSpec, NotEnoughNodes, SpecError, check_data_service
 
 from .artefact_checks import check_powershell, powershell_errors
@@ -144,6 +145,25 @@ def test_bad_data_node_specs_are_one_line(fields: dict[str, object], error: str)
     with pytest.raises(SpecError) as raised:
         JobSpec(script="train.py", **fields)  # type: ignore[arg-type]
     assert error in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_each_role_is_counted_at_its_own_price() -> None:
+    """Two GPU nodes and a data node, each task an hour: the GPU nodes at their price, the data node at
+    the data_vm_size's; a data node of a profile that names no data_vm_size leaves the cost unknown
+    rather than counted at the GPU nodes' price."""
+    gpu = Price("Standard_NC24ads_A100_v4", "eastus", False, 3.67, "2026-11-27", "api")
+    cpu = Price("Standard_F16s_v2", "eastus", False, 0.677, "2026-11-27", "api")
+    nodes = [
+        NodeResult(name, State.FINISHED, 0, task_start=1000.0, task_end=4600.0)
+        for name in ("GPUNODE001", "GPUNODE002", "CPUNODE001")
+    ]
+    summary = JobSummary("job", "run", State.FINISHED, 0, 3600.0, "/j", "/j/logs", nodes=nodes, price=gpu)
+    summary.data_nodes = ["cpunode001"]
+    assert summary.cost_usd is None  # the data node's size is not known
+    summary.data_price = cpu
+    assert summary.cost_usd == pytest.approx(2 * 3.67 + 0.677)
+    back = JobSummary.from_json(summary.to_json())
+    assert back.data_price == cpu and back.cost_usd == pytest.approx(summary.cost_usd)
 
 
 def test_a_script_without_a_data_service_mode_is_refused() -> None:
@@ -276,3 +296,14 @@ def test_both_emulator_front_doors_run_a_2plus2_job_to_the_end(tmp_path: Path, b
         )
         served = {n["node"]: n["samples"] for n in summary["metrics"]["data_nodes"]}
         assert set(served) == set(CPU) and all(samples > 0 for samples in served.values())
+
+
+def test_a_lost_data_node_is_left_out_of_the_next_attempt() -> None:
+    """Retried as any lost node: the next attempt chooses its data nodes from their group, without it."""
+    from hpcjob.job.attempts import Cause
+    from hpcjob.runner.attempts import _next_spec
+
+    spec = cluster_spec(2, data_node_names=CPU, data_node_group="CPUNodes")
+    after = _next_spec(spec, Cause("node lost", True, "CPUNODE001 was lost", ("CPUNODE001",)))
+    assert (after.data_nodes, after.data_node_names) == (2, ())
+    assert after.exclude_nodes == ("CPUNODE001",) and after.node_names == spec.node_names

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
             "poll_interval retries make_default",
             CREDENTIALS: "password_env use_keyring ca_bundle insecure cert_fingerprint",
             SHARE: "share mount_point smb_user smb_server smb_port local_share",
-            AZURE: "vm_size region spot",
+            AZURE: "vm_size data_vm_size region spot",
         }
     ),
     epilog="""\b
@@ -144,6 +144,11 @@ if TYPE_CHECKING:
     "--vm-size",
     metavar="SIZE",
     help="The compute nodes' Azure VM size: their NCCL settings, and the price runs are counted at.",
+)
+@click.option(
+    "--data-vm-size",
+    metavar="SIZE",
+    help="The CPU data nodes' Azure VM size: the price their part of a run is counted at.",
 )
 @click.option(
     "--region", metavar="REGION", help="The cluster's Azure region, e.g. eastus: where prices come from."

@@ -213,22 +213,35 @@ class JobSummary:
     # The price its nodes are counted at (their size's in the cluster's region), where the profile knows
     # it; None for a local run, which has no cost.
     price: Price | None = None
+    # The CPU data nodes of a job with data nodes, and the price they are counted at (the profile's
+    # data_vm_size): each role at its own price.
+    data_nodes: list[str] = field(default_factory=list)
+    data_price: Price | None = None
+
+    def _price_of(self, node: str) -> Price | None:
+        data = {name.upper() for name in self.data_nodes}
+        return self.data_price if node.upper() in data else self.price
 
     @property
     def usage(self) -> list[Usage]:
-        """Each node's task, start to end, at the price ([] without a price)."""
-        if self.price is None:
+        """Each node's task, start to end, at its role's price ([] where a node of the job has none)."""
+        if any(self._price_of(node.node) is None for node in self.nodes) or self.price is None:
             return []
         return [
-            Usage(1, node.task_start, node.task_end, self.price)
+            Usage(1, node.task_start, node.task_end, price)
             for node in self.nodes
-            if node.task_start is not None and node.task_end is not None
+            if node.task_start is not None
+            and node.task_end is not None
+            and (price := self._price_of(node.node)) is not None
         ]
 
     @property
     def cost_usd(self) -> float | None:
-        """What the job's nodes cost while their tasks ran (hpcjob.job.prices); None without a price."""
-        return None if self.price is None else cost_of(self.usage)
+        """What the job's nodes cost while their tasks ran (hpcjob.job.prices); None where a role has no
+        price (a data node of a profile that names no data_vm_size: not counted at the GPU nodes')."""
+        if self.price is None or any(self._price_of(node.node) is None for node in self.nodes):
+            return None
+        return cost_of(self.usage)
 
     @property
     def gpu_use(self) -> list[GpuUse]:
@@ -259,8 +272,9 @@ class JobSummary:
         ]
         if data.get("root_cause") is not None:
             data["root_cause"] = RootCause(**_known(RootCause, data["root_cause"]))
-        if data.get("price") is not None:
-            data["price"] = Price.from_dict(data["price"])
+        for key in ("price", "data_price"):
+            if data.get(key) is not None:
+                data[key] = Price.from_dict(data[key])
         return cls(**data)
 
 

@@ -264,15 +264,22 @@ def _final(backend: Backend, record: RunRecord, retries: Retries, progress: Prog
 
 
 def _next_spec(spec: JobSpec, cause: Cause) -> JobSpec:
-    """The next attempt's job: the lost nodes never chosen again; a run that named its nodes and lost one
-    lets the scheduler choose from its node group."""
+    """The next attempt's job: the lost nodes never chosen again; a run that named its nodes (or data
+    nodes) and lost one lets hpcjob choose from its node group (or data node group)."""
     from hpcjob.job.attempts import next_attempt_exclusions
 
     lost = {n.upper() for n in cause.lost}
-    names = spec.node_names
+    names, data_names = spec.node_names, spec.data_node_names
     if any(n.upper() in lost for n in names):
         names = ()
-    return replace(spec, node_names=names, exclude_nodes=next_attempt_exclusions(spec.exclude_nodes, cause))
+    if any(n.upper() in lost for n in data_names):  # the data nodes come from their group, if it has one
+        data_names = ()
+    return replace(
+        spec,
+        node_names=names,
+        data_node_names=data_names,
+        exclude_nodes=next_attempt_exclusions(spec.exclude_nodes, cause),
+    )
 
 
 def submit_attempt(

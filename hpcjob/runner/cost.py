@@ -16,41 +16,53 @@ if TYPE_CHECKING:
     from hpcjob.store.prices import Found
 
 
-def node_price(profile: ClusterProfile, progress: Progress) -> Price | None:
-    """The price of the profile's compute nodes (Linux; Spot where the profile says so), or None, with a
-    warning to `progress` when the profile names a size and region and still no price is found."""
+def node_price(profile: ClusterProfile, progress: Progress, *, data_nodes: bool = False) -> Price | None:
+    """The price of the profile's compute nodes (Linux; Spot where the profile says so), or with
+    `data_nodes` of its CPU data nodes (data_vm_size, Linux), or None, with a warning to `progress` when
+    the profile names a size and region and still no price is found."""
     from hpcjob.store.prices import size_prices
 
-    if not profile.vm_size or not profile.region:
+    size = profile.data_vm_size if data_nodes else profile.vm_size
+    if data_nodes and profile.vm_size and profile.region and not size:
+        progress(
+            "hpcjob: warning: the run's cost is not counted: its data nodes' size is not known (`hpcjob "
+            "cluster add --data-vm-size`), and they are not GPU nodes"
+        )
+    if not size or not profile.region:
         return None
+    spot = bool(profile.spot) and not data_nodes
     try:
-        found = size_prices(profile.vm_size, profile.region)
+        found = size_prices(size, profile.region)
     except HpcjobError as exc:  # a SpecError too: the profile's size is not the user's input now
         progress(f"hpcjob: warning: the run's cost is not counted: {exc}")
         return None
     if found.warning:
         progress(f"hpcjob: warning: {found.warning}")
-    price = found.prices.for_nodes(bool(profile.spot))
+    price = found.prices.for_nodes(spot)
     if price is None:
-        kind = "Spot" if profile.spot else "Linux"
+        kind = "Spot" if spot else "Linux"
         progress(
-            f"hpcjob: warning: the run's cost is not counted: no {kind} price for {profile.vm_size} in "
+            f"hpcjob: warning: the run's cost is not counted: no {kind} price for {size} in "
             f"{found.prices.region}"
         )
     return price
 
 
-def run_price(cluster: str | None, progress: Progress) -> Price | None:
-    """The price a run on `cluster` (None: a local run) is counted at."""
+def run_price(
+    cluster: str | None, progress: Progress, *, data_nodes: bool = False
+) -> tuple[Price | None, Price | None]:
+    """The prices a run on `cluster` (None: a local run) is counted at: its GPU nodes', and with
+    `data_nodes` its data nodes' (None where the run has none)."""
     from hpcjob.store.config import get_profile
 
     if cluster is None:
-        return None
+        return None, None
     try:
         profile = get_profile(cluster)
     except SpecError:
-        return None  # the profile is gone or broken: the run's end matters more
-    return node_price(profile, progress)
+        return None, None  # the profile is gone or broken: the run's end matters more
+    gpus = node_price(profile, progress)
+    return gpus, node_price(profile, progress, data_nodes=True) if data_nodes else None
 
 
 def price_rows(

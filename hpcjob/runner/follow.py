@@ -76,7 +76,10 @@ def follow_run(
         )
         if hang is not None:
             summary = hung_summary(summary, hang)
-        summary.price = run_price(record.cluster, progress)
+        summary.data_nodes = list(plan.data_nodes)
+        summary.price, summary.data_price = run_price(
+            record.cluster, progress, data_nodes=bool(plan.data_nodes)
+        )
         with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
             record_end(summary)
         return summary

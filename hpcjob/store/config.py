@@ -117,8 +117,10 @@ class ClusterProfile:
     smb_port: int = 445
     mount_point: str | None = None
     node_group: str | None = None
-    # The node group of the CPU data nodes that feed the trainers (`--data-nodes`; issue 34).
+    # The node group of the CPU data nodes that feed the trainers (`--data-nodes`; issue 34), and their
+    # Azure size: the price their part of a run is counted at.
     data_node_group: str | None = None
+    data_vm_size: str | None = None
     # The share as mounted on this machine (a drive, a CIFS mount): uploads and logs use it, not SMB.
     local_share: str | None = None
     # How hpcjob reaches the head node: "rest" (the HPC Pack REST API at url) or "winrm" (PowerShell
@@ -283,6 +285,7 @@ class ClusterProfile:
                 self.docker_options or "",
             )
             check_vm_size(self.vm_size)
+            check_vm_size(self.data_vm_size)
             if self.region is not None:
                 check_region(self.region, "region")
         except SpecError as exc:
