@@ -17,7 +17,7 @@ import pytest
 
 from hpcjob.azure import data
 from hpcjob.backends.local import free_port
-from hpcjob.emulator import HeadNode
+from hpcjob.emulator import HeadNode, NodeSpec
 
 from .conftest import IMAGE, Result
 
@@ -65,8 +65,11 @@ def head(tmp_path: Path) -> Iterator[HeadNode]:
     yield from stand_in_head(tmp_path, {})
 
 
-def stand_in_head(tmp_path: Path, more_env: dict[str, str]) -> Iterator[HeadNode]:
-    """The head node, its nodes' tools the stand-ins above (before `more_env`'s PATH, if it has one)."""
+def stand_in_head(
+    tmp_path: Path, more_env: dict[str, str], nodes: list[NodeSpec] | None = None
+) -> Iterator[HeadNode]:
+    """The head node (`nodes`: the emulator's own by default), its nodes' tools the stand-ins above
+    (before `more_env`'s PATH, if it has one)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in STAND_INS.items():
@@ -86,7 +89,7 @@ def stand_in_head(tmp_path: Path, more_env: dict[str, str]) -> Iterator[HeadNode
         "SLOW_NODE": "-",
         "ANSWER_ALLREDUCE": "",
     }
-    with HeadNode(users={"alice": PASSWORD}, env=env) as started:
+    with HeadNode(nodes, users={"alice": PASSWORD}, env=env) as started:
         yield started
 
 
@@ -227,6 +230,42 @@ def test_a_node_without_its_gpus_with_slow_ones_or_another_python_is_named(
     figures = {figure["node"]: figure for figure in row["figures"]}
     assert set(figures) == {"LOCALHOST", "NODE002", "NODE003"} and figures["NODE002"]["bus_gbs"] == 0.0005
     assert {figure["mark_gbs"] for figure in figures.values()} == {0.001}
+
+
+def test_doctor_checks_the_data_node_group_and_its_port_from_a_trainer(
+    cli_with_profile: Callable[..., Callable[..., Result]], tmp_path: Path
+) -> None:
+    """A profile with a data_node_group: its node online, the share mounted there, the trainers' Python
+    and torch, and a trainer reaching its data port in one job of both roles (the real probe); then a
+    data node with another Python is named."""
+    from hpcjob.emulator.headnode import GPU_GROUPS
+
+    nodes = [
+        NodeSpec("LOCALHOST", groups=GPU_GROUPS),
+        NodeSpec("NODE002", groups=GPU_GROUPS),
+        NodeSpec("CPUNODE001", groups=("ComputeNodes", "LinuxNodes", "CPUNodes")),
+    ]
+    for head in stand_in_head(tmp_path, {"ANSWER_ALLREDUCE": "1"}, nodes):
+        head.cluster.base_env["ANSWER_ALLREDUCE"] = "1"
+        hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path, data_node_group="CPUNodes"))
+        found = checks(done := hpcjob("doctor", "--json"))
+        assert list(found)[-5:] == [
+            "data nodes", "data nodes: share mounted", "data nodes: Python and torch", "data port", "share",
+        ], done.err  # fmt: skip
+        assert found["data nodes"] == ("pass", "1 in node group CPUNodes, all online and healthy")
+        assert found["data nodes: Python and torch"] == (
+            "pass",
+            "Python 3.10.12 x86_64, torch 2.14.1 on 1 data node(s), as the trainers",
+        )
+        result, detail = found["data port"]
+        assert result == "pass" and detail.startswith("LOCALHOST reached CPUNODE001 at "), detail
+        head.cluster.base_env["OLD_PYTHON"] = "CPUNODE001"
+        found = checks(hpcjob("doctor", "--json"))
+        assert found["data nodes: Python and torch"][0] == "fail"
+        assert found["data nodes: Python and torch"][1] == (
+            "CPUNODE001: Python 3.8.10 x86_64, torch 2.14.1; "
+            "the trainers: Python 3.10.12 x86_64, torch 2.14.1"
+        )
 
 
 def test_doctor_builds_the_job_s_environment_and_runs_the_all_reduce_in_it(

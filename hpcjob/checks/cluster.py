@@ -86,6 +86,8 @@ def checkup(
                 checks += _allreduce(
                     access, fit_nodes(answers), mount_point, requirements, image, progress, command
                 )
+                if profile.data_node_group:
+                    checks += _data_nodes(access, answers, mount_point, progress, command)
             except HpcjobError as exc:
                 checks.append(
                     Check("probe", FAIL, " ".join(str(exc).split()), "see `hpcjob status` of the job")
@@ -156,6 +158,68 @@ def _allreduce(
     if len(fit) > 2:
         checks.append(_pairs_allreduce(access, fit, mount_point, progress, command))
     return checks
+
+
+def _data_nodes(
+    access: ClusterAccess,
+    trainer_answers: list[tuple[str, str]],
+    mount_point: str,
+    progress: Progress,
+    command: str,
+) -> list[Check]:
+    """The profile's data node group (`--data-nodes`): its nodes online, the share mounted there, the
+    trainers' Python and torch, and its data port reached from a trainer in one job of both roles
+    (hpcjob/checks/probes/dataport.py), as a run with data nodes is made."""
+    from dataclasses import replace
+
+    from hpcjob.checks.verdicts import (
+        DATA_CHECKS,
+        SKIP,
+        data_node_checks,
+        data_port_check,
+        fit_nodes,
+        node_check,
+        probe_command,
+    )
+    from hpcjob.job.render import JobShape
+    from hpcjob.job.spec import DEFAULT_DATA_PORT
+
+    profile = access.profile
+    group = profile.data_node_group
+    checked, usable = node_check(access.backend.nodes(group), group)
+    checks = [replace(checked, name="data nodes")]
+    if not usable:
+        return [*checks, *(Check(name, SKIP, "no data node to ask") for name in (*DATA_CHECKS, "data port"))]
+    progress(f"hpcjob: probing {len(usable)} data node(s) of {group} ...")
+    _, answers = access.backend.run_on_nodes(
+        f"hpcjob-doctor-data-{int(time.time())}", probe_command(mount_point), JobShape(tuple(usable), group),
+        lambda line: None,
+    )  # fmt: skip
+    checks += data_node_checks(trainer_answers, answers, mount_point, profile.share)
+    trainers, data = fit_nodes(trainer_answers), fit_nodes(answers)
+    if not trainers or not data:
+        return [
+            *checks,
+            Check("data port", SKIP, "cannot run: it needs a trainer and a data node that passed"),
+        ]
+    nodes = (trainers[0], data[0])
+    spec = replace(
+        _allreduce_spec(access, mount_point, nodes[:1], "hpcjob-dataport", ()),
+        script=str(Path(__file__).resolve().parent / "probes" / "dataport.py"),
+        data_nodes=1,
+        data_node_names=nodes[1:],
+        data_wait_s=60.0,
+    )
+    progress(f"hpcjob: a trainer on {nodes[0]} reaching a data node on {nodes[1]} ...")
+    smb = (profile.smb_user, profile.smb_server, profile.smb_port)
+    _, _, summary = submit_and_follow(
+        access, spec, new_run_id(spec.name), smb, mount_step=False, wait=True, progress=lambda line: None,
+        command=command,
+    )  # fmt: skip
+    assert summary is not None  # waited
+    cause = summary.root_cause.describe() if summary.root_cause else ""
+    port = spec.data_port or DEFAULT_DATA_PORT
+    return [*checks, data_port_check(nodes, port, summary.state, summary.metrics, cause)]
 
 
 def _allreduce_spec(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpcjob.job.results import NodeInfo, State, find_metrics
 from hpcjob.job.spec import DEFAULT_COMMAND_LIMIT
@@ -335,6 +335,73 @@ def share_check(share: str | None, error: str | None) -> Check:
 def fit_nodes(answers: Sequence[tuple[str, str]]) -> list[str]:
     """The nodes whose probe found torch and the share mounted: where a job can run."""
     return [node for node, output in answers if NodeProbe.of(node, output).fit]
+
+
+def data_node_checks(
+    trainers: Sequence[tuple[str, str]],
+    data: Sequence[tuple[str, str]],
+    mount_point: str,
+    share: str | None,
+) -> list[Check]:
+    """The data node group's nodes, from their probe's answers beside the trainers': the share mounted
+    (hpcjob's filter installed there), and the trainers' Python and torch build (a data node builds each
+    epoch's permutation with torch: the same build gives the same indices)."""
+    probes = [NodeProbe.of(node, output) for node, output in data]
+    answered = [probe for probe in probes if probe.said]
+    if not answered:
+        return [Check(name, SKIP, "no data node answered the probe") for name in DATA_CHECKS]
+    mounted = _mount_check(answered, mount_point, share)
+    checks = [replace(mounted, name=DATA_CHECKS[0])]
+    theirs = {_software(probe) for probe in (NodeProbe.of(n, o) for n, o in trainers) if probe.said}
+    theirs.discard(None)
+    wrong = [f"{probe.node}: {_software(probe) or probe.torch_error}" for probe in answered
+             if _software(probe) is None or (theirs and _software(probe) not in theirs)]  # fmt: skip
+    if wrong:
+        trainers_have = "; the trainers: " + ", ".join(sorted(str(s) for s in theirs)) if theirs else ""
+        checks.append(
+            Check(
+                DATA_CHECKS[1],
+                FAIL,
+                "; ".join(wrong) + trainers_have,
+                "give the data nodes the trainers' Python and torch build (a job's --requirements and "
+                "--image reach them too): each epoch's indices come from torch's permutation",
+            )
+        )
+    else:
+        same = next(iter(theirs), None) or _software(answered[0])
+        checks.append(Check(DATA_CHECKS[1], PASS, f"{same} on {len(answered)} data node(s), as the trainers"))
+    return checks
+
+
+DATA_CHECKS = ("data nodes: share mounted", "data nodes: Python and torch")
+
+
+def _software(probe: NodeProbe) -> str | None:
+    """`Python 3.10.12 x86_64, torch 2.14.1`, or None where torch did not import."""
+    if probe.python is None or probe.torch is None:
+        return None
+    return f"Python {probe.python[0]} {probe.python[1]}, torch {probe.torch[0]}"
+
+
+def data_port_check(
+    nodes: Sequence[str], port: int, state: str, metrics: dict[str, object] | None, cause: str
+) -> Check:
+    """The data-port job's result (hpcjob/checks/probes/dataport.py): a trainer reached a data node."""
+    trainer, data_node = nodes
+    if state == State.FINISHED and metrics and metrics.get("data_port_reachable") is True:
+        return Check(
+            "data port",
+            PASS,
+            f"{trainer} reached {data_node} at {metrics.get('data_port_at')} in "
+            f"{metrics.get('data_port_s')} s, in one job of both roles",
+        )
+    return Check(
+        "data port",
+        FAIL,
+        f"{trainer} could not reach {data_node} on port {port}: {cause or f'the job {state}'}",
+        f"open port {port} (--data-port) from the trainers to the data nodes, and check the interface "
+        "node.sh picks (HPCJOB_IFNAME)",
+    )
 
 
 def allreduce_check(nodes: Sequence[str], state: str, metrics: dict[str, object] | None, cause: str) -> Check:
