@@ -9,6 +9,7 @@ host's own name resolves to 127.0.1.1. The client reaches the share over SMB onl
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import subprocess
 import sys
@@ -40,7 +41,12 @@ def client_env(bed: TestBed) -> dict[str, str]:
     return {**os.environ, "HPCJOB_SMB_USER": bed.smb.username, "HPCJOB_SMB_PASSWORD": bed.smb.password}
 
 
-def render_and_upload(bed: TestBed, run_id: str, *script_args: str) -> ET.Element:
+def render_and_upload(
+    bed: TestBed,
+    run_id: str,
+    *script_args: str,
+    nodes: tuple[str, ...] = ("--node", "NODE1", "--node", "NODE2"),
+) -> ET.Element:
     """`hpcjob render --upload`: the job XML, with training/ sent to the share over SMB."""
     assert bed.smb is not None
     command = [
@@ -55,10 +61,7 @@ def render_and_upload(bed: TestBed, run_id: str, *script_args: str) -> ET.Elemen
         bed.smb.address,
         "--smb-port",
         str(bed.smb.port),
-        "--node",
-        "NODE1",
-        "--node",
-        "NODE2",
+        *nodes,
         "--rdzv-timeout",
         "60",
         "--run-id",
@@ -129,3 +132,22 @@ def test_a_dead_host_ends_the_other_task_instead_of_hanging(bed: TestBed, tmp_pa
     codes = wait_all(processes, out, 120)
     assert codes[1] != 0
     assert time.monotonic() - start < 90  # within the rendezvous/process-group timeouts, not hung
+
+
+def test_a_trainer_reads_its_batches_from_a_data_node_on_another_host(bed: TestBed, tmp_path: Path) -> None:
+    """One job of a trainer on node1 and a data node on node2 (issue 34): the data node serves on its
+    own address (eth0, as the node helper picks it), published on the share; the trainer trains from
+    it across hosts; both tasks exit 0."""
+    run_id = "multihost-data-1"
+    job = render_and_upload(
+        bed, run_id, "--epochs", "2", *SMALL, nodes=("--node", "NODE1", "--data-node", "NODE2")
+    )
+    processes = start_job(bed, job, "103", tmp_path)
+    out = bed.share_folder / "hpcjob" / getpass.getuser() / "run_ddp" / "logs" / run_id
+    codes = wait_all(processes, out, 240)
+    logs = {n: (out / f"{n}.out").read_text() + (out / f"{n}.err").read_text() for n in ("NODE1", "NODE2")}
+    assert codes == [0, 0], logs
+    assert f"data node NODE2: serving ranks 0 at {bed['node2'].address}:29600" in logs["NODE2"]
+    metrics = next(line for line in logs["NODE1"].splitlines() if line.startswith("HPCJOB_METRICS "))
+    served = json.loads(metrics.removeprefix("HPCJOB_METRICS "))["data_nodes"]
+    assert [(s["node"], s["samples"]) for s in served] == [("NODE2", 2048)]

@@ -30,27 +30,34 @@ def rendered(plan: JobPlan, formats: Iterable[str] = RENDERERS) -> dict[str, str
     return {name: render[name](plan) for name in formats}
 
 
-def render_job(spec: JobSpec, run_id: str | None = None) -> dict[str, str]:
-    """SPEC on its named nodes in every format that applies (no cluster-run text without a share),
-    contacting nothing and recording nothing (hpcjob.render_job)."""
+def named_plan(spec: JobSpec, run_id: str, no_nodes: str) -> JobPlan:
+    """SPEC's plan on the nodes it names, as a plan made without asking a cluster must be: its trainers
+    and its data nodes named (`no_nodes`: the line for trainers that are not)."""
     from hpcjob.job.plan import make_plan
 
     if not spec.node_names:
-        raise SpecError("render_job needs the nodes: give node_names")
-    plan = make_plan(spec, spec.node_names, run_id or new_run_id(spec.name))
+        raise SpecError(no_nodes)
+    if spec.data_nodes and not spec.data_node_names:
+        raise SpecError(
+            "name the data nodes too, each with --data-node: nothing here asks a cluster for them"
+        )
+    return make_plan(spec, spec.node_names, run_id, data_nodes=spec.data_node_names)
+
+
+def render_job(spec: JobSpec, run_id: str | None = None) -> dict[str, str]:
+    """SPEC on its named nodes in every format that applies (no cluster-run text without a share),
+    contacting nothing and recording nothing (hpcjob.render_job)."""
+    plan = named_plan(spec, run_id or new_run_id(spec.name), "render_job needs the nodes: give node_names")
     return rendered(plan, [name for name in RENDERERS if name != "clusrun" or plan.mount is not None])
 
 
 def submit_preview(spec: JobSpec, run_id: str, *, mount_step: bool) -> str:
     """What `submit` would do with SPEC on its named nodes, sending nothing (`submit --dry-run`): the
     upload, the mount job (as root, with `mount_step`), and the job, as job XML."""
-    from hpcjob.job.plan import make_plan
     from hpcjob.job.render import job_xml, mount_job_xml
     from hpcjob.store.staging import code_files
 
-    if not spec.node_names:
-        raise SpecError("--dry-run asks the cluster nothing: name the nodes with --node")
-    plan = make_plan(spec, spec.node_names, run_id)
+    plan = named_plan(spec, run_id, "--dry-run asks the cluster nothing: name the nodes with --node")
     lines = []
     if spec.share:
         code_dir = Path(spec.script).resolve().parent
@@ -89,12 +96,12 @@ def render_run(
     but `stage_into`: with it (opening the share over SMB, or as mounted here), a new run whose code and
     node files are staged there; without, the job folder's current run (recorded here as rendered), unless
     `run_id` names one. `where`: the record's share and local folder."""
-    from hpcjob.job.plan import make_plan
     from hpcjob.store.runs import RENDERED, RunRecord, check_new_run_id, current_manual_run, save_run
     from hpcjob.store.staging import stage_run
 
-    if not spec.node_names:
-        raise SpecError("render needs the nodes: name each with --node (render contacts no cluster)")
+    no_nodes = "render needs the nodes: name each with --node (render contacts no cluster)"
+    if not spec.node_names:  # before the wheels are locked
+        raise SpecError(no_nodes)
     staging = stage_into is not None
     if spec.wheelhouse is not None and not staging:
         raise SpecError(
@@ -106,7 +113,9 @@ def render_run(
     if staging:
         check_new_run_id(chosen)
     spec, wheels = locked_wheels(spec, progress)
-    plan = make_plan(spec, spec.node_names, chosen)
+    plan = named_plan(
+        spec, chosen, "render needs the nodes: name each with --node (render contacts no cluster)"
+    )
     texts = rendered(plan, formats)  # before anything is recorded or staged: a text may be refused
     record = RunRecord.of(plan, spec.job_folder, "manual", **where)
     if stage_into is not None:

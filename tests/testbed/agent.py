@@ -48,16 +48,28 @@ def start_task(
 
 def start_job(bed: TestBed, job: ET.Element, job_id: str, folder: Path) -> list[subprocess.Popen[str]]:
     """Start every task of a job XML on the host its RequiredNodes names, each with the job's
-    EnvironmentVariables, as the agent gives them to every task."""
-    env = {
-        variable.findtext(f"{NAMESPACE}Name") or "": variable.findtext(f"{NAMESPACE}Value") or ""
-        for variable in job.iter(f"{NAMESPACE}Variable")
-    }
+    EnvironmentVariables, as the agent gives them to every task, and the task's own over them."""
+    env = variables_of(job)
     tasks = job.findall(f"{NAMESPACE}Tasks/{NAMESPACE}Task")
     return [
-        start_task(bed[task.get("RequiredNodes") or ""], task, index, job_id, folder / f"task{index}", env)
+        start_task(
+            bed[task.get("RequiredNodes") or ""],
+            task,
+            index,
+            job_id,
+            folder / f"task{index}",
+            {**env, **variables_of(task)},
+        )
         for index, task in enumerate(tasks, 1)
     ]
+
+
+def variables_of(element: ET.Element) -> dict[str, str]:
+    """A job's or a task's own EnvironmentVariables (not those of the tasks under a job)."""
+    return {
+        variable.findtext(f"{NAMESPACE}Name") or "": variable.findtext(f"{NAMESPACE}Value") or ""
+        for variable in element.findall(f"{NAMESPACE}EnvironmentVariables/{NAMESPACE}Variable")
+    }
 
 
 def kill_node_processes(hpc_name: str, run_id: str) -> int:
