@@ -114,6 +114,7 @@ SKUS = {
     "Standard_ND96asr_v4": ("Standard NDASv4_A100 Family", 96),
     "Standard_ND96isr_H100_v5": ("standardNDSH100v5Family", 96),
     "Standard_DS4_v2": ("standardDSv2Family", 8),
+    "Standard_F16s_v2": ("standardFSv2Family", 16),
 }
 USAGE = {
     "standardNCADSA100v4Family": "Standard NCADS_A100_v4 Family vCPUs",
@@ -121,6 +122,7 @@ USAGE = {
     "standardNDASv4_A100Family": "Standard NDASv4_A100 Family vCPUs",
     "standardNDSH100v5Family": "Standard NDSH100v5 Family vCPUs",
     "standardDSv2Family": "Standard DSv2 Family vCPUs",
+    "standardFSv2Family": "Standard FSv2 Family vCPUs",
 }
 
 

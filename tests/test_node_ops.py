@@ -13,6 +13,7 @@ import pytest
 from hpcjob.backends import Backend, open_backend
 from hpcjob.backends.scheduler import NodeWaitError
 from hpcjob.emulator import HeadNode
+from hpcjob.job.spec import HpcjobError
 from hpcjob.store.config import ClusterProfile
 
 from .emulator.conftest import Client, job_xml, task_xml
@@ -127,3 +128,27 @@ def test_the_local_backend_has_no_nodes_to_take_offline() -> None:
     local = open_backend("local", None, None)
     with pytest.raises(SpecError, match="no cluster nodes"):
         local.take_offline(["LOCAL1"], force=False, progress=lambda line: None)
+
+
+def test_nodes_are_put_in_a_group_made_for_them(backend: Backend, head: HeadNode) -> None:
+    """The data nodes' group (issue 34): made where the cluster has none, the nodes put in it, and the
+    same again does no harm (REST's createNodeGroup and moveNodesOfGroup; WinRM's New-HpcGroup and
+    Add-HpcGroup)."""
+    assert backend.add_to_group("CPUNodes", ["NODE003", "NODE004"]) == ["NODE003", "NODE004"]
+    assert backend.add_to_group("CPUNodes", ["NODE004"]) == ["NODE003", "NODE004"]
+    assert {n.name for n in backend.nodes("CPUNodes")} == {"NODE003", "NODE004"}
+    rows = Client(head, "alice", PASSWORD).get("/cluster/nodeGroups").json()
+    assert [(r["Name"], r["Managed"]) for r in rows if r["Name"] == "CPUNodes"] == [("CPUNodes", False)]
+
+
+@pytest.mark.parametrize("kind", ["rest", "winrm"])
+def test_only_an_administrator_puts_nodes_in_a_group(head: HeadNode, kind: str) -> None:
+    bob = opened(head, kind, "bob")
+    try:
+        with pytest.raises(HpcjobError, match="administrator"):
+            bob.add_to_group("CPUNodes", ["NODE003"])
+    finally:
+        bob.close()
+    assert "CPUNodes" not in {
+        r["Name"] for r in Client(head, "alice", PASSWORD).get("/cluster/nodeGroups").json()
+    }

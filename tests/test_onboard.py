@@ -776,6 +776,65 @@ def test_grow_adds_spot_nodes_after_every_existing_one_and_waits_for_them_online
     assert named.stdout.endswith("): IaaSLnxCN005\n")
 
 
+def test_grow_data_puts_cpu_nodes_in_their_group_and_the_profile_names_it(
+    hpcjob: CommandRunner, az_env: dict[str, str], head_node: HeadNode, tmp_path: Path
+) -> None:
+    """`cluster grow --data`: CPU data nodes (issue 34) the same way Spot nodes are added, then put in the
+    data nodes' group (made, as the cluster has none), which the profile names with their size."""
+    at = {"FAKE_AZ_DNS": f"127.0.0.1:{head_node.port}", "FAKE_AZ_CERT": head_node.ca_file}
+    assert onboard(hpcjob, **at).returncode == 0
+    out = tmp_path / "grow"
+    grown = (
+        "cluster",
+        "grow",
+        "gpu1",
+        "2",
+        "--data",
+        "--no-check",
+        "--poll-interval",
+        "0.2",
+        "--out",
+        str(out),
+    )
+    done = hpcjob(*grown, "--vm-size", "Standard_F16s_v2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "cluster gpu1: 2 new nodes online (Standard_F16s_v2): IaaSCpuDN000, IaaSCpuDN001\n"
+    assert parameters_of(out)["computeNodeVMSize"] == "Standard_F16s_v2"
+    assert head_node.cluster.group_members("CPUNodes") == ["IaaSCpuDN000", "IaaSCpuDN001"]
+    assert "hpcjob: node group CPUNodes now holds IaaSCpuDN000, IaaSCpuDN001" in done.stderr
+    profile = tomllib.loads(Path(az_env["HPCJOB_CONFIG"]).read_text())["clusters"]["gpu1"]
+    assert (profile["data_node_group"], profile["data_vm_size"]) == ("CPUNodes", "Standard_F16s_v2")
+    assert profile["vm_size"] == A100_SIZE  # the GPU nodes' size stays
+    assert "32 of" not in done.stderr and "2 x Standard_F16s_v2: about $1.35 an hour more" in done.stderr
+    refused = hpcjob(*grown, "--vm-size", A100_SIZE)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith("is not a CPU size hpcjob knows for data nodes; choose one of "
+        "Standard_D16s_v5, Standard_D32s_v5, Standard_F16s_v2, Standard_F32s_v2, Standard_F72s_v2, "
+        "Standard_F8s_v2 (hpcjob/azure/arm/sizes.json)")  # fmt: skip
+
+
+def test_onboarding_with_data_nodes_adds_them_once_the_cluster_is_up(
+    hpcjob: CommandRunner, az_env: dict[str, str], head_node: HeadNode, tmp_path: Path
+) -> None:
+    at = {"FAKE_AZ_DNS": f"127.0.0.1:{head_node.port}", "FAKE_AZ_CERT": head_node.ca_file}
+    data = ("--data-nodes", "1", "--data-vm-size", "Standard_F16s_v2", "--no-check", "--poll-interval", "0.2")
+    printed = onboard(hpcjob, *data, "--print-only", "--out", str(tmp_path / "p"))
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.rstrip().endswith(
+        "# then the data nodes: hpcjob cluster grow gpu1 1 --data --vm-size Standard_F16s_v2"
+    )
+    refused = onboard(hpcjob, "--data-nodes", "1", "--print-only")
+    assert refused.returncode == 2 and "--data-nodes and --data-vm-size go together" in refused.stderr
+    done = onboard(hpcjob, *data, "--out", str(tmp_path / "out"), **at)
+    assert done.returncode == 0, done.stderr
+    assert "cluster gpu1: 1 data node(s) in their group: IaaSCpuDN000" in done.stdout
+    assert head_node.cluster.group_members("CPUNodes") == ["IaaSCpuDN000"]
+    assert (tmp_path / "out" / "data-nodes" / "parameters.json").is_file()  # onboarding's file kept
+    assert json.loads((tmp_path / "out" / "parameters.json").read_text())["parameters"]["computeNodeNumber"]
+    profile = tomllib.loads(Path(az_env["HPCJOB_CONFIG"]).read_text())["clusters"]["gpu1"]
+    assert (profile["data_node_group"], profile["data_vm_size"]) == ("CPUNodes", "Standard_F16s_v2")
+
+
 def test_new_nodes_the_head_node_does_not_see_online_are_said_after_the_timeout(
     hpcjob: CommandRunner, az_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -446,12 +446,14 @@ def grow(
     spot: bool = False,
     image: str | None = None,
     node_prefix: str | None = None,
+    data: bool = False,
     progress: Progress,
 ) -> Grown:
     """Add `count` compute nodes to `cluster` (a profile hpcjob onboarded: it knows the resource group)
     with the template's add-nodes template (Spot VMs when `spot`), named after every node that exists
     (the VMs in the resource group and the nodes the head node knows), then wait until the head node sees
-    them online."""
+    them online. `data`: CPU data nodes (`--data-nodes`) of a CPU size `vm_size`, put in the profile's
+    data_node_group (CPUNodes where it names none), which the profile then names with their size."""
     import time
 
     from hpcjob.azure.az import AzError, deploy, load_template, run_az
@@ -482,7 +484,7 @@ def grow(
             f"cluster {profile.name} was not made by `hpcjob cluster onboard`: hpcjob adds nodes only to the "
             "clusters it onboarded (their profile knows the resource group)"
         )
-    size = vm_size or profile.vm_size
+    size = vm_size or (profile.data_vm_size if data else profile.vm_size)
     if size is None or profile.region is None:
         missing = " and ".join(k for k, v in (("vm_size", size), ("region", profile.region)) if v is None)
         raise SpecError(
@@ -497,7 +499,8 @@ def grow(
         admin_user=profile.user.rpartition("\\")[2],  # onboarding's NAME\\<admin user>
         spot=spot,
         image=image or DEFAULT_IMAGE,
-        node_prefix=node_prefix or DEFAULT_PREFIX,
+        node_prefix=node_prefix or (DATA_PREFIX if data else DEFAULT_PREFIX),
+        data=data,
     )
     table = size_table()
     parameters = grow_parameters(request)
@@ -545,7 +548,7 @@ def grow(
     done = Grown(parameters_file, grow_commands(request, str(parameters_file), deployment, start), request)
     done.nodes = request.node_names(start)
     _write_grow_parameters(done, parameters, ADD_NODES_URL, ADD_NODES_SECRETS, table, progress)
-    if (request.vm_size, spot) != (profile.vm_size, bool(profile.spot)):
+    if not data and (request.vm_size, spot) != (profile.vm_size, bool(profile.spot)):
         _warn(
             f"the new nodes are {request.vm_size}{', Spot' if spot else ''} and cluster {profile.name}'s "
             f"profile says {profile.vm_size}{', Spot' if profile.spot else ''}: runs on them are counted at "
@@ -562,9 +565,28 @@ def grow(
     )
     _count_grown(profile.name, request.resource_group, NodeKind(request.vm_size, spot, len(done.nodes)))
     done.online = _wait_online(access, done.nodes, options, progress)
+    if data:
+        _make_data_nodes(access, request.vm_size, done.online, progress)
     if options.check:
         _mount_new(access, done, progress)
     return done
+
+
+def _make_data_nodes(access: ClusterAccess, vm_size: str, nodes: list[str], progress: Progress) -> None:
+    """The new CPU nodes in the data nodes' group (made where the cluster has none), and the profile
+    naming the group and their size: `--data-nodes` chooses from it, a run's cost counts them at it."""
+    from hpcjob.store.config import get_profile, save_profile
+
+    group = access.profile.data_node_group or DATA_GROUP
+    members = access.backend.add_to_group(group, nodes)
+    progress(f"hpcjob: node group {group} now holds {', '.join(members)}")
+    saved = get_profile(access.profile.name)  # as the file has it, not as this session filled it in
+    save_profile(replace(saved, data_node_group=group, data_vm_size=vm_size))
+
+
+# The data nodes' group and their names' prefix, where the profile names none (`cluster grow --data`).
+DATA_GROUP = "CPUNodes"
+DATA_PREFIX = "IaaSCpuDN"
 
 
 def _count_grown(cluster: str, resource_group: str, grown: NodeKind) -> None:
@@ -595,7 +617,7 @@ def _write_grow_parameters(
         parameters_text(parameters, template_url, "hpcjob cluster grow", secret_names), encoding="utf-8"
     )
     progress(f"hpcjob: parameters (no secrets) in {done.parameters_file}")
-    size = table.sizes[request.vm_size]
+    size = table.any_size(request.vm_size)
     if request.spot:
         cost = (
             f"each at the Spot price of the hour, at most the list price (about ${size.usd_per_hour:.2f}); "

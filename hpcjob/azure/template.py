@@ -101,6 +101,10 @@ class SizeTable:
     prices_as_of: str
     cpu_sizes: Mapping[str, CpuSize] = field(default_factory=dict)
 
+    def any_size(self, name: str) -> GpuSize | CpuSize:
+        """A GPU or a CPU size of the table (KeyError: neither): its vCPUs, quota family and price."""
+        return self.sizes[name] if name in self.sizes else self.cpu_sizes[name]
+
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> SizeTable:
         sizes = {
@@ -203,6 +207,13 @@ def check_request(request: OnboardRequest, table: SizeTable) -> dict[str, str]:
 
 
 def _check_size_and_image(request: OnboardRequest | GrowRequest, table: SizeTable) -> dict[str, str]:
+    if isinstance(request, GrowRequest) and request.data:  # CPU nodes: any image of the template's
+        if request.vm_size not in table.cpu_sizes:
+            return {
+                "computeNodeVMSize": f"{request.vm_size} is not a CPU size hpcjob knows for data nodes; "
+                f"choose one of {', '.join(sorted(table.cpu_sizes))} (hpcjob/azure/arm/sizes.json)"
+            }
+        return {}
     size = table.sizes.get(request.vm_size)
     if request.vm_size in table.fractional:
         return {
@@ -359,7 +370,7 @@ def node_quota_problems(
 ) -> list[str]:
     """Whether the quotas leave room for `count` more nodes of `vm_size` (and the head node, when it is to
     be made too): what `az vm list-usage` counts as used already needs no more room."""
-    size = table.sizes[vm_size]
+    size = table.any_size(vm_size)
     nodes = size.vcpus * count
     who = f"{count} x {vm_size}{' (Spot)' if spot else ''}"
     if spot:  # their own regional quota only
@@ -516,6 +527,7 @@ class GrowRequest:
     spot: bool = False
     image: str = DEFAULT_IMAGE
     node_prefix: str = DEFAULT_PREFIX
+    data: bool = False  # CPU data nodes (`--data-nodes`): a CPU size, no GPU image needed
 
     def deployment(self, stamp: str) -> str:
         return f"hpcjob-{self.cluster}-grow-{stamp}"

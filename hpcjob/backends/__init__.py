@@ -76,6 +76,11 @@ class Backend(Protocol):
         the head node shows them Online; their states."""
         ...
 
+    def add_to_group(self, group: str, nodes: Sequence[str]) -> list[str]:
+        """Put `nodes` in node group `group` (a cluster administrator's right), made first where the
+        cluster has no such group; the group's members after it."""
+        ...
+
     def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:
         """The job for `spec` on nodes this backend chooses (the spec's, else idle usable ones), as
         attempt `attempt` of run `run_id`. Refuses a job name that exists already (a lost answer is

@@ -58,6 +58,10 @@ class RetryPolicy:
             wait = min(wait * self.factor, self.max_wait_s)
 
 
+# The description of a node group hpcjob makes (the data nodes' group, `cluster grow --data`).
+GROUP_TEXT = "Made by hpcjob: CPU data nodes that feed the GPU nodes (--data-nodes)"
+
+
 def choose_nodes(
     nodes: Sequence[NodeInfo],
     count: int,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcjob.backends import OFFLINE_TIMEOUT_S, ONLINE_TIMEOUT_S
 from hpcjob.backends.scheduler import (
+    GROUP_TEXT,
     OFFLINE,
     ONLINE,
     PollPolicy,
@@ -295,6 +296,11 @@ class WinRMBackend:
             progress=progress,
             poll=self.poll,
         )
+
+    def add_to_group(self, group: str, nodes: Sequence[str]) -> list[str]:
+        """New-HpcGroup where the group is missing, then Add-HpcGroup; its members, as Get-HpcNode says."""
+        self.session.run("group", {"Group": group, "Names": list(nodes), "Description": GROUP_TEXT})
+        return [node.name for node in self.nodes(group)]
 
     def bring_online(
         self, nodes: Sequence[str], *, progress: Progress, timeout_s: float = ONLINE_TIMEOUT_S

@@ -19,8 +19,8 @@ from hpcjob.cli.options import AZURE, CREDENTIALS, OTHER, OUTPUT, headed
     short_help="Deploy a GPU cluster NAME on Azure, from HPC Pack's template.",
     groups=headed(
         {
-            AZURE: "resource_group location vm_size node_count spot admin_user image node_prefix "
-            "head_node_size template_file",
+            AZURE: "resource_group location vm_size node_count spot data_nodes data_vm_size admin_user image "
+            "node_prefix head_node_size template_file",
             CREDENTIALS: "password_env key_env",
             OUTPUT: "what_if print_only out_dir",
             OTHER: "purge_deleted_vault no_check poll_interval make_default",
@@ -49,6 +49,14 @@ from hpcjob.cli.options import AZURE, CREDENTIALS, OTHER, OUTPUT, headed
     help="Make the compute nodes Spot VMs: cheaper, evicted (deallocated) when Azure needs the room; no "
     "maximum price. A run that loses one goes on elsewhere with --retries.",
 )
+@click.option(
+    "--data-nodes",
+    type=click.IntRange(1, 500),
+    metavar="M",
+    help="And M CPU data nodes of --data-vm-size, in their own node group, once the cluster is up "
+    "(`cluster grow --data`): see --data-nodes of run and submit.",
+)
+@click.option("--data-vm-size", metavar="SIZE", help="CPU size of the data nodes, e.g. Standard_F16s_v2.")
 @click.option(
     "--admin-user", default="hpcadmin", show_default=True, metavar="USER", help="Administrator of every VM."
 )
@@ -136,9 +144,21 @@ def cluster_onboard(
     key reach `az` on its standard input only. Needs the Azure CLI, logged in (`az login`), and Owner or
     User Access Administrator on the subscription (the template assigns roles).
     """
+    from hpcjob.azure.data import size_table
     from hpcjob.azure.onboard import OnboardOptions, onboard
     from hpcjob.azure.template import DEFAULT_IMAGE, DEFAULT_PREFIX, OnboardRequest
     from hpcjob.cli.tables import checkup_lines, mount_lines
+    from hpcjob.job.spec import SpecError
+
+    data_nodes, data_size = options.pop("data_nodes"), options.pop("data_vm_size")
+    if (data_nodes is None) != (data_size is None):
+        raise SpecError("--data-nodes and --data-vm-size go together: how many CPU data nodes, of which size")
+    cpu_sizes = size_table().cpu_sizes
+    if data_size is not None and data_size not in cpu_sizes:  # before anything is deployed
+        raise SpecError(
+            f"--data-vm-size {data_size} is not a CPU size hpcjob knows for data nodes; choose one of "
+            f"{', '.join(sorted(cpu_sizes))}"
+        )
 
     request = OnboardRequest(
         name=name,
@@ -181,6 +201,7 @@ def cluster_onboard(
         confirm_purge=confirm_purge if terminal else None,
         progress=lambda line: click.echo(line, err=True),
     )
+    then_data = f"hpcjob cluster grow {name} {data_nodes} --data --vm-size {data_size}"
     if print_only:
         for argv in (done.commands.group, done.commands.deploy):
             click.echo(" ".join(argv))
@@ -188,6 +209,8 @@ def cluster_onboard(
             "# the deploy command reads the secrets on its standard input, as JSON: "
             '{"adminPassword": {"value": "..."}, "authenticationKey": {"value": "..."}}'
         )
+        if data_nodes:
+            click.echo(f"# then the data nodes: {then_data}")
         return
     if done.preview is not None:
         click.echo(done.preview)
@@ -198,6 +221,28 @@ def cluster_onboard(
         click.echo(line)
     for failed in done.failed:
         click.echo(f"hpcjob: warning: {failed}", err=True)
+    if data_nodes:  # the same way as any nodes added to a running cluster
+        from hpcjob.azure.onboard import GrowOptions, grow
+
+        click.echo(f"hpcjob: the cluster is up; now its {data_nodes} data node(s): {then_data}", err=True)
+        grown = grow(
+            name,
+            data_nodes,
+            GrowOptions(
+                out_dir=out_dir / "data-nodes" if out_dir else None,  # beside onboarding's parameters
+                key_env=key_env,
+                check=not no_check,
+                poll_interval_s=poll_interval,
+            ),
+            vm_size=data_size,
+            data=True,
+            progress=lambda line: click.echo(line, err=True),
+        )
+        for line in mount_lines(grown.mounts) if grown.mounts else ():
+            click.echo(line)
+        click.echo(
+            f"cluster {name}: {len(grown.online)} data node(s) in their group: {', '.join(grown.online)}"
+        )
     click.echo(f"cluster {name} is ready: next, `hpcjob nodes --cluster {name}`, then `hpcjob submit ...`")
 
 
@@ -206,7 +251,7 @@ def cluster_onboard(
     short_help="Add N compute nodes to a cluster hpcjob onboarded.",
     groups=headed(
         {
-            AZURE: "vm_size spot image node_prefix",
+            AZURE: "vm_size spot data image node_prefix",
             CREDENTIALS: "key_env",
             OUTPUT: "print_only out_dir",
             OTHER: "no_check online_timeout poll_interval",
@@ -217,6 +262,7 @@ def cluster_onboard(
       hpcjob cluster grow gpu1 2          # 2 more nodes of the profile's size
       hpcjob cluster grow gpu1 4 --spot   # 4 Spot nodes
       hpcjob cluster grow 2 --vm-size Standard_NC48ads_A100_v4 --print-only
+      hpcjob cluster grow gpu1 2 --data --vm-size Standard_F16s_v2  # data nodes
     """,
 )
 @click.argument("words", nargs=-1, required=True, metavar="[NAME] N")
@@ -226,13 +272,19 @@ def cluster_onboard(
     is_flag=True,
     help="Make the new nodes Spot VMs: evicted (deallocated) when Azure needs the room; no maximum price.",
 )
+@click.option(
+    "--data",
+    is_flag=True,
+    help="The new nodes are CPU data nodes (--data-nodes): a CPU size, put in the profile's data node "
+    "group (CPUNodes where it names none), which the profile then names with their size.",
+)
 @click.option("--image", default=None, metavar="IMAGE", help="Node image [default: Ubuntu_22.04_HPC_Gen2].")
 @click.option(
     "--node-prefix",
     default=None,
     metavar="PREFIX",
     help="The new nodes' names' prefix; their index follows the highest of the existing nodes' "
-    "[default: IaaSLnxCN].",
+    "[default: IaaSLnxCN, with --data IaaSCpuDN].",
 )
 @click.option(
     "--key-env",
@@ -273,6 +325,7 @@ def cluster_grow(
     words: tuple[str, ...],
     vm_size: str | None,
     spot: bool,
+    data: bool,
     image: str | None,
     node_prefix: str | None,
     key_env: str,
@@ -316,6 +369,7 @@ def cluster_grow(
         spot=spot,
         image=image,
         node_prefix=node_prefix,
+        data=data,
         progress=lambda line: click.echo(line, err=True),
     )
     request = done.request

@@ -217,6 +217,33 @@ class Api:
             groups = self.cluster.groups()
         return Reply(200, [{"Name": n, "Description": d, "Managed": m} for n, (d, m) in groups.items()])
 
+    @route("POST", "/cluster/nodeGroups")
+    def create_group(self, req: Request, params: Mapping[str, str]) -> Reply:
+        body = _json_object(req)
+        self._admin(req, "create a node group")
+        with self.cluster.lock:
+            name, text, managed = self.cluster.create_group(
+                str(body.get("Name") or ""), str(body.get("Description") or "")
+            )
+        return Reply(200, {"Name": name, "Description": text, "Managed": managed})
+
+    @route("PATCH", "/cluster/nodeGroups/(?P<name>[^/]+)/nodes")
+    def move_group_nodes(self, req: Request, params: Mapping[str, str]) -> Reply:
+        body = _json_object(req)
+        self._admin(req, "move nodes of a node group")
+        names = body.get("NodeNames")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ApiError(400, "NodeNames must be a list of node names.")
+        with self.cluster.lock:
+            return Reply(
+                200, self.cluster.move_nodes(params["name"], str(body.get("Operation") or ""), names)
+            )
+
+    @staticmethod
+    def _admin(req: Request, what: str) -> None:
+        if not req.actor.admin:
+            raise ApiError(403, f"The user {req.actor.name} must be a cluster administrator to {what}.")
+
     @route("GET", "/cluster/nodeGroups/(?P<name>[^/]+)")
     def cluster_group(self, req: Request, params: Mapping[str, str]) -> Reply:
         with self.cluster.lock:
@@ -631,6 +658,14 @@ def _json_string(req: Request, optional: bool = True) -> str | None:
         raise ApiError(400, "The request needs a body: a JSON string.")
     if not isinstance(data, str):
         raise ApiError(400, "The request body must be a JSON string.")
+    return data
+
+
+def _json_object(req: Request) -> dict[str, Any]:
+    """A JSON object body (a NodeGroup, a NodeGroupOperation)."""
+    data = _json(req)
+    if not isinstance(data, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
     return data
 
 

@@ -196,6 +196,12 @@ class Cluster:
     def group_members(self, name: str) -> list[str]:
         return self.registry.group_members(name)
 
+    def create_group(self, name: str, description: str) -> tuple[str, str, bool]:
+        return self.registry.create_group(name, description)
+
+    def move_nodes(self, name: str, operation: str, nodes: Sequence[str]) -> list[str]:
+        return self.registry.move_nodes(name, operation, nodes)
+
     def node_root(self, node: str) -> str:
         """The emulated node's own `/` (HPCJOB_NODE_ROOT in the node's processes)."""
         return self.agent.node_root(node)

@@ -107,6 +107,7 @@ class NodeRegistry:
 
     def __init__(self, specs: Iterable[NodeSpec]) -> None:
         self.nodes: dict[str, Node] = {}
+        self.created_groups: dict[str, str] = {}  # made by an administrator: name -> description
         for spec in specs:
             self.add(spec)
         if not self.nodes:
@@ -188,6 +189,7 @@ class NodeRegistry:
     def groups(self) -> dict[str, tuple[str, bool]]:
         """Group name -> (description, managed): the built-in groups and every group a node names."""
         found = {name: (text, True) for name, text in BUILTIN_GROUPS.items()}
+        found.update({name: (text, False) for name, text in self.created_groups.items()})
         known = {g.lower() for g in found}
         for node in self.nodes.values():
             for group in node.groups:
@@ -205,6 +207,39 @@ class NodeRegistry:
     def group_members(self, name: str) -> list[str]:
         group, _, _ = self.group(name)
         return [n.name for n in self.nodes.values() if n.in_group(group)]
+
+    def create_group(self, name: str, description: str) -> tuple[str, str, bool]:
+        """REST createNodeGroup (SPEC19 `POST /cluster/nodeGroups`). A name taken: 400, UNVERIFIED (the
+        spec names no error); the 64-character limit is Get-HpcGroup's reference's."""
+        name = name.strip()
+        if not name or len(name) > 64:
+            raise ApiError(400, "A node group name has 1 to 64 characters.")
+        if any(group.lower() == name.lower() for group in self.groups()):
+            raise ApiError(400, f"The node group {name} already exists.")
+        self.created_groups[name] = description
+        return name, description, False
+
+    def move_nodes(self, name: str, operation: str, nodes: Iterable[str]) -> list[str]:
+        """REST moveNodesOfGroup (SPEC19 `PATCH /cluster/nodeGroups/{name}/nodes`, a NodeGroupOperation:
+        add or remove): the group's members after it. A built-in group's members are HPC Pack's to say
+        (400, UNVERIFIED)."""
+        group, _, managed = self.group(name)
+        if operation not in ("add", "remove"):
+            raise ApiError(400, f"The operation {operation} is not add or remove.")
+        if managed:
+            raise ApiError(400, f"The node group {group} is managed by HPC Pack: its nodes cannot be moved.")
+        found = []
+        for node_name in nodes:
+            node = self.nodes.get(str(node_name).lower())
+            if node is None:
+                raise ApiError(404, f"The node {node_name} was not found.")
+            found.append(node)
+        for node in found:
+            if operation == "add" and not node.in_group(group):
+                node.groups.append(group)
+            elif operation == "remove":
+                node.groups = [g for g in node.groups if g.lower() != group.lower()]
+        return self.group_members(group)
 
 
 def check_node(state: str, health: str) -> None:

@@ -79,6 +79,11 @@ CMDLETS: dict[str, tuple[str, ...]] = {
         "Scheduler",
     ),
     "Set-HpcNodeState": ("State", "Force", "Async", "Name", "Node", "Scheduler", "WhatIf", "Confirm"),
+    # The node group cmdlets, as hpcjob's group script uses them (Get-HpcGroup: technet ff950156;
+    # New-HpcGroup's and Add-HpcGroup's parameters: UNVERIFIED, their pages not read).
+    "Get-HpcGroup": ("Name", "Id", "Scheduler"),
+    "New-HpcGroup": ("Name", "Description", "Scheduler"),
+    "Add-HpcGroup": ("Name", "NodeName", "Node", "Scheduler"),
 }  # fmt: skip
 # Set-HpcNodeState without -Async waits for the states to take effect ("If any of the jobs have the Run
 # until canceled property set, the operation to take the node offline does not return"): the emulator
@@ -228,6 +233,8 @@ class PowerShellHost:
                 return [self._fields(script, {"$canceled": canceled, "$state": state})]
             if script.calls("Set-HpcNodeState"):
                 return self._set_node_state(script, value, actor)
+            if script.calls("Add-HpcGroup"):
+                return self._add_to_group(script, value, actor)
             if script.calls("Get-HpcNode"):
                 if not actor.admin:
                     # The cmdlet's page: "You must be a cluster administrator to run this cmdlet
@@ -282,6 +289,27 @@ class PowerShellHost:
             raise ScriptError(err.message) from None
         raise ScriptError("The emulated head node does not know what this script does: it calls "
                           f"{', '.join(script.hpc) or 'no HPC cmdlet'}.")  # fmt: skip
+
+    def _add_to_group(self, script: Script, value: Callable[[str], Any], actor: Actor) -> list[Any]:
+        """`Add-HpcGroup -Name G -NodeName N[,N]`, after `New-HpcGroup -Name G` where Get-HpcGroup finds
+        none (hpcjob's group script): the nodes in the group, the group made first where the script makes
+        it. Administrators' cmdlets. Outputs nothing the script reads."""
+        cmdlet = "Add-HpcGroup"
+        if not actor.admin:
+            raise ScriptError(f"{cmdlet} : Access is denied: you must be a cluster administrator.")
+        groups = _values(script, value, cmdlet, "Name")
+        names = [n.strip() for item in _values(script, value, cmdlet, "NodeName") for n in item.split(",")]
+        if len(groups) != 1 or not names or not all(names):
+            raise ScriptError(f"{cmdlet} : Missing an argument for parameter 'Name' or 'NodeName'.")
+        with self.cluster.lock:
+            known = {g.lower() for g in self.cluster.groups()}
+            if groups[0].lower() not in known:
+                if not script.calls("New-HpcGroup"):
+                    raise ScriptError(f"{cmdlet} : The node group {groups[0]} was not found.")
+                described = _values(script, value, "New-HpcGroup", "Description")
+                self.cluster.create_group(groups[0], described[0] if described else "")
+            self.cluster.move_nodes(groups[0], "add", names)
+        return []
 
     def _set_node_state(self, script: Script, value: Callable[[str], Any], actor: Actor) -> list[Any]:
         """`Set-HpcNodeState -Name N[,N] -State Online|Offline [-Force] [-Async]` (its page: Rejected is

@@ -153,7 +153,7 @@ $script:Cli = @{
             HeadNodeSize = '--head-node-size'; WhatIfAzure = '--what-if'; OutputFolder = '--out'; Spot = '--spot'
             Template = '--template'; NoCheck = '--no-check'; PollSeconds = '--poll-interval'
             PurgeDeletedVault = '--purge-deleted-vault'
-            Default = '--default'
+            Default = '--default'; DataNodes = '--data-nodes'; DataVmSize = '--data-vm-size'
         }
         Arguments = @('Name')
         WhatIf    = '--print-only'
@@ -891,6 +891,8 @@ function New-HpcTorchCluster {
         [switch]$WhatIfAzure,
         [switch]$PurgeDeletedVault,
         [switch]$Spot,
+        [ValidateRange(1, 500)][int]$DataNodes,
+        [string]$DataVmSize,
         [switch]$NoCheck,
         [switch]$Default
     )

@@ -215,6 +215,9 @@ class LocalBackend:
     ) -> list[NodeInfo]:
         raise SpecError("the local backend has no cluster nodes to bring online: name a cluster (--cluster)")
 
+    def add_to_group(self, group: str, nodes: Sequence[str]) -> list[str]:
+        raise SpecError("the local backend has no node groups: name a cluster (--cluster)")
+
     def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:
         """LOCAL1..n (or the spec's names) with the rendezvous on loopback and a local folder for
         the share; the spec's share and mount point do not apply here."""

@@ -17,7 +17,9 @@ from typing import Any
 
 from hpcjob.job.render.text import templates
 
-SCRIPTS = ("submit", "find", "status", "outputs", "cancel", "nodes", "busy", "clusrun", "offline", "online")
+SCRIPTS = (
+    "submit", "find", "status", "outputs", "cancel", "nodes", "busy", "clusrun", "offline", "online", "group",
+)  # fmt: skip
 POWERSHELL = "powershell.exe"
 
 
