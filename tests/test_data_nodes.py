@@ -238,6 +238,14 @@ def test_a_local_job_with_two_data_nodes_trains_from_them_and_ends_finished(tmp_
     )
     row = listed.stdout.splitlines()[1].split()
     assert row[3:5] == ["1+2", "data"], listed.stdout
+    shown = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "hpcjob.cli", "runs", "show", "hetero-1", "--json"],
+            capture_output=True, text=True, timeout=60,
+        ).stdout
+    )  # fmt: skip
+    assert shown["data_nodes"] == ["DATA1", "DATA2"]
+    assert shown["node_hours"] == pytest.approx(3 * shown["wall_s"] / 3600)  # every node it held
     resumed = run_local(tmp_path, "--data-nodes", "1", "--resume-from", "hetero-1", epochs=3)
     out, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err[-3000:]

@@ -467,13 +467,17 @@ class HistoryEntry:
 
     @property
     def node_hours(self) -> float | None:
-        return None if self.wall_s is None else len(self.record.nodes) * self.wall_s / 3600
+        """The wall time of every node the run held: its trainers and its data nodes."""
+        if self.wall_s is None:
+            return None
+        return (len(self.record.nodes) + len(self.data_nodes)) * self.wall_s / 3600
 
     @property
     def gpu_hours(self) -> float | None:
-        if self.node_hours is None or not self.gpus_per_node:
+        """The trainers' GPUs' wall time (a data node has none)."""
+        if self.wall_s is None or not self.gpus_per_node:
             return None
-        return self.node_hours * self.gpus_per_node
+        return len(self.record.nodes) * self.wall_s / 3600 * self.gpus_per_node
 
     @property
     def cost_usd(self) -> float | None:
