@@ -389,6 +389,25 @@ CASES = [
     case("wait-no-run-yet", "wait"),
     case("wait-max-cost-not-a-number", "wait train-1 --max-cost ten", files={RUNS: LOCAL_RUN}),
     case("cluster-add-retries-huge", "cluster add c --url https://head --user alice --retries 101"),
+    # --- CPU data nodes (issue 34) ------------------------------------------------------------------
+    case("run-local-data-nodes-zero", f"run --local --data-nodes 0 {S}"),
+    case("run-local-data-nodes-no-data-service", f"run --local --data-nodes 1 {S}"),
+    case("render-data-node-also-a-trainer", f"render --node A --data-node a {S}"),
+    case("render-data-nodes-unnamed", f"render --node A --data-nodes 1 {S}"),
+    case(
+        "submit-data-nodes-elastic",
+        f"submit -n 3 --min-nodes 2 --max-restarts 1 --data-nodes 1 {S}",
+        config=ONE_CLUSTER,
+    ),
+    case(
+        "submit-data-port-is-rdzv", f"submit --node A --data-node B --data-port 29400 {S}", config=ONE_CLUSTER
+    ),
+    case("submit-data-wait-bad", f"submit --node A --data-node B --data-wait soon {S}", config=ONE_CLUSTER),
+    case(
+        "onboard-data-size-alone",
+        "cluster onboard c --resource-group rg --location eastus --vm-size "
+        "Standard_NC24ads_A100_v4 --nodes 1 --data-vm-size Standard_F16s_v2 --print-only",
+    ),
     # --- cluster add ---------------------------------------------------------------------------------
     case("cluster-add-http-url", "cluster add c --url http://head --user alice"),
     case(

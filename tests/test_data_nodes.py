@@ -315,3 +315,25 @@ def test_a_lost_data_node_is_left_out_of_the_next_attempt() -> None:
     after = _next_spec(spec, Cause("node lost", True, "CPUNODE001 was lost", ("CPUNODE001",)))
     assert (after.data_nodes, after.data_node_names) == (2, ())
     assert after.exclude_nodes == ("CPUNODE001",) and after.node_names == spec.node_names
+
+
+@pytest.mark.slow
+def test_a_cancel_stops_both_roles(tmp_path: Path) -> None:
+    job = run_local(
+        tmp_path, "--data-nodes", "1", "--run-id", "hetero-3", epochs=20, more=("--step-sleep", "0.05")
+    )
+    try:
+        folder = tmp_path / "hpcjob" / "run_ddp" / ".hpcjob" / "data" / "hetero-3"
+        deadline = time.monotonic() + 120
+        while not (folder / "DATA1.json").is_file():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.1)
+        job.send_signal(signal.SIGTERM)  # as Ctrl-C
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    summary = json.loads(out)
+    assert summary["state"] == "Canceled", err[-3000:]
+    assert {n["node"]: n["state"] for n in summary["nodes"]} == {"LOCAL1": "Canceled", "DATA1": "Canceled"}
+    assert marked_processes(f"{MARKER_VAR}=hetero-3/".encode()) == set()
