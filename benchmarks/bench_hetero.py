@@ -12,12 +12,17 @@ the share of the step the model computes, and their ratio; then what a step cost
 GPU node and a CPU node (the prices cache, else hpcjob's own table: `hpcjob prices --size S`). With C
 CPUs here the ceiling is about C x (the trainer keeps one): said beside the figure.
 
-    .venv/bin/python benchmarks/bench_hetero.py [--repeats 3] [--epochs 3]
+With `--testbed`, the same on the test bed's separate hosts (network namespaces, the share over the
+bed's mount, each task's CPUs pinned as on a host of its own size): the job as hpcjob renders it, each
+task started as HPC Pack's agent starts it, the data node serving on its own host's address.
+
+    .venv/bin/python benchmarks/bench_hetero.py [--repeats 3] [--epochs 3] [--testbed]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -26,6 +31,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "training" / "run_ddp.py"
@@ -58,7 +64,53 @@ def run(mode: str, images: Path, share: Path, args: argparse.Namespace) -> dict[
     )
     if done.returncode != 0:
         raise SystemExit(f"bench_hetero: the {mode} run failed:\n{done.stderr[-3000:]}")
-    metrics = json.loads(done.stdout)["metrics"]
+    return figures_of(json.loads(done.stdout)["metrics"], args)
+
+
+def run_on_hosts(
+    mode: str, bed: Any, index: int, scratch: Path, args: argparse.Namespace
+) -> dict[str, float]:
+    """One run of `mode` on the test bed: NODE1 trains on one CPU; in the heterogeneous mode NODE2 is its
+    data node on the others. The images are on each host's own disk (this machine's, which the hosts
+    share), not on the share: a data set lives on the node that decodes it. Its trainer's metrics."""
+    import xml.etree.ElementTree as ET
+
+    from hpcjob.job.plan import make_plan
+    from hpcjob.job.render import job_xml
+    from hpcjob.job.spec import JobSpec
+    from hpcjob.store.share import LocalFolder
+    from hpcjob.store.staging import upload
+    from tests.testbed.agent import start_job
+
+    cpus = sorted(os.sched_getaffinity(0))
+    run_id = f"bench-hetero-{mode[:6]}-{index}"
+    hetero = mode == "heterogeneous"
+    spec = JobSpec(
+        script=str(TRAIN),
+        script_args=(
+            *("--data", "image-folder", "--data-root", str(scratch / "images"), "--no-resume"),
+            *("--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--num-workers", "1"),
+            *("--model", args.model, "--image-size", str(args.image_size)),
+        ),
+        node_names=("NODE1",),
+        data_nodes=1 if hetero else 0,
+        data_node_names=("NODE2",) if hetero else (),
+    )
+    plan = make_plan(spec, spec.node_names, run_id, data_nodes=spec.data_node_names)
+    upload(TRAIN.parent, LocalFolder(bed.share_folder), spec.job_folder)
+    logs = bed.share_folder / spec.job_folder / "logs" / run_id
+    logs.mkdir(parents=True)
+    pinned = {"NODE1": str(cpus[0]), "NODE2": ",".join(map(str, cpus[1:]))}
+    processes = start_job(bed, ET.fromstring(job_xml(plan).encode()), str(index), scratch / run_id, pinned)
+    if any(process.wait(timeout=1200) for process in processes):
+        said = {f.name: f.read_text()[-1500:] for f in sorted(logs.glob("*.*")) if f.is_file()}
+        raise SystemExit(f"bench_hetero: the {mode} job failed on the test bed: {said}")
+    lines = (logs / "NODE1.out").read_text().splitlines()
+    metrics = json.loads(next(line for line in reversed(lines) if line.startswith("HPCJOB_METRICS "))[15:])
+    return figures_of(metrics, args)
+
+
+def figures_of(metrics: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
     speed = float(metrics["samples_per_sec"])
     wait = float(metrics["data_wait_fraction"])
     return {
@@ -95,12 +147,21 @@ def main() -> None:
     parser.add_argument("--gpu-size", default="Standard_NC24ads_A100_v4")
     parser.add_argument("--cpu-size", default="Standard_F16s_v2")
     parser.add_argument("--region", default="eastus")
+    parser.add_argument("--testbed", action="store_true", help="on the test bed's separate hosts (root)")
     args = parser.parse_args()
     cpus = len(os.sched_getaffinity(0))
     if cpus < 2:
         raise SystemExit("bench_hetero: needs at least 2 CPUs (the trainer's and the data node's)")
-    with tempfile.TemporaryDirectory(prefix="bench-hetero-") as scratch:
-        images, share = Path(scratch) / "images", Path(scratch) / "share"
+    with contextlib.ExitStack() as stack:
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-hetero-")))
+        images, share = scratch / "images", scratch / "share"
+        bed = None
+        if args.testbed:
+            sys.path.insert(0, str(REPO))
+            from tests.testbed import TestBed, require_testbed
+
+            require_testbed()
+            bed = stack.enter_context(TestBed(("node1", "node2")))
         print(f"bench_hetero: writing {4 * args.per_class} JPEGs to {images} ...", file=sys.stderr)
         subprocess.run(
             [sys.executable, str(MAKE_IMAGES), str(images), "--classes", "4", "--train-per-class",
@@ -110,7 +171,10 @@ def main() -> None:
         results: dict[str, list[dict[str, float]]] = {"homogeneous": [], "heterogeneous": []}
         for repeat in range(1, args.repeats + 1):
             for mode in results:  # alternating, so that a slow moment of the machine hits both
-                figures = run(mode, images, share, args)
+                if bed is not None:
+                    figures = run_on_hosts(mode, bed, repeat, scratch, args)
+                else:
+                    figures = run(mode, images, share, args)
                 results[mode].append(figures)
                 print(
                     f"bench_hetero: run {repeat} {mode}: step {figures['step_ms']:.1f} ms, data wait "

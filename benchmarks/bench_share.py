@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from hpcjob.backends.local import LOOPBACK, LocalBackend, free_port  # noqa: E402
 from hpcjob.job.plan import make_plan  # noqa: E402
-from hpcjob.job.render import JOB_NAMESPACE, job_xml  # noqa: E402
+from hpcjob.job.render import job_xml  # noqa: E402
 from hpcjob.job.spec import JobSpec, parse_share  # noqa: E402
 from hpcjob.store.share import LocalFolder, SmbFolder  # noqa: E402
 from hpcjob.store.staging import upload  # noqa: E402
@@ -91,11 +91,9 @@ def across_hosts(index: int) -> float:
     with TestBed(("node1", "node2")) as bed, tempfile.TemporaryDirectory() as tmp:
         upload(TRAIN, LocalFolder(bed.share_folder), spec.job_folder)
         (bed.share_folder / spec.job_folder / "logs" / plan.run_id).mkdir(parents=True)
-        tasks = ET.fromstring(job_xml(plan).encode()).findall(
-            f"{{{JOB_NAMESPACE}}}Tasks/{{{JOB_NAMESPACE}}}Task"
-        )
+        job = ET.fromstring(job_xml(plan).encode())
         start = time.time()
-        processes = start_job(bed, tasks, str(index), Path(tmp))
+        processes = start_job(bed, job, str(index), Path(tmp))
         if any(p.wait(timeout=300) for p in processes):
             raise SystemExit("a task failed across hosts")
         return first_step(bed.share_folder / spec.job_folder / "logs" / plan.run_id) - start

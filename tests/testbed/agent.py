@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path
 
 from hpcjob.job.render import JOB_NAMESPACE
@@ -23,10 +24,17 @@ NAMESPACE = f"{{{JOB_NAMESPACE}}}"
 
 
 def start_task(
-    host: Host, task: ET.Element, task_id: int, job_id: str, folder: Path, job_env: dict[str, str]
+    host: Host,
+    task: ET.Element,
+    task_id: int,
+    job_id: str,
+    folder: Path,
+    job_env: dict[str, str],
+    cpus: str | None = None,
 ) -> subprocess.Popen[str]:
     """Start one task of a job XML on `host`, with the job's environment variables; `folder` (new) holds
-    its cmd.sh, as the agent's task folder."""
+    its cmd.sh, as the agent's task folder. `cpus` (a benchmark's: `0` or `1-3`): the task runs on those
+    CPUs of this machine alone, as on a host of its own size."""
     folder.mkdir(parents=True)
     (folder / "cmd.sh").write_text("#!/bin/bash\n\n" + (task.get("CommandLine") or ""), encoding="utf-8")
     (folder / "run.sh").write_text(
@@ -43,12 +51,16 @@ def start_task(
         "CCP_TASKID": str(task_id),
         "CCP_NODES": f"1 {host.hpc_name} 2",
     }
-    return host.run(["/bin/bash", str(folder / "run.sh")], env=env)
+    pinned = ["taskset", "-c", cpus] if cpus else []
+    return host.run([*pinned, "/bin/bash", str(folder / "run.sh")], env=env)
 
 
-def start_job(bed: TestBed, job: ET.Element, job_id: str, folder: Path) -> list[subprocess.Popen[str]]:
+def start_job(
+    bed: TestBed, job: ET.Element, job_id: str, folder: Path, cpus: Mapping[str, str] | None = None
+) -> list[subprocess.Popen[str]]:
     """Start every task of a job XML on the host its RequiredNodes names, each with the job's
-    EnvironmentVariables, as the agent gives them to every task, and the task's own over them."""
+    EnvironmentVariables, as the agent gives them to every task, and the task's own over them; `cpus`:
+    each node's CPUs (start_task), by HPC Pack node name."""
     env = variables_of(job)
     tasks = job.findall(f"{NAMESPACE}Tasks/{NAMESPACE}Task")
     return [
@@ -59,6 +71,7 @@ def start_job(bed: TestBed, job: ET.Element, job_id: str, folder: Path) -> list[
             job_id,
             folder / f"task{index}",
             {**env, **variables_of(task)},
+            (cpus or {}).get(task.get("RequiredNodes") or ""),
         )
         for index, task in enumerate(tasks, 1)
     ]
