@@ -300,6 +300,7 @@ class ServeStats:
             "samples": self.samples,
             "batches": self.batches,
             "serving_s": round(serving, 3),
+            "busy_s": round(self.busy_s, 3),  # of it, waiting for its loader workers' batches
             "samples_per_sec": round(self.samples / serving, 1) if serving > 0 else None,
         }
 
@@ -460,6 +461,9 @@ class RemoteBatches:
         self.epoch = 0
         self.data_wait_s = 0.0  # blocked on the data node, over all epochs
         self.served: dict[str, Any] | None = None
+        # Requests whose answers have not been read: an epoch left early (--max-steps-per-epoch) leaves
+        # some, read off before the next question, so that no answer is taken for another's.
+        self.in_flight = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -475,7 +479,13 @@ class RemoteBatches:
     def _ask(self, payload: Mapping[str, Any]) -> None:
         self.socket.send(_message(payload))
 
+    def _drain(self) -> None:
+        while self.in_flight:
+            self._receive()
+            self.in_flight -= 1
+
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        self._drain()
         self._ask(
             {
                 "op": "epoch",
@@ -488,27 +498,26 @@ class RemoteBatches:
         reply = _read(self._receive()[0].buffer)
         if reply.get("op") != "ready":
             raise DataServiceError(f"data node {self.node} refused rank {self.rank}: {reply.get('why')}")
-        in_flight = 0
         for _ in range(self.prefetch):
             self._ask({"op": "next"})
-            in_flight += 1
+            self.in_flight += 1
         while True:
             began = time.perf_counter()
             frames = self._receive()
             self.data_wait_s += time.perf_counter() - began
-            in_flight -= 1
+            self.in_flight -= 1
             if len(frames) == 1 and _read(frames[0].buffer).get("op") == "end":
-                for _ in range(in_flight):  # the requests still out are answered "end" too
-                    self._receive()
+                self._drain()  # the requests still out are answered "end" too
                 return
             batch = tensors_of([f.buffer for f in frames])
             self._ask({"op": "next"})
-            in_flight += 1
+            self.in_flight += 1
             yield batch
 
     def close(self) -> dict[str, Any] | None:
         """Tell the data node this rank is done; its figures (None if it did not answer in time)."""
         try:
+            self._drain()
             self._ask({"op": "done", "rank": self.rank})
             reply = _read(self._receive()[0].buffer)
             self.served = {k: v for k, v in reply.items() if k != "op"}

@@ -107,6 +107,28 @@ def test_the_trainers_get_exactly_distributed_sampler_s_indices(
     assert set(everyone) == set(range(length)) and len(everyone) >= length  # all, padded to a multiple
 
 
+def test_an_epoch_left_early_leaves_no_answer_for_the_next(tmp_path: Path) -> None:
+    """A trainer that stops after two batches (--max-steps-per-epoch) with requests still out: the next
+    epoch and the last word get their own answers, not those left over."""
+    layout = Layout(("DATA1",), 0, 20.0, tmp_path / "data", 1)
+    threads = start_data_nodes(layout, Numbered(40), batch_size=2)
+    trainer = RemoteBatches(layout, 0, batch_size=2, seed=7, prefetch=4)
+    trainer.set_epoch(0)
+    batches = iter(trainer)
+    first = [int(label) for _ in range(2) for label in next(batches)[1]]
+    del batches  # the epoch left early
+    trainer.set_epoch(1)
+    labels = [int(label) for _, batch in trainer for label in batch]
+    sampler = DistributedSampler(range(40), num_replicas=1, rank=0, shuffle=True, seed=7)
+    assert first == list(sampler)[:4]
+    sampler.set_epoch(1)
+    assert labels == list(sampler)
+    served = trainer.close()
+    assert served is not None and served["node"] == "DATA1"
+    threads[0].join(timeout=20)
+    assert not threads[0].is_alive()
+
+
 def test_a_client_without_the_attempt_s_key_gets_nothing(tmp_path: Path) -> None:
     import zmq
 
