@@ -245,6 +245,7 @@ def test_a_local_job_with_two_data_nodes_trains_from_them_and_ends_finished(tmp_
         ).stdout
     )  # fmt: skip
     assert shown["data_nodes"] == ["DATA1", "DATA2"]
+    assert json.loads(out)["data_nodes"] == ["DATA1", "DATA2"]  # the summary says which nodes served
     assert shown["node_hours"] == pytest.approx(3 * shown["wall_s"] / 3600)  # every node it held
     resumed = run_local(tmp_path, "--data-nodes", "1", "--resume-from", "hetero-1", epochs=3)
     out, err = resumed.communicate(timeout=240)

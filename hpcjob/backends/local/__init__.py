@@ -639,6 +639,7 @@ class LocalBackend:
             root_cause=root_cause,
             metrics=find_metrics(lines),
             events=events,
+            data_nodes=list(plan.data_nodes),
         )
 
 
