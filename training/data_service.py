@@ -34,7 +34,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -317,7 +317,7 @@ def serve(
     prefetch: int,
     drop_last: bool = False,
     port: int | None = None,
-    log: Any = print,
+    log: Callable[[str], object] = print,
 ) -> ServeStats:
     """Serve `dataset`'s training batches to the trainer ranks this data node serves until each has
     said it is done: bind `address`:`port` (the layout's), publish the endpoint with fresh keys, admit
@@ -349,13 +349,17 @@ def serve(
         done: set[int] = set()
         while len(done) < len(ranks):
             identity, frame = router.recv_multipart()
-            request = _read(frame)
-            op = request.get("op")
+            try:
+                request = _read(frame)
+                op = request.get("op")
+                rank, epoch, world = (int(request.get(key, -1)) for key in ("rank", "epoch", "world_size"))
+            except (DataServiceError, TypeError, ValueError):  # the job's own trainer, gone wrong
+                router.send_multipart([identity, _message({"op": "refused", "why": "a malformed request"})])
+                continue
             if op == "epoch":
-                rank, epoch = int(request["rank"]), int(request["epoch"])
                 stats.first = stats.first or time.perf_counter()
-                if rank not in ranks or int(request["world_size"]) != layout.clients:
-                    why = f"rank {rank} of {request['world_size']} is not served here"
+                if rank not in ranks or world != layout.clients:
+                    why = f"rank {rank} of {world} is not served here"
                     refused = {"op": "refused", "why": why}
                     router.send_multipart([identity, _message(refused)])
                     continue
@@ -393,8 +397,7 @@ def serve(
                 stats.last = time.perf_counter()
                 router.send_multipart([identity, *batch_frames(images, labels)], copy=False)
             elif op == "done":
-                stream = streams.pop(identity, None)
-                rank = int(request.get("rank", -1))
+                streams.pop(identity, None)  # its loader's workers end with it
                 if rank in ranks:
                     done.add(rank)
                 router.send_multipart([identity, _message({"op": "stats", **stats.as_dict(node)})])
@@ -408,7 +411,7 @@ def serve(
         context.term()
 
 
-def _bind(router: Any, address: str, port: int, log: Any) -> int:
+def _bind(router: Any, address: str, port: int, log: Callable[[str], object]) -> int:
     """Listen on `port`, or where it is taken (several data nodes on one host: a local run, the
     emulator), on a free port, said: the trainers read the port from the endpoint file either way."""
     import zmq
