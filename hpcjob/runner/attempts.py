@@ -306,21 +306,17 @@ def submit_attempt(
             folder.makedirs(f"{spec.job_folder}/logs/{attempt_log_folder(record.run_id, attempt)}")
         finally:
             folder.close()
-    latest = replace(record, attempt=attempt, nodes=plan.nodes, job_id=None, mount_job_id=None, state=None)
+    # Nothing of the earlier attempt's job, nor of its process (a local attempt has one of its own).
+    latest = replace(
+        record, attempt=attempt, nodes=plan.nodes, job_id=None, mount_job_id=None, state=None, pid=None,
+        pid_start=None,
+    )  # fmt: skip
     # Its plan and spec replace the earlier attempt's: whoever takes the run up plans from them.
     record_next_attempt(latest, plan=plan_json(plan), spec=json.dumps(spec.to_dict()))
 
     def step(done: Submission) -> None:
         nonlocal latest
-        pid, pid_start = done.process or (None, None)  # a local attempt's own process
-        latest = replace(
-            latest,
-            state=done.state,
-            job_id=done.job_id,
-            mount_job_id=done.mount_job_id,
-            pid=pid,
-            pid_start=pid_start,
-        )
+        latest = latest.after(done)
         save_run(latest)
 
     try:

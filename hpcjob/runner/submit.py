@@ -234,15 +234,7 @@ def submit_run(
 
     def record(step: Submission) -> None:
         nonlocal latest
-        pid, pid_start = step.process or (first.pid, first.pid_start)
-        latest = replace(
-            first,
-            state=step.state,
-            job_id=step.job_id,
-            mount_job_id=step.mount_job_id,
-            pid=pid,
-            pid_start=pid_start,
-        )
+        latest = first.after(step)
         save(latest)
 
     check_new_run_id(plan.run_id)  # again: another submit may have taken it during the upload

@@ -20,7 +20,7 @@ import re
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +29,7 @@ from hpcjob.job.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
     from hpcjob.job.plan import JobPlan
-    from hpcjob.job.results import JobSummary
+    from hpcjob.job.results import JobSummary, Submission
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,19 @@ class RunRecord:
             nodes=plan.nodes,
             attempt=plan.attempt,
             **where,
+        )
+
+    def after(self, step: Submission) -> RunRecord:
+        """The record once a submission's `step` is done: its state, its job ids and, for a job run on
+        this machine, the process that runs it."""
+        pid, pid_start = step.process or (self.pid, self.pid_start)
+        return replace(
+            self,
+            state=step.state,
+            job_id=step.job_id,
+            mount_job_id=step.mount_job_id,
+            pid=pid,
+            pid_start=pid_start,
         )
 
     @property
