@@ -389,36 +389,23 @@ def make_plan(
             f"{spec.command_limit}: shorten the script arguments (or raise the limit if your cluster "
             "allows more)"
         )
-    tasks = tuple(
-        TaskPlan(
-            name=f"torchrun {node}",
-            node=node,
-            command_line=line,
-            work_directory=job_dir,
-            stdout_path=f"{log_dir}/{node}.out",
-            stderr_path=f"{log_dir}/{node}.err",
-        )
-        for node in nodes
-    )
-    mount = None
     if data_nodes and len(data_line) > spec.command_limit:
         raise SpecError(
             f"the data task command line is {len(data_line)} characters, more than the scheduler's limit "
             f"of {spec.command_limit}: shorten the script arguments"
         )
+
+    def task(role: str, node: str, command: str, env: tuple[tuple[str, str], ...] = ()) -> TaskPlan:
+        """A node's task in the job folder, its output in the attempt's log folder."""
+        out = f"{log_dir}/{node}"
+        return TaskPlan(f"{role} {node}", node, command, job_dir, f"{out}.out", f"{out}.err", env)
+
     data_env = _data_task_env(spec, root)
-    tasks += tuple(
-        TaskPlan(
-            name=f"data {node}",
-            node=node,
-            command_line=data_line,
-            work_directory=job_dir,
-            stdout_path=f"{log_dir}/{node}.out",
-            stderr_path=f"{log_dir}/{node}.err",
-            env=data_env,
-        )
-        for node in data_nodes
+    tasks = (
+        *(task("torchrun", node, line) for node in nodes),
+        *(task("data", node, data_line, data_env) for node in data_nodes),
     )
+    mount = None
     given = {name for name, _ in spec.env}  # the job's own --env wins over the size's and hpcjob's settings
     checkpoints = (CHECKPOINT_VAR, f"{root.rstrip('/')}/{checkpoint_folder(spec.job_folder, run_id)}")
     outputs = (OUTPUT_VAR, f"{root.rstrip('/')}/{output_folder(spec.job_folder, run_id)}")
