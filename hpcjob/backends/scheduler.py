@@ -283,6 +283,7 @@ def job_summary(
         metrics=find_metrics(lines),
         job_id=info.job_id,
         events=events,
+        data_nodes=list(plan.data_nodes),
     )
 
 

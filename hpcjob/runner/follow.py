@@ -76,7 +76,6 @@ def follow_run(
         )
         if hang is not None:
             summary = hung_summary(summary, hang)
-        summary.data_nodes = list(plan.data_nodes)
         summary.price, summary.data_price = run_price(
             record.cluster, progress, data_nodes=bool(plan.data_nodes)
         )
