@@ -170,7 +170,7 @@ def backend_for_run(
             )
         backend = open_backend(record.backend, None, None)
         if isinstance(backend, LocalBackend) and record.local_root:  # its later attempts: the same folder
-            backend.share_root, backend.fresh_port_each_attempt = Path(record.local_root), True
+            backend.share_root = Path(record.local_root)
         return backend
     return ClusterAccess(cluster_name or record.cluster, backend_kind or record.backend).backend
 

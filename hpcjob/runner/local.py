@@ -63,7 +63,6 @@ def start_local(
         raise SpecError("a local run needs Linux: on Windows, run it in WSL")
     values = {**fields, "share": None}
     values.pop("mount_point", None)  # the local folder stands in for the share: the plan puts it there
-    port_named = bool(values.get("rdzv_port"))
     values["rdzv_port"] = values.get("rdzv_port") or free_port()
     spec = job_spec(values, local=True)
     if importlib.util.find_spec("torch") is None:
@@ -77,7 +76,6 @@ def start_local(
     assert isinstance(backend, LocalBackend)
     backend.share_root, backend.grace_period_s = local.share_root, local.grace_period_s
     backend.echo_output, backend.attached = local.echo_output, attached
-    backend.fresh_port_each_attempt = not port_named
     keep_open(backend)
 
     def root(plan: JobPlan) -> str:  # the local folder the plan put the job folder in

@@ -187,9 +187,6 @@ class LocalBackend:
         self.attached = attached
         self._progress_tails: dict[str, Tail] = {}  # each followed run's progress, read so far
         self._known_nodes: dict[str, None] = {}  # the local nodes of the jobs planned or looked at here
-        # Each later attempt gets a free rendezvous port of its own (its first's may linger in TIME_WAIT):
-        # set where nobody named the port.
-        self.fresh_port_each_attempt = False
         self._lifelines: list[IO[bytes]] = []  # attached jobs: their end of the pipe closes with us
         self._cpus: dict[str, str] = {}  # each node's CPUs in a job with data nodes (local_cpus)
 
@@ -225,7 +222,7 @@ class LocalBackend:
 
         if attempt == 1:  # a later attempt is of a run in the history already
             check_new_run_id(run_id)
-        if attempt > 1 and self.fresh_port_each_attempt:
+        if attempt > 1:  # a free port of its own: the first attempt's may linger (TIME_WAIT) on loopback
             spec = replace(spec, rdzv_port=free_port())
         root = self.share_root or default_share_root(Path(spec.script).resolve().parent)
         share = share_gpus(visible_gpus(os.environ), spec.node_count, spec.procs_per_node)
