@@ -207,6 +207,15 @@ def run_local(
     )  # fmt: skip
 
 
+def wait_for_data_node(share: Path, run_id: str, job: subprocess.Popen[str]) -> None:
+    """Until DATA1 of the local run has published where it serves (120 s at most, the run alive)."""
+    published = share / "hpcjob" / "run_ddp" / ".hpcjob" / "data" / run_id / "DATA1.json"
+    deadline = time.monotonic() + 120
+    while not published.is_file():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 def test_a_local_job_with_two_data_nodes_trains_from_them_and_ends_finished(tmp_path: Path) -> None:
     """`run --local -n 1 --data-nodes 2`: the trainer's batches come from its data node (the other has
@@ -261,11 +270,7 @@ def test_a_data_node_that_fails_ends_the_job_naming_it(tmp_path: Path) -> None:
         tmp_path, "--data-nodes", "1", "--run-id", "hetero-2", epochs=20, more=("--step-sleep", "0.05")
     )
     try:
-        folder = tmp_path / "hpcjob" / "run_ddp" / ".hpcjob" / "data" / "hetero-2"
-        deadline = time.monotonic() + 120
-        while not (folder / "DATA1.json").is_file():
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.1)
+        wait_for_data_node(tmp_path, "hetero-2", job)
         time.sleep(2)  # training from it
         for pid, _ in marked_processes(f"{MARKER_VAR}=hetero-2/2\0".encode()):
             os.kill(pid, signal.SIGKILL)
@@ -324,11 +329,7 @@ def test_a_cancel_stops_both_roles(tmp_path: Path) -> None:
         tmp_path, "--data-nodes", "1", "--run-id", "hetero-3", epochs=20, more=("--step-sleep", "0.05")
     )
     try:
-        folder = tmp_path / "hpcjob" / "run_ddp" / ".hpcjob" / "data" / "hetero-3"
-        deadline = time.monotonic() + 120
-        while not (folder / "DATA1.json").is_file():
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.1)
+        wait_for_data_node(tmp_path, "hetero-3", job)
         job.send_signal(signal.SIGTERM)  # as Ctrl-C
         out, err = job.communicate(timeout=120)
     finally:
