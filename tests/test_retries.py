@@ -42,6 +42,10 @@ def submit_until_checkpoint(cluster: Cluster, *options: str, epochs: int) -> sub
             submit.kill()
             raise AssertionError(f"no checkpoint within 180 s: {submit.communicate()}")
         time.sleep(0.2)
+    newest = json.loads(cluster.hpcjob("runs", "--json", "--last", "1").stdout)[0]
+    if newest["attempt"] != 1:  # what each test loses a node in is attempt 1: say why it is gone
+        submit.kill()
+        raise AssertionError(f"attempt 1 ended before its checkpoint: {submit.communicate()[1][-4000:]}")
     return submit
 
 
@@ -136,7 +140,7 @@ def test_a_follower_killed_in_attempt_1_is_taken_up_by_hpcjob_wait(cluster: Clus
         for process in (submit, follower):
             if process is not None and process.poll() is None:
                 process.kill()
-    assert follower.returncode == 0, err[-4000:]
+    assert follower.returncode == 0, err[-4000:] + out[-4000:]
     summary = json.loads(out)
     assert summary["state"] == "Finished" and summary["run_id"] == run_id
     assert [n["node"] for n in summary["nodes"]] == ["LOCALHOST", "NODE003"]

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -125,11 +126,39 @@ def local_cpus(
 LOST_NODE = "its whole task was killed by signal {signal} from outside the job: the node is lost"
 
 
+# Ports a local run may pick for its rendezvous: below the kernel's ephemeral range, so that no outgoing
+# connection takes the port between its choice and torchrun's bind seconds later (the ephemeral port the
+# kernel hands out for port 0 is free only until then), and clear of torchrun's default (29500) and the
+# data service's (29600).
+PICKED_PORTS_FROM = 20000
+KEPT_CLEAR = range(29400, 29700)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port nothing is bound to, on any address, picked at random below the ephemeral range."""
+    below = _ephemeral_ports_from()
+    for port in random.sample(range(PICKED_PORTS_FROM, below), k=min(200, below - PICKED_PORTS_FROM)):
+        if port in KEPT_CLEAR:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))  # "": a listener on any address (0.0.0.0 or one of them) conflicts
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # that many taken: the kernel's choice, as good as it was before
+        sock.bind(("", 0))
+        chosen: int = sock.getsockname()[1]
+        return chosen
+
+
+def _ephemeral_ports_from() -> int:
+    """The first port of Linux's ephemeral range (its default, 32768, where it cannot be read)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return low if low > PICKED_PORTS_FROM + 1000 else 32768
 
 
 def default_share_root(code_dir: Path) -> Path:
