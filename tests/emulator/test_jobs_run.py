@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import shlex
-import socket
 import sys
 import time
 from pathlib import Path
 
+from hpcjob.backends.local import free_port
 from hpcjob.emulator import HeadNode
 
 from .conftest import GRACE, Client, job_xml, task_xml
@@ -317,9 +317,7 @@ def test_the_emulator_password_never_reaches_a_task(make_head, monkeypatch) -> N
 
 def test_the_first_node_hosts_a_rendezvous_the_others_reach_by_name(client: Client, tmp_path: Path) -> None:
     """What torchrun's c10d rendezvous needs: a task on another node connects to <first node>:<port>."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     (tmp_path / "logs").mkdir()
     first_node = 'import os, socket; name = os.environ["CCP_NODES"].split()[1]; '
     serve = (

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from hpcjob.backends.local import free_port
+
 from .system import PREFIX, Service, closed, kill_all, on_exit, pids_with_arg, sh, sweep_leftovers
 
 _CONF = """\
@@ -48,12 +50,6 @@ _CONF = """\
 """
 
 
-def _free_port(address: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return int(probe.getsockname()[1])
-
-
 class SmbServer(Service):
     """Context manager: smbd on `address`:`port` (in network namespace `netns` when given).
 
@@ -79,7 +75,7 @@ class SmbServer(Service):
         self.address, self.netns, self.share_name, self.username = address, netns, share_name, username
         # 445 is only free in a namespace of our own; on this machine's loopback, a port nobody uses (two
         # test runs at once must not reach each other's smbd).
-        self.port = port or (445 if netns else _free_port(address))
+        self.port = port or (445 if netns else free_port())  # free until smbd binds it
         self.password = secrets.token_urlsafe(18)
         self.unc = f"//{address}/{share_name}"
         self.folder_unc = f"{self.unc}/{self.share_folder.name}"
