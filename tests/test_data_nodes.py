@@ -256,6 +256,13 @@ def test_a_local_job_with_two_data_nodes_trains_from_them_and_ends_finished(tmp_
     assert shown["data_nodes"] == ["DATA1", "DATA2"]
     assert json.loads(out)["data_nodes"] == ["DATA1", "DATA2"]  # the summary says which nodes served
     assert shown["node_hours"] == pytest.approx(3 * shown["wall_s"] / 3600)  # every node it held
+    status = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "hpcjob.cli", "status", "hetero-1", "--json"],
+            capture_output=True, text=True, timeout=60,
+        ).stdout
+    )  # fmt: skip
+    assert [t["name"] for t in status["tasks"]] == ["torchrun LOCAL1", "data DATA1", "data DATA2"]
     resumed = run_local(tmp_path, "--data-nodes", "1", "--resume-from", "hetero-1", epochs=3)
     out, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err[-3000:]

@@ -434,6 +434,7 @@ def _print_status(info: JobInfo, run_id: str, as_json: bool, latest: dict[str, A
             "tasks": [
                 {
                     "task_id": t.task_id,
+                    "name": t.name,  # its role and node: "torchrun NODE" or "data NODE"
                     "node": t.node,
                     "state": t.state,
                     "exit_code": t.exit_code,

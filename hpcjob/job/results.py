@@ -218,9 +218,11 @@ class JobSummary:
     data_nodes: list[str] = field(default_factory=list)
     data_price: Price | None = None
 
+    def is_data_node(self, node: str) -> bool:
+        return node.upper() in {name.upper() for name in self.data_nodes}
+
     def _price_of(self, node: str) -> Price | None:
-        data = {name.upper() for name in self.data_nodes}
-        return self.data_price if node.upper() in data else self.price
+        return self.data_price if self.is_data_node(node) else self.price
 
     @property
     def usage(self) -> list[Usage]:

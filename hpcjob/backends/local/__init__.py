@@ -332,16 +332,17 @@ class LocalBackend:
         self._known_nodes.update(dict.fromkeys(run.nodes))
         summary = local_status(log_dir, run.pid, run.pid_start)
         if summary is not None:
+            ended_tasks = []
+            for i, n in enumerate(summary.nodes):
+                role = "data" if summary.is_data_node(n.node) else "torchrun"  # as the plan names them
+                ended_tasks.append(TaskInfo(i + 1, f"{role} {n.node}", n.state, n.exit_code, n.node, n.error))
             return JobInfo(
                 job_id=run.run_id,
                 name=summary.name,
                 state=summary.state,
                 error=summary.root_cause.describe() if summary.root_cause else "",
                 root_cause=summary.root_cause,
-                tasks=tuple(
-                    TaskInfo(i + 1, f"torchrun {n.node}", n.state, n.exit_code, n.node, n.error)
-                    for i, n in enumerate(summary.nodes)
-                ),
+                tasks=tuple(ended_tasks),
             )
         ended = RunLogs(LocalFolder(log_dir), "", run.nodes).exit_codes()
         tasks = []
