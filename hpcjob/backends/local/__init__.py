@@ -128,8 +128,8 @@ LOST_NODE = "its whole task was killed by signal {signal} from outside the job: 
 
 # Ports a local run may pick for its rendezvous: below the kernel's ephemeral range, so that no outgoing
 # connection takes the port between its choice and torchrun's bind seconds later (the ephemeral port the
-# kernel hands out for port 0 is free only until then), and clear of torchrun's default (29500) and the
-# data service's (29600).
+# kernel hands out for port 0 is free only until then), and clear of the defaults of hpcjob's rendezvous
+# (29400), torchrun's (29500) and the data service (29600).
 PICKED_PORTS_FROM = 20000
 KEPT_CLEAR = range(29400, 29700)
 
