@@ -1,5 +1,5 @@
-"""How busy a rank's GPU is: NVML (the nvidia-ml-py package) read by a background thread about once a
-second, so that the training loop never waits on it.
+"""How busy a rank's GPU is while it trains: NVML (the nvidia-ml-py package) read by a background thread
+about once a second, so that the training loop never waits on it; the figures count from the first step.
 
 Each rank watches its own GPU. Every `report_every_s` the thread prints one ``HPCJOB_GPU {...}`` line
 (the latest figures) into the node's output, where ``hpcjob status`` and ``hpcjob logs`` of a running
@@ -81,6 +81,25 @@ class GpuMonitor:
             self.window_count += 1
             self.util_peak = max(self.util_peak, reading.util_pct)
             self.memory_peak = max(self.memory_peak, reading.memory_mib)
+
+    def training_begins(self) -> None:
+        """From the first step on, the mean and the peak utilisation are the training's: the start-up
+        before it (a CUDA context, the rendezvous, the data), with the GPU idle, is left out of them.
+        The memory peak stays."""
+        with self._lock:
+            self.count, self.util_sum, self.util_peak = 0, 0.0, 0.0
+            self.window_sum, self.window_count = 0.0, 0
+
+    def training_ended(self) -> None:
+        """A last reading where the training was shorter than an interval: NVML's utilisation covers
+        its own last sample period (1/6 s to 1 s: nvmlDeviceGetUtilizationRates), the training's end."""
+        with self._lock:
+            if self.count:
+                return
+        try:
+            self.sample()
+        except Exception:  # a driver hiccup: no figure rather than no run
+            return
 
     def window_util(self) -> float | None:
         """The mean utilisation since the last call (an epoch's), None without a sample."""

@@ -510,7 +510,9 @@ def agree_on_checkpoint(ctx: Context, checkpoint: Checkpoint | None, path: Path)
 
 
 def gpu_use(ctx: Context, monitor: GpuMonitor | None) -> list[dict[str, object]]:
-    """Every watched rank's GPU use so far, in rank order (a collective: all ranks call it)."""
+    """Every watched rank's GPU use while it trained, in rank order (a collective: all ranks call it)."""
+    if monitor is not None:
+        monitor.training_ended()
     summaries = ctx.gather(monitor.summary() if monitor else None)
     return [summary for summary in summaries if summary is not None]
 
@@ -521,10 +523,15 @@ def epoch_gpu_util(ctx: Context, monitor: GpuMonitor | None) -> float | None:
     return sum(utils) / len(utils) if utils else None
 
 
-def first_step_done(ctx: Context, timeline: Timeline | None, started: float) -> None:
+def first_step_done(
+    ctx: Context, timeline: Timeline | None, started: float, monitor: GpuMonitor | None = None
+) -> None:
     """Start-up cost, in a person's words: how long after the task's start (node.sh's HPCJOB_TASK_START;
     without hpcjob, this process's) the run's first step was done, and at what local time. The exact
-    time goes to the rank's timeline (a `first_step` line), for programs such as the benchmarks."""
+    time goes to the rank's timeline (a `first_step` line), for programs such as the benchmarks. The GPU
+    figures count from here."""
+    if monitor is not None:
+        monitor.training_begins()
     now = time.time()
     try:
         since = now - float(os.environ[TASK_START_VAR])
@@ -635,7 +642,7 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
             max_steps=args.max_steps_per_epoch,
             step_sleep=args.step_sleep,
             on_first_step=(
-                partial(first_step_done, ctx, timeline, started) if epoch == completed + 1 else None
+                partial(first_step_done, ctx, timeline, started, monitor) if epoch == completed + 1 else None
             ),
             options=options,
             on_progress=partial(timeline.step, epoch) if timeline is not None else None,

@@ -40,6 +40,26 @@ def test_the_summary_holds_the_mean_the_peaks_and_the_epoch_s_window() -> None:
     }
 
 
+def test_the_figures_are_the_training_s_not_the_idle_start_up_s() -> None:
+    """Readings before the first step (a CUDA context, the rendezvous: the GPU idle) count in no mean
+    or utilisation peak; the memory peak stays. A training shorter than an interval gets one reading
+    at its end, none when it had some."""
+    source = readings((0, 4000), (0, 500), (80, 1000), (90, 1200), (70, 1100))
+    monitor = GpuMonitor(lambda: next(source), "GPU")
+    monitor.sample()
+    monitor.sample()
+    monitor.training_begins()
+    assert monitor.summary() is None and monitor.window_util() is None
+    monitor.training_ended()  # nothing since the first step: one reading now
+    monitor.sample()
+    monitor.training_ended()  # it has some: no other
+    summary = monitor.summary()
+    assert summary is not None
+    assert (summary["util_mean_pct"], summary["util_peak_pct"], summary["samples"]) == (85.0, 90.0, 2)
+    assert summary["memory_peak_mib"] == 4000
+    assert monitor.window_util() == pytest.approx(85.0)
+
+
 def test_the_thread_samples_and_prints_lines_that_hpcjob_reads() -> None:
     out = io.StringIO()
     counter = iter(range(1_000_000))
