@@ -126,7 +126,7 @@ class GpuMonitor:
     def report_line(self) -> str | None:
         """The latest figures as one ``HPCJOB_GPU`` line."""
         with self._lock:
-            if self.latest is None:
+            if self.latest is None or not self.count:  # none yet, or none since the first step
                 return None
             payload = {
                 "rank": self.rank,

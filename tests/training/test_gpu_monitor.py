@@ -50,6 +50,7 @@ def test_the_figures_are_the_training_s_not_the_idle_start_up_s() -> None:
     monitor.sample()
     monitor.training_begins()
     assert monitor.summary() is None and monitor.window_util() is None
+    assert monitor.report_line() is None  # no mean to report yet (and no division by no sample)
     monitor.training_ended()  # nothing since the first step: one reading now
     monitor.sample()
     monitor.training_ended()  # it has some: no other
