@@ -207,13 +207,18 @@ def run_local(
     )  # fmt: skip
 
 
-def wait_for_data_node(share: Path, run_id: str, job: subprocess.Popen[str]) -> None:
-    """Until DATA1 of the local run has published where it serves (120 s at most, the run alive)."""
+def serving_run(share: Path, run_id: str) -> subprocess.Popen[str]:
+    """A local run of 20 slow epochs with one data node, returned once DATA1 has published where it
+    serves (120 s at most, the run alive; killed otherwise)."""
+    job = run_local(share, "--data-nodes", "1", "--run-id", run_id, epochs=20, more=("--step-sleep", "0.05"))
     published = share / "hpcjob" / "run_ddp" / ".hpcjob" / "data" / run_id / "DATA1.json"
     deadline = time.monotonic() + 120
     while not published.is_file():
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        if job.poll() is not None or time.monotonic() > deadline:
+            job.kill()
+            raise AssertionError(f"DATA1 did not serve within 120 s: {job.communicate()}")
         time.sleep(0.1)
+    return job
 
 
 @pytest.mark.slow
@@ -273,11 +278,8 @@ def test_a_local_job_with_two_data_nodes_trains_from_them_and_ends_finished(tmp_
 
 @pytest.mark.slow
 def test_a_data_node_that_fails_ends_the_job_naming_it(tmp_path: Path) -> None:
-    job = run_local(
-        tmp_path, "--data-nodes", "1", "--run-id", "hetero-2", epochs=20, more=("--step-sleep", "0.05")
-    )
+    job = serving_run(tmp_path, "hetero-2")
     try:
-        wait_for_data_node(tmp_path, "hetero-2", job)
         time.sleep(2)  # training from it
         for pid, _ in marked_processes(f"{MARKER_VAR}=hetero-2/2\0".encode()):
             os.kill(pid, signal.SIGKILL)
@@ -332,11 +334,8 @@ def test_a_lost_data_node_is_left_out_of_the_next_attempt() -> None:
 
 @pytest.mark.slow
 def test_a_cancel_stops_both_roles(tmp_path: Path) -> None:
-    job = run_local(
-        tmp_path, "--data-nodes", "1", "--run-id", "hetero-3", epochs=20, more=("--step-sleep", "0.05")
-    )
+    job = serving_run(tmp_path, "hetero-3")
     try:
-        wait_for_data_node(tmp_path, "hetero-3", job)
         job.send_signal(signal.SIGTERM)  # as Ctrl-C
         out, err = job.communicate(timeout=120)
     finally:
