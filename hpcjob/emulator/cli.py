@@ -31,7 +31,7 @@ from typing import NoReturn
 from hpcjob.emulator.base import ApiError
 from hpcjob.emulator.headnode import PASSWORD_ENV, HeadNode
 from hpcjob.emulator.jobs import NODE_LOST_MESSAGE
-from hpcjob.emulator.nodes import LOSSES, NODE_HEALTHS, NodeSpec
+from hpcjob.emulator.nodes import LOSSES, NODE_HEALTHS, UNKNOWN_GROUP_NODES, NodeSpec
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,6 +95,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--profile", default="emulator", help="the profile name in the printed commands (and NAME-winrm)"
+    )
+    parser.add_argument(
+        "--unknown-group-node",
+        choices=UNKNOWN_GROUP_NODES,
+        default="skip",
+        help="putting a node the cluster does not know in a group: skip it (Add-HpcGroup's page) or "
+        "refuse the request (default skip; REST: UNVERIFIED)",
     )
     lost = parser.add_argument_group("lost nodes (see --stdin-commands)")
     lost.add_argument(
@@ -228,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             node_lost_message=args.node_lost_message,
             job_retry_count=args.job_retry_count,
             auto_requeue_delay_s=args.auto_requeue_delay,
+            unknown_group_node=args.unknown_group_node,
         ) as head:
             print(head.url, flush=True)
             print(head.ca_file, flush=True)

@@ -47,10 +47,11 @@ class Cluster:
         job_retry_count: int = 0,
         auto_requeue_delay_s: float = 2.0,
         node_operation_delay_s: float = 0.5,
+        unknown_group_node: str = "skip",
     ) -> None:
         """`password_of(owner)`: the job owner's password, which the agent hands to execution filters.
-        The rest is what a lost node does (`lose_node`) and how long a node operation takes
-        (`set_node_state`): see HeadNode."""
+        The rest is what a lost node does (`lose_node`), how long a node operation takes
+        (`set_node_state`) and what a node group does with a node it does not know: see HeadNode."""
         check_losses(
             detection_delay_s, unreachable_health, node_lost_message, job_retry_count, auto_requeue_delay_s
         )
@@ -59,7 +60,7 @@ class Cluster:
         self.node_operation_delay_s = node_operation_delay_s
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
-        self.registry = NodeRegistry(nodes)
+        self.registry = NodeRegistry(nodes, unknown_group_node)
         self.agent = NodeAgent(
             self.lock,
             self.registry,
@@ -184,6 +185,11 @@ class Cluster:
             self.registry.operate(node, state, force=force, due=due)
             if self.node_operation_delay_s == 0:
                 self.registry.make_due(due)
+            self.changed.notify_all()
+
+    def remove_node(self, name: str) -> None:
+        with self.lock:
+            self.registry.remove(name)
             self.changed.notify_all()
 
     def groups(self) -> dict[str, tuple[str, bool]]:

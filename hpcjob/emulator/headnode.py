@@ -24,7 +24,7 @@ from typing import Any, Literal
 from hpcjob.emulator.api import Api
 from hpcjob.emulator.cluster import Cluster, check_losses
 from hpcjob.emulator.jobs import NODE_LOST_MESSAGE
-from hpcjob.emulator.nodes import NodeSpec
+from hpcjob.emulator.nodes import UNKNOWN_GROUP_NODES, NodeSpec
 from hpcjob.emulator.powershell import PowerShellHost
 from hpcjob.emulator.props import ENDED
 from hpcjob.emulator.server import Fault, Faults, RequestLog, _Server, make_server
@@ -84,6 +84,7 @@ class HeadNode:
         job_retry_count: int = 0,
         auto_requeue_delay_s: float = 2.0,
         node_operation_delay_s: float = 0.5,
+        unknown_group_node: Literal["skip", "error"] = "skip",
     ) -> None:
         """
         nodes: NodeSpec objects or typed Node dicts (``{"Name", "State", "Health", "Cores", "Groups"...}``);
@@ -114,6 +115,11 @@ class HeadNode:
         node_operation_delay_s: how long after a node operation is accepted (REST bringOnline and
             takeOffline, 202; Set-HpcNodeState -Async) the node's state changes: the spec says only that
             it is done asynchronously (the figure is the emulator's).
+        unknown_group_node: what putting a node the cluster does not know in a node group does, through
+            either door (REST moveNodesOfGroup, PowerShell Add-HpcGroup): "skip" leaves it out and puts
+            the others in without an error (Add-HpcGroup's page: -NodeName is a filter; PowerShell still
+            fails when it names no node that exists), "error" refuses the whole request (REST 404). For
+            REST neither is documented: UNVERIFIED.
         """
         specs = [n if isinstance(n, NodeSpec) else NodeSpec.from_json(n) for n in (nodes or DEFAULT_NODES)]
         if not users:
@@ -144,6 +150,9 @@ class HeadNode:
         if node_operation_delay_s < 0:
             raise ValueError("node_operation_delay_s must not be negative")
         self._node_operation_delay_s = node_operation_delay_s
+        if unknown_group_node not in UNKNOWN_GROUP_NODES:
+            raise ValueError(f"unknown_group_node must be one of {', '.join(UNKNOWN_GROUP_NODES)}")
+        self._unknown_group_node = unknown_group_node
         base = dict(os.environ if env is None else env)
         base.pop(PASSWORD_ENV, None)  # never hand the emulator's password to a task
         base.pop("NTLM_USER_FILE", None)  # nor another emulator's users file
@@ -181,6 +190,7 @@ class HeadNode:
                 head_name=self.head_name,
                 password_of=self._password_of,
                 node_operation_delay_s=self._node_operation_delay_s,
+                unknown_group_node=self._unknown_group_node,
                 **self._losses,
             )
             api = Api(self._cluster, version=self.version, head_name=self.head_name)
@@ -314,6 +324,12 @@ class HeadNode:
             groups=tuple(groups) if groups is not None else None,
             cores=cores,
         )
+
+    def remove_node(self, name: str) -> None:
+        """Remove a node from the cluster, as an administrator's Remove-HpcNode does: it is no longer
+        listed, nor in any group, and a request naming it finds no such node. A node a job holds is
+        refused (ApiError)."""
+        self.cluster.remove_node(name)
 
     def lose_node(self, name: str, how: Literal["evicted", "unreachable"] = "evicted") -> None:
         """Lose a node, as a Spot eviction (a deallocated VM) or an agent the head node no longer hears.

@@ -34,6 +34,13 @@ NODE_HEALTHS = ("OK", "Warning", "Error", "Transitional", "Unapproved")
 # unreachable (the processes run on, unheard); either way the head node learns it only after the
 # node missed its heartbeats.
 LOSSES = ("evicted", "unreachable")
+# What a request to put a node the cluster does not know in a group does: "error" refuses the whole
+# request, "skip" leaves that node out and puts the others in. Add-HpcGroup's page calls -NodeName "a
+# filter parameter, so you do not receive an error for specifying a node the does not exist in the HPC
+# cluster as long as you specify at least one node that does exist" (MicrosoftDocs/windows-powershell-docs
+# @ 1095f968 docset/winserver2012r2-ps/hpc/Add-HpcGroup.md): "skip". REST's moveNodesOfGroup names no
+# error (Azure/hpcpack-rest-api-spec @ 9bd56c8 src/hpcpack.yaml L623-660): UNVERIFIED either way.
+UNKNOWN_GROUP_NODES = ("skip", "error")
 BUILTIN_GROUPS = {
     "HeadNodes": "The head nodes in the cluster",
     "ComputeNodes": "The compute nodes in the cluster",
@@ -105,9 +112,12 @@ class Node:
 class NodeRegistry:
     """The nodes by lower-case name, in the order they were added (their Ids), and the groups they make."""
 
-    def __init__(self, specs: Iterable[NodeSpec]) -> None:
+    def __init__(self, specs: Iterable[NodeSpec], unknown_group_node: str = "skip") -> None:
+        if unknown_group_node not in UNKNOWN_GROUP_NODES:
+            raise ValueError(f"unknown_group_node must be one of {', '.join(UNKNOWN_GROUP_NODES)}")
         self.nodes: dict[str, Node] = {}
         self.created_groups: dict[str, str] = {}  # made by an administrator: name -> description
+        self.unknown_group_node = unknown_group_node
         for spec in specs:
             self.add(spec)
         if not self.nodes:
@@ -118,7 +128,7 @@ class NodeRegistry:
             raise ValueError(f"duplicate node name {spec.name}")
         check_node(spec.state, spec.health)
         self.nodes[spec.name.lower()] = Node(
-            id=len(self.nodes) + 1,
+            id=max((node.id for node in self.nodes.values()), default=0) + 1,  # one removed leaves a gap
             name=spec.name,
             state=spec.state,
             health=spec.health,
@@ -129,6 +139,15 @@ class NodeRegistry:
             online_time=now() if spec.state == "Online" else None,
             offline_time=None if spec.state == "Online" else now(),
         )
+
+    def remove(self, name: str) -> None:
+        """Remove-HpcNode: the node's entry leaves the cluster, and with it its groups (MicrosoftDocs/
+        windows-powershell-docs @ 1b636b31 docset/winserver2012r2-ps/hpc/Remove-HpcNode.md). A node a job
+        holds is refused (the emulator's rule: the page says nothing of one)."""
+        node = self.node(name)
+        if node.held:
+            raise ApiError(400, f"The node {node.name} runs a job: it cannot be removed.")
+        del self.nodes[node.name.lower()]
 
     def node(self, name: str) -> Node:
         found = self.nodes.get(name.strip().lower())
@@ -221,8 +240,8 @@ class NodeRegistry:
 
     def move_nodes(self, name: str, operation: str, nodes: Iterable[str]) -> list[str]:
         """REST moveNodesOfGroup (SPEC19 `PATCH /cluster/nodeGroups/{name}/nodes`, a NodeGroupOperation:
-        add or remove): the group's members after it. A built-in group's members are HPC Pack's to say
-        (400, UNVERIFIED)."""
+        add or remove), and Add-HpcGroup: the group's members after it. A built-in group's members are
+        HPC Pack's to say (400, UNVERIFIED). A node the cluster does not know: `unknown_group_node`."""
         group, _, managed = self.group(name)
         if operation not in ("add", "remove"):
             raise ApiError(400, f"The operation {operation} is not add or remove.")
@@ -230,9 +249,11 @@ class NodeRegistry:
             raise ApiError(400, f"The node group {group} is managed by HPC Pack: its nodes cannot be moved.")
         found = []
         for node_name in nodes:
-            node = self.nodes.get(str(node_name).lower())
+            node = self.nodes.get(str(node_name).strip().lower())
             if node is None:
-                raise ApiError(404, f"The node {node_name} was not found.")
+                if self.unknown_group_node == "skip":
+                    continue
+                raise ApiError(404, f"The node {node_name} was not found.")  # before any node moves
             found.append(node)
         for node in found:
             if operation == "add" and not node.in_group(group):

@@ -293,7 +293,10 @@ class PowerShellHost:
     def _add_to_group(self, script: Script, value: Callable[[str], Any], actor: Actor) -> list[Any]:
         """`Add-HpcGroup -Name G -NodeName N[,N]`, after `New-HpcGroup -Name G` where Get-HpcGroup finds
         none (hpcjob's group script): the nodes in the group, the group made first where the script makes
-        it. Administrators' cmdlets. Outputs nothing the script reads."""
+        it. Administrators' cmdlets. Outputs nothing the script reads. A node the cluster does not know:
+        the head node's `unknown_group_node` ("skip": -NodeName is "a filter parameter", no error "as
+        long as you specify at least one node that does exist", Add-HpcGroup's page; the words of the
+        errors are the emulator's own)."""
         cmdlet = "Add-HpcGroup"
         if not actor.admin:
             raise ScriptError(f"{cmdlet} : Access is denied: you must be a cluster administrator.")
@@ -303,12 +306,17 @@ class PowerShellHost:
             raise ScriptError(f"{cmdlet} : Missing an argument for parameter 'Name' or 'NodeName'.")
         with self.cluster.lock:
             known = {g.lower() for g in self.cluster.groups()}
-            if groups[0].lower() not in known:
+            if groups[0].lower() not in known:  # New-HpcGroup is a statement of its own, before
                 if not script.calls("New-HpcGroup"):
                     raise ScriptError(f"{cmdlet} : The node group {groups[0]} was not found.")
                 described = _values(script, value, "New-HpcGroup", "Description")
                 self.cluster.create_group(groups[0], described[0] if described else "")
-            self.cluster.move_nodes(groups[0], "add", names)
+            if not any(name.lower() in self.cluster.nodes for name in names):
+                raise ScriptError(f"{cmdlet} : No node named {', '.join(names)} was found.")
+            try:
+                self.cluster.move_nodes(groups[0], "add", names)
+            except ApiError as err:
+                raise ScriptError(f"{cmdlet} : {err.message}") from None
         return []
 
     def _set_node_state(self, script: Script, value: Callable[[str], Any], actor: Actor) -> list[Any]:
