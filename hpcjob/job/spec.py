@@ -87,7 +87,13 @@ _SHARE_PART = re.compile(r"[A-Za-z0-9._$-]+")
 _MOUNT_OPTIONS = re.compile(r"[A-Za-z0-9_]+(=[A-Za-z0-9._/:-]*)?(,[A-Za-z0-9_]+(=[A-Za-z0-9._/:-]*)?)*")
 # Characters an XML 1.0 job file cannot carry, even escaped.
 NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-_SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL", re.I)
+# Names that hold a secret's usual words (issue 38: connection strings, database URLs, SAS tokens and
+# passwords; a whole word SAS, so SASL_MECHANISM passes).
+_SECRET_NAME = re.compile(
+    r"PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|CONNECTION_?STRING"
+    r"|DATABASE_URL|(?:^|_)SAS(?:_|$)|_PASS$",
+    re.I,
+)
 
 
 class HpcjobError(Exception):
@@ -547,16 +553,19 @@ class JobSpec:
                 raise SpecError(
                     f"--env {name!r}: a variable name is letters, digits and _, not first a digit"
                 )
-            if _URL_WITH_SECRET.search(value):
+            matched = secret_in_value(value)
+            if matched is not None:
                 raise SpecError(
-                    f"--env {name}: a URL with a user or token would be stored in clear in the job and the "
-                    "run history; give the credentials in pip.conf or ~/.netrc on the nodes, readable by "
-                    "you only"
+                    f"--env {name}: the value holds {matched}, and job environment variables are stored in "
+                    f"clear in the job and the run history: give it with --secret {name} (from your "
+                    "environment, to an owner-only file)"
                 )
-            if _SECRET_NAME.search(name):
+            word = _SECRET_NAME.search(name)
+            if word is not None:
                 raise SpecError(
-                    f"--env {name}: looks like a secret, and job environment variables are stored in "
-                    "clear in the job; read it from a file on the nodes instead"
+                    f"--env {name}: the name holds {word.group().strip('_').upper()} and looks like a "
+                    "secret, and job environment variables are stored in clear in the job: give it with "
+                    f"--secret {name} (from your environment, to an owner-only file)"
                 )
             # The agent writes a container task's variables into a file, a line each, and reads its own
             # back with unanchored greps (common.sh L157-173): a name that holds CCP_DOCKER_ anywhere, or a
@@ -650,6 +659,31 @@ DEFAULT_NODE_PLATFORM = "manylinux_2_28_x86_64"
 # An http(s) URL with a user or a token in it (https://user:pass@host, https://ghp_TOKEN@github.com):
 # pip would read it from a file on the share. ssh://git@host names no secret.
 _URL_WITH_SECRET = re.compile(r"https?://[^/\s@]+@", re.I)
+# A URL of any scheme with a password in it (postgres://user:pw@, redis://:pw@, mongodb+srv://...).
+_URL_WITH_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*)://[^/\s@:]*:[^/\s@]*@")
+# Query parameters that carry a signature or a token (a SAS URL's sig=, OAuth's access_token=).
+_SECRET_PARAMETER = re.compile(r"[?&;](sig|signature|access_token|token|password)=", re.I)
+# Azure storage and Service Bus connection strings.
+_SECRET_SETTING = re.compile(r"\b(AccountKey|SharedAccessSignature|SharedAccessKey)=", re.I)
+
+
+def secret_in_value(value: str) -> str | None:
+    """What in `value` looks like a secret, in words that never repeat it: a URL with a password or a
+    user, a signature or token parameter, a storage key; None when nothing does."""
+    if _URL_WITH_SECRET.search(value):
+        return "a URL with a user or token (https://USER@ or https://USER:PASSWORD@)"
+    url = _URL_WITH_PASSWORD.search(value)
+    if url is not None:
+        return f"a URL with a user and password ({url.group(1).lower()}://USER:PASSWORD@)"
+    setting = _SECRET_SETTING.search(value)
+    if setting is not None:
+        return f"a connection string's {setting.group(1)}="
+    parameter = _SECRET_PARAMETER.search(value)
+    if parameter is not None:
+        return f"the query parameter {parameter.group(1).lower()}="
+    return None
+
+
 # What a requirements file names relative to itself: it is copied into .hpcjob/ of the job folder, and
 # the environment's key is the file's own text, so these would be looked for elsewhere, or not rebuilt.
 _RELATIVE = re.compile(r"(-r|--requirement|-c|--constraint|-e|--editable)(\s|=|$)|\.{1,2}/|file:(?!//)")
@@ -659,10 +693,12 @@ def check_requirements(text: str) -> None:
     """A requirements file that may go to the share: nothing secret in it, nothing it names relative to
     itself, and text a node can read."""
     for number, line in enumerate(text.splitlines(), 1):
-        if _URL_WITH_SECRET.search(line):
+        matched = secret_in_value(line)
+        if matched is not None:
             raise SpecError(
-                f"requirements line {number}: a URL with a user or token would be written to the share; "
-                "give the index's credentials in pip.conf or ~/.netrc on the nodes, readable by you only"
+                f"requirements line {number}: {matched} would be written to the share: give the index "
+                "URL with --secret PIP_INDEX_URL (or PIP_EXTRA_INDEX_URL), from your environment, or the "
+                "credentials in pip.conf or ~/.netrc on the nodes, readable by you only"
             )
         if _RELATIVE.match(line.strip()):
             raise SpecError(
