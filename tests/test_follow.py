@@ -132,7 +132,7 @@ def test_attempts_stop_once_they_cost_more_than_max_cost(
     ]
     assert stop in said
     kept = find_entry(RUN).attempts
-    assert [(a.attempt, a.retried, a.cost_usd) for a in kept] == [(1, True, 20.0), (2, False, 20.0)]
+    assert [(a.attempt, a.retried, a.usage(None).cost_usd) for a in kept] == [(1, True, 20.0), (2, False, 20.0)]
 
 
 def test_a_run_without_prices_is_not_bounded_and_says_so_once(
@@ -148,8 +148,8 @@ def test_a_run_without_prices_is_not_bounded_and_says_so_once(
     assert len(cluster.submitted) == 2 and summary.events[-1] == "no attempt left: --retries 2"
     warned = [line for line in said if "--max-cost" in line]
     assert warned == [
-        f"hpcjob: warning: --max-cost: run {RUN} has no price (its cluster profile names no --vm-size and "
-        "--region), so its cost cannot be bounded: its attempts go on"
+        f"hpcjob: warning: --max-cost: run {RUN}'s cost is unknown (no attempt has a price: the cluster "
+        "profile names no --vm-size and --region), so it cannot be bounded: its attempts go on"
     ]
 
 
@@ -215,7 +215,8 @@ def test_an_attempt_half_submitted_is_canceled_and_the_next_goes(
     latest, summary = take_up(RUN, lambda line: None, command="hpcjob wait")
     assert cluster.canceled == [job_id] and [p.attempt for p in cluster.submitted] == [3]
     assert summary.state is State.FINISHED and latest.attempt == 3
-    assert summary.events == [f"attempt 2: {said}"]
+    # Attempt 1, judged by the follower that stopped, is told too: the run's summary has every attempt.
+    assert summary.events == ["attempt 1 (job 11 on GPU1, GPU2): GPU2 was lost", f"attempt 2: {said}"]
     kept = {a.attempt: (a.cause, a.retried, a.summary) for a in find_entry(RUN).attempts}
     assert kept[2] == ("submission cut short", True, None)
 

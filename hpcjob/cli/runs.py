@@ -167,6 +167,7 @@ def runs_show(run_id: str, as_json: bool) -> None:
 def describe(entry: HistoryEntry) -> list[str]:
     """`runs show`: the run as a person reads it."""
     from hpcjob.cli.tables import cost_line, duration, format_summary
+    from hpcjob.job.prices import money
 
     record = entry.record
     where = f"cluster {record.cluster} over {record.backend}" if record.cluster else record.backend
@@ -196,24 +197,36 @@ def describe(entry: HistoryEntry) -> list[str]:
     from hpcjob.runner.resume import checkpoints_shown
 
     lines.append(f"  checkpoints: {checkpoints_shown(entry)}")
-    if entry.node_hours is not None:
-        gpu_hours = f", {entry.gpu_hours:.2f} GPU-hours" if entry.gpu_hours is not None else ""
-        lines.append(f"  usage:    {entry.node_hours:.2f} node-hours{gpu_hours}")
-    summary = entry.summary
-    if summary is not None and summary.price is not None and summary.cost_usd is not None:
-        busy = sum(usage.node_hours for usage in summary.usage)
+    usage, summary = entry.usage, entry.summary
+    several = usage is not None and len(usage.attempts) > 1
+    if usage is not None:
+        gpu_hours = f", {usage.gpu_hours:.2f} GPU-hours" if usage.gpu_hours is not None else ""
+        over = f", its {len(usage.attempts)} attempts together" if several else ""
+        lines.append(f"  usage:    {usage.node_hours:.2f} node-hours{gpu_hours}{over}")
+    if usage is not None and usage.unknown_cost():
+        lines.append(f"  cost:     unknown: {usage.unknown_cost()}")
+    elif several and usage is not None and usage.cost_usd is not None:
+        lines.append(
+            f"  cost:     ≈ {money(usage.cost_usd)}, its attempts together (an attribution, not the bill)"
+        )
+    elif summary is not None and summary.price is not None and summary.cost_usd is not None:
+        busy = sum(used.node_hours for used in summary.usage)
         lines.append(
             f"  cost:     {cost_line(summary.cost_usd, summary.price)}: {busy:.2f} node-hours of tasks at "
             f"${summary.price.usd_per_hour:,.2f} an hour (an attribution, not the bill)"
         )
     if entry.attempts:  # issue 33: each attempt a job of its own
         lines.append("  attempts:")
+        figures = {a.attempt: a for a in usage.attempts} if usage is not None else {}
         for attempt in entry.attempts:
-            cost = f", ${attempt.cost_usd:,.2f}" if attempt.cost_usd is not None else ""
+            used = figures.get(attempt.attempt) or attempt.usage(entry.gpus_per_node)
+            data = f" and data node(s) {', '.join(used.data_nodes)}" if used.data_nodes else ""
+            cost = "no price" if not used.priced else money(used.cost_usd or 0.0)
             then = "; retried" if attempt.retried else ""
             lines.append(
-                f"    {attempt.attempt}. job {attempt.job_id or '-'} on {', '.join(attempt.nodes)}: "
-                f"{attempt.said or attempt.cause or 'unknown'}{cost}{then}"
+                f"    {attempt.attempt}. job {attempt.job_id or '-'} on {', '.join(attempt.nodes)}{data}, "
+                f"{duration(used.wall_s)}, {used.node_hours:.2f} node-hours, {cost}: "
+                f"{attempt.said or attempt.cause or 'unknown'}{then}"
             )
     if entry.summary is not None:
         lines.append("")

@@ -71,9 +71,11 @@ def latest_line(step: Mapping[str, object], now: float) -> str:
 
 def format_summary(summary: JobSummary) -> str:
     """How every backend ends a job it followed: state, each node, the first failure, the metrics."""
+    usage = summary.run_usage
+    attempts = f", {len(usage.attempts)} attempts" if usage is not None else ""
     lines = [
         f"job {summary.name} {summary.state} in {duration(summary.wall_time_s)}, exit code "
-        f"{summary.exit_code} (run {summary.run_id})"
+        f"{summary.exit_code} (run {summary.run_id}{attempts})"
     ]
     rows = [(node.node, node.state, node.exit_code) for node in summary.nodes]
     lines += table(("NODE", "STATE", "EXIT CODE"), rows, indent="  ")
@@ -92,6 +94,11 @@ def format_summary(summary: JobSummary) -> str:
         lines.append(f"  metrics: {metrics_line(summary.metrics)}")
     if summary.gpu_use:
         lines += gpu_table(summary.gpu_use, now=False, indent="  ")
+    if usage is not None:  # the run's, its attempts' together
+        gpu_hours = f", {usage.gpu_hours:.2f} GPU-hours" if usage.gpu_hours is not None else ""
+        lines.append(f"  usage: {usage.node_hours:.2f} node-hours{gpu_hours}, its attempts together")
+        if usage.unknown_cost():
+            lines.append(f"  cost unknown: {usage.unknown_cost()}")
     if summary.price is not None and summary.cost_usd is not None:
         lines.append(f"  {cost_line(summary.cost_usd, summary.price)}")
     lines.append(f"  logs: {summary.log_dir}")

@@ -11,7 +11,7 @@ killer, SIGKILL) while its node stays healthy. A job the user canceled is never 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hpcjob.job.hangs import HANG_EXIT_CODE
@@ -105,15 +105,12 @@ def next_attempt_exclusions(excluded: Iterable[str], cause: Cause) -> tuple[str,
     return tuple(dict.fromkeys([*excluded, *cause.lost]))
 
 
-def run_cost(costs: Iterable[float | None]) -> float | None:
-    """What a run's ended attempts cost together (each its summary's cost_usd): None where one of them
-    has no price, for then the run's cost is not known (--max-cost cannot bound it)."""
-    total = 0.0
-    for cost in costs:
-        if cost is None:
-            return None
-        total += cost
-    return total
+def attempt_line(
+    attempt: int, job_id: str | None, nodes: Sequence[str], data_nodes: Sequence[str], said: str
+) -> str:
+    """How an attempt ended, in the run's summary: its job, its nodes (data nodes too) and why."""
+    data = f" and data node(s) {', '.join(data_nodes)}" if data_nodes else ""
+    return f"attempt {attempt} (job {job_id} on {', '.join(nodes)}{data}): {said}"
 
 
 def past_max_cost(spent: float, max_cost_usd: float) -> str | None:

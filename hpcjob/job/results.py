@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from hpcjob.job.prices import Price, Usage, cost_of
+from hpcjob.job.usage import AttemptUsage, RunUsage, run_usage
 
 # The training program's last line of results (training/run_ddp.py documents the contract).
 METRICS_PREFIX = "HPCJOB_METRICS "
@@ -217,6 +218,9 @@ class JobSummary:
     # data_vm_size): each role at its own price.
     data_nodes: list[str] = field(default_factory=list)
     data_price: Price | None = None
+    # A run of several attempts, at its end: each attempt's own figures (hpcjob.job.usage); the summary's
+    # wall time and cost are then the run's, their sums. Empty for the summary of one attempt.
+    run_attempts: list[AttemptUsage] = field(default_factory=list)
 
     def is_data_node(self, node: str) -> bool:
         return node.upper() in {name.upper() for name in self.data_nodes}
@@ -240,10 +244,31 @@ class JobSummary:
     @property
     def cost_usd(self) -> float | None:
         """What the job's nodes cost while their tasks ran (hpcjob.job.prices); None where a role has no
-        price (a data node of a profile that names no data_vm_size: not counted at the GPU nodes')."""
+        price (a data node of a profile that names no data_vm_size: not counted at the GPU nodes'). The
+        summary of a run of several attempts: the run's (hpcjob.job.usage's rule)."""
+        if self.run_attempts:
+            return run_usage(self.run_attempts).cost_usd
+        return self.job_cost_usd
+
+    @property
+    def job_cost_usd(self) -> float | None:
+        """This attempt's job's own cost, whatever the run's."""
         if self.price is None or any(self._price_of(node.node) is None for node in self.nodes):
             return None
         return cost_of(self.usage)
+
+    @property
+    def run_usage(self) -> RunUsage | None:
+        """The run's figures, for the summary of a run of several attempts."""
+        return run_usage(self.run_attempts) if self.run_attempts else None
+
+    def attempt_usage(self, attempt: int, started: float | None, gpus_per_node: int | None) -> AttemptUsage:
+        """This job's figures as attempt `attempt` of its run, started at `started` (this machine's clock)."""
+        data = [n.node for n in self.nodes if self.is_data_node(n.node)]
+        trainers = tuple(n.node for n in self.nodes if not self.is_data_node(n.node))
+        return AttemptUsage(
+            attempt, started, self.wall_time_s, trainers, tuple(data), gpus_per_node, self.job_cost_usd
+        )
 
     @property
     def gpu_use(self) -> list[GpuUse]:
@@ -262,6 +287,9 @@ class JobSummary:
         if self.trained_nothing:
             data["trained_nothing"] = True
         data["cost_usd"] = self.cost_usd
+        data["run_attempts"] = [a.to_dict() for a in self.run_attempts]
+        if (usage := self.run_usage) is not None:
+            data["run_usage"] = usage.to_dict()
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -277,6 +305,7 @@ class JobSummary:
         for key in ("price", "data_price"):
             if data.get(key) is not None:
                 data[key] = Price.from_dict(data[key])
+        data["run_attempts"] = [AttemptUsage.from_dict(a) for a in data.get("run_attempts") or ()]
         return cls(**data)
 
 
@@ -448,6 +477,16 @@ class JobInfo:
     @property
     def ended(self) -> bool:
         return self.state in ENDED_JOB_STATES
+
+    def wall_s(self, followed_s: float) -> float:
+        """The job's wall time: its tasks' span on the scheduler's clock where it reports every task's
+        start and end (so a follower that came after the job ended cannot stretch it), else
+        `followed_s`, the follower's own clock since the submission (a local run's)."""
+        starts = [t.start for t in self.tasks]
+        ends = [t.end for t in self.tasks]
+        if not self.tasks or None in starts or None in ends:
+            return followed_s
+        return max(0.0, max(e for e in ends if e is not None) - min(s for s in starts if s is not None))
 
     def exit_code(self, root_cause: RootCause | None = None) -> int:
         """As every backend reports it (job_exit_code); the scheduler knows the failed tasks, the share

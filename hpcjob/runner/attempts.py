@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from hpcjob.job.attempts import attempt_line
 from hpcjob.job.spec import HpcjobError, SpecError
 from hpcjob.runner.access import Progress, stopped_cluster_hint, submit_failure
 from hpcjob.runner.follow import follow_run
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobInfo, JobSummary, Submission
     from hpcjob.job.spec import JobSpec
-    from hpcjob.store.runs import RunRecord
+    from hpcjob.store.runs import AttemptEntry, RunRecord
     from hpcjob.store.share import ShareFolder
 
 
@@ -90,11 +91,13 @@ def follow_attempts(
     *,
     mount_step: bool,
     told: Sequence[str] = (),
+    ended: JobSummary | None = None,
 ) -> tuple[RunRecord, JobSummary]:
     """Follow the run's attempts to the run's end: each attempt to its summary (follow_run), and while
     its cause is retried, attempts are left and --max-cost allows, the next one. The newest attempt's
-    record, and its summary with a line for each attempt that went before (`told`: lines of those that
-    went before this follower)."""
+    record, and the run's summary (_run_summary; `told`: lines of the attempts that went before this
+    follower). `ended`: the newest attempt's summary as the history keeps it, where it has ended: it is
+    not followed again, and a run whose end the history holds is told as it is, nothing written."""
     from hpcjob.job.results import State
     from hpcjob.store.runs import record_attempt_end, was_canceled
 
@@ -104,11 +107,16 @@ def follow_attempts(
     total = retries.retries + 1
     unpriced_said = False
     while True:
-        summary = follow_run(backend, record, plan, open_folder, started, progress)
+        if ended is not None:
+            summary, ended = ended, None
+            if _run_ended(record, summary, retries):
+                return record, _run_summary(record, summary, told)
+        else:
+            summary = follow_run(backend, record, plan, open_folder, started, progress)
         if summary.state is State.FINISHED or retries.retries == 0:
             if record.attempt > 1:
                 _keep(record_attempt_end, record, summary, "finished", "finished", False)
-            return record, _told(summary, told)
+            return record, _run_summary(record, summary, told)
         info = _final(backend, record, retries, progress)
         if info is None:  # HPC Pack requeued the job itself: the same attempt goes on
             continue
@@ -117,11 +125,11 @@ def follow_attempts(
         last = record.attempt >= total
         over = None  # the line that ends the run at --max-cost
         if cause.retried and not last and retries.max_cost_usd is not None:
-            spent = _run_cost(record, summary)
+            spent, why = _run_cost(record, summary)
             if spent is None and not unpriced_said:
                 progress(
-                    f"hpcjob: warning: --max-cost: run {record.run_id} has no price (its cluster profile "
-                    "names no --vm-size and --region), so its cost cannot be bounded: its attempts go on"
+                    f"hpcjob: warning: --max-cost: run {record.run_id}'s cost is unknown ({why}), so it "
+                    "cannot be bounded: its attempts go on"
                 )
                 unpriced_said = True
             if spent is not None:
@@ -131,23 +139,23 @@ def follow_attempts(
         goes_on = cause.retried and not last and over is None
         said = cause.said + ("" if cause.kind == "canceled" else _in_epoch(open_folder, record))
         _keep(record_attempt_end, record, summary, cause.kind, said, goes_on)
-        told.append(f"attempt {record.attempt} (job {record.job_id} on {', '.join(plan.nodes)}): {said}")
+        told.append(attempt_line(record.attempt, record.job_id, plan.nodes, plan.data_nodes, said))
         if not cause.retried:
-            return record, _told(summary, told)
+            return record, _run_summary(record, summary, told)
         if last:
             told.append(f"no attempt left: --retries {retries.retries}")
-            return record, _told(summary, told)
+            return record, _run_summary(record, summary, told)
         if over is not None:
             progress(over)
             told.append(over)
-            return record, _told(summary, told)
+            return record, _run_summary(record, summary, told)
         progress(
             f"attempt {record.attempt} of {total} ended: {cause.said}; attempt {record.attempt + 1} next"
         )
         spec = _next_spec(spec, cause)
         if _kept(was_canceled, record.run_id):  # `hpcjob cancel` came as the attempt ended
             told.append("the run was canceled: no other attempt")
-            return record, _told(summary, told)
+            return record, _run_summary(record, summary, told)
         try:
             record, plan = submit_attempt(
                 backend, spec, record, open_folder, retries, mount_step=mount_step, progress=progress
@@ -155,7 +163,7 @@ def follow_attempts(
         except HpcjobError as exc:  # no nodes within --node-wait, a cancel, a refused submission
             _keep(record_attempt_end, record, summary, cause.kind, cause.said, False)  # not retried after all
             told.append(f"attempt {record.attempt + 1} did not start: {exc}")
-            return record, _told(summary, told)
+            return record, _run_summary(record, summary, told)
         started = time.monotonic()  # the attempt's own wall time
         progress(f"attempt {record.attempt} of {total}: job {record.job_id} on {', '.join(plan.nodes)}")
 
@@ -232,21 +240,53 @@ def _kept(read: Callable[[str], bool], run_id: str) -> bool:
         return False
 
 
-def _run_cost(record: RunRecord, summary: JobSummary) -> float | None:
-    """What the run's attempts so far cost: the earlier ones' as the history keeps them (one whose
-    submission was cut short ran nothing), the record's own from its summary; None where one has no
-    price, or the history cannot be read."""
-    from hpcjob.job.attempts import CUT_SHORT, run_cost
+def _run_cost(record: RunRecord, summary: JobSummary) -> tuple[float | None, str]:
+    """What the run's attempts so far cost (hpcjob.job.usage's rule: the earlier ones' as the history
+    keeps them, the record's own from its summary), and where it is unknown, why."""
     from hpcjob.store.runs import find_entry
 
     try:
-        earlier = [a for a in find_entry(record.run_id).attempts if a.attempt < record.attempt]
+        usage = find_entry(record.run_id).usage_with(summary)
+    except HpcjobError as exc:
+        return None, f"the run history cannot be read: {exc}"
+    why = (
+        usage.unknown_cost() or "no attempt has a price: the cluster profile names no --vm-size and --region"
+    )
+    return usage.cost_usd, why
+
+
+def _run_ended(record: RunRecord, summary: JobSummary, retries: Retries) -> bool:
+    """Whether the run whose newest attempt ended with `summary` has ended as the history says: nothing
+    more to judge (one attempt, no retries; it finished) or its end judged, and not retried."""
+    from hpcjob.job.results import State
+
+    if summary.state is State.FINISHED or retries.retries == 0:
+        return record.attempt == 1 or any(a.attempt == record.attempt for a in _attempts_kept(record))
+    judged = [a for a in _attempts_kept(record) if a.attempt == record.attempt]
+    return bool(judged) and not judged[0].retried
+
+
+def _attempts_kept(record: RunRecord) -> list[AttemptEntry]:
+    from hpcjob.store.runs import find_entry
+
+    try:
+        return find_entry(record.run_id).attempts
     except HpcjobError:
-        return None
-    return run_cost([*(0.0 if a.cause == CUT_SHORT else a.cost_usd for a in earlier), summary.cost_usd])
+        return []
 
 
-def _told(summary: JobSummary, told: list[str]) -> JobSummary:
+def _run_summary(record: RunRecord, summary: JobSummary, told: list[str]) -> JobSummary:
+    """The run's summary at its end: its newest attempt's, with a line for each attempt before it
+    (`told`) and, for a run of several attempts, each attempt's own figures, the wall time and cost
+    being the run's (hpcjob.job.usage, from the history)."""
+    from hpcjob.store.runs import find_entry
+
+    try:
+        usage = find_entry(record.run_id).usage_with(summary)
+    except HpcjobError:
+        usage = None
+    if usage is not None and len(usage.attempts) > 1:
+        summary = replace(summary, run_attempts=list(usage.attempts), wall_time_s=round(usage.wall_s, 3))
     return replace(summary, events=[*told, *summary.events]) if told else summary
 
 
@@ -403,7 +443,8 @@ def take_up(
         entry = find_entry(run_id)  # again, under the lock: a follower before this one may have gone on
         record = entry.record
         backend = backend_for_run(record)  # a run rendered for submitting by hand has none: one line
-        started = time.monotonic() - max(0.0, time.time() - entry.started)  # its wall time, as submit's
+        since = entry.attempt_started if record.attempt > 1 and entry.attempt_started else entry.started
+        started = time.monotonic() - max(0.0, time.time() - since)  # its attempt's wall time, as submit's
         folder = run_folder_opener(record)
         if record.attempt == 1 and (record.state == SUBMIT_FAILED or record.state in _HALF_WAY):
             why = record.failure or f"its submission stopped while {record.state}"
@@ -419,8 +460,14 @@ def take_up(
             raise HpcjobError(f"run {run_id} has no plan in this machine's history: hpcjob cannot follow it")
         spec, retries, mount_step = _recorded_way(record, max_cost_usd, progress)
         if spec is None:  # a run whose job cannot be read: followed, never retried
-            return record, follow_run(backend, record, plan, folder, started, progress)
-        told: list[str] = []
+            return record, entry.summary or follow_run(backend, record, plan, folder, started, progress)
+        told = [  # the attempts its earlier followers judged
+            attempt_line(a.attempt, a.job_id, a.nodes, a.usage(None).data_nodes, a.said or a.cause or "")
+            if a.ran
+            else f"attempt {a.attempt}: {a.said}"
+            for a in entry.attempts
+            if a.attempt < record.attempt
+        ]
         unsent = record.state is None and not record.job_id
         cut_short = record.state in (*_HALF_WAY, SUBMIT_FAILED) or unsent
         if record.attempt > 1 and cut_short:  # its submission failed, or its follower stopped in it
@@ -428,8 +475,9 @@ def take_up(
                 backend, spec, record, folder, retries, mount_step, progress, told
             )
         return follow_attempts(
-            backend, spec, record, plan, folder, started, progress, retries, mount_step=mount_step, told=told
-        )
+            backend, spec, record, plan, folder, started, progress, retries, mount_step=mount_step, told=told,
+            ended=entry.summary,
+        )  # fmt: skip
 
 
 def _recorded_way(

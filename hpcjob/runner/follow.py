@@ -69,7 +69,7 @@ def follow_run(
         summary = job_summary(
             info,
             plan,
-            time.monotonic() - started,
+            info.wall_s(time.monotonic() - started),
             folder,
             record.log_folder,
             lambda: backend.task_outputs(record),

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from hpcjob.job.spec import HpcjobError, SpecError
 if TYPE_CHECKING:
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobSummary, Submission
+    from hpcjob.job.usage import AttemptUsage, RunUsage
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,11 @@ MIGRATIONS = (
     """
     ALTER TABLE runs ADD COLUMN spec TEXT;    -- the newest attempt's JobSpec, as JSON (JobSpec.to_dict)
     ALTER TABLE runs ADD COLUMN follow TEXT;  -- how the run goes on: its Retries and mount step, as JSON
+    """,
+    # Issue 38: each attempt's own figures (hpcjob.job.usage) start where its submission started.
+    """
+    ALTER TABLE runs ADD COLUMN attempt_started REAL;  -- unix time the newest attempt's submission began
+    ALTER TABLE attempts ADD COLUMN started REAL;      -- unix time its submission began
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -258,8 +265,8 @@ def _upsert(
     connection.execute(
         """
         INSERT INTO runs (run_id, started, updated, name, backend, cluster, job_id, nodes, gpus_per_node,
-                          record, command, plan, spec, follow)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                          record, command, plan, spec, follow, attempt_started)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
         ON CONFLICT (run_id) DO UPDATE SET
             updated = excluded.updated, name = excluded.name, backend = excluded.backend,
             cluster = excluded.cluster, job_id = excluded.job_id, nodes = excluded.nodes,
@@ -271,6 +278,7 @@ def _upsert(
         (
             record.run_id, started or now, now, record.name, record.backend, record.cluster, record.job_id,
             len(record.nodes), gpus_per_node, json.dumps(asdict(record)), command, plan, spec, follow,
+            started or now,
         ),
     )  # fmt: skip
 
@@ -323,24 +331,35 @@ class AttemptEntry:
     cause: str | None
     said: str | None
     retried: bool
-    ended: float | None
+    ended: float | None  # when its end was judged, on this machine's clock
     summary: JobSummary | None
+    started: float | None = None  # when its submission began, on this machine's clock
 
     @property
-    def cost_usd(self) -> float | None:
-        return None if self.summary is None else self.summary.cost_usd
+    def ran(self) -> bool:
+        """Whether its job ran: one whose submission was cut short ran nothing, and cost nothing."""
+        from hpcjob.job.attempts import CUT_SHORT
 
-    def to_dict(self) -> dict[str, Any]:
+        return self.cause != CUT_SHORT
+
+    def usage(self, gpus_per_node: int | None) -> AttemptUsage:
+        """Its own figures (hpcjob.job.usage), each trainer with `gpus_per_node` GPUs."""
+        from hpcjob.job.usage import AttemptUsage
+
+        if self.summary is None or not self.ran:
+            return AttemptUsage(self.attempt, self.started, 0.0, self.nodes, ran=False)
+        return self.summary.attempt_usage(self.attempt, self.started, gpus_per_node)
+
+    def to_dict(self, gpus_per_node: int | None = None) -> dict[str, Any]:
         return {
-            "attempt": self.attempt,
+            **self.usage(gpus_per_node).to_dict(),
             "job_id": self.job_id,
             "nodes": list(self.nodes),
             "cause": self.cause,
             "said": self.said,
             "retried": self.retried,
-            "ended": self.ended,
+            "judged": self.ended,
             "state": self.summary.state.value if self.summary else None,
-            "cost_usd": self.cost_usd,
         }
 
 
@@ -350,24 +369,34 @@ def record_attempt_end(
     """How the record's attempt ended, kept beside the run (its row holds the newest attempt); no
     summary for an attempt whose job never ran (its submission was cut short)."""
     with _history() as connection:
+        # Its start is the run's record of it (its first attempt's: the run's own start); judged again
+        # (not retried after all), its first judgement's time stays.
         connection.execute(
-            "INSERT OR REPLACE INTO attempts (run_id, attempt, job_id, nodes, cause, said, retried, ended, "
-            "summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            """
+            INSERT INTO attempts (run_id, attempt, job_id, nodes, cause, said, retried, ended, summary,
+                                  started)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT COALESCE(attempt_started, started) FROM runs
+                                                WHERE run_id = ?))
+            ON CONFLICT (run_id, attempt) DO UPDATE SET
+                job_id = excluded.job_id, nodes = excluded.nodes, cause = excluded.cause,
+                said = excluded.said, retried = excluded.retried,
+                summary = COALESCE(excluded.summary, attempts.summary)
+            """,
             (
                 record.run_id, record.attempt, record.job_id, json.dumps(list(record.nodes)), cause, said,
-                int(retried), time.time(), summary.to_json() if summary is not None else None,
+                int(retried), time.time(), summary.to_json() if summary is not None else None, record.run_id,
             ),
         )  # fmt: skip
 
 
-_ATTEMPT_COLUMNS = "attempt, job_id, nodes, cause, said, retried, ended, summary"
+_ATTEMPT_COLUMNS = "attempt, job_id, nodes, cause, said, retried, ended, summary, started"
 
 
 def _attempt_of(row: Sequence[Any]) -> AttemptEntry:
     """A row of _ATTEMPT_COLUMNS; a summary or node list that cannot be read is shown as missing."""
     from hpcjob.job.results import JobSummary
 
-    attempt, job_id, nodes, cause, said, retried, ended, summary = row
+    attempt, job_id, nodes, cause, said, retried, ended, summary, started = row
     try:
         ended_summary = JobSummary.from_json(summary) if summary else None
     except (ValueError, TypeError, KeyError):
@@ -376,7 +405,7 @@ def _attempt_of(row: Sequence[Any]) -> AttemptEntry:
         names = tuple(str(n) for n in json.loads(nodes))
     except ValueError:
         names = ()
-    return AttemptEntry(attempt, job_id, names, cause, said, bool(retried), ended, ended_summary)
+    return AttemptEntry(attempt, job_id, names, cause, said, bool(retried), ended, ended_summary, started)
 
 
 def record_cancel(run_id: str) -> None:
@@ -399,8 +428,9 @@ def record_next_attempt(record: RunRecord, *, plan: str | None = None, spec: str
     with _history() as connection:
         _upsert(connection, record, plan=plan, spec=spec)
         connection.execute(
-            "UPDATE runs SET state = NULL, exit_code = NULL, wall_s = NULL, summary = NULL WHERE run_id = ?",
-            (record.run_id,),
+            "UPDATE runs SET state = NULL, exit_code = NULL, wall_s = NULL, summary = NULL, "
+            "attempt_started = ? WHERE run_id = ?",
+            (time.time(), record.run_id),
         )
 
 
@@ -469,7 +499,7 @@ class HistoryEntry:
     updated: float
     state: str | None
     exit_code: int | None
-    wall_s: float | None
+    attempt_wall_s: float | None  # the newest attempt's (the run's: wall_s)
     gpus_per_node: int | None
     command: str | None
     plan: dict[str, Any] | None
@@ -477,30 +507,51 @@ class HistoryEntry:
     tags: dict[str, str] = field(default_factory=dict)
     # The run's ended attempts the history kept (issue 33): none for a run of one attempt, no retries.
     attempts: list[AttemptEntry] = field(default_factory=list)
+    # When the newest attempt's submission began (None: a history of an older hpcjob).
+    attempt_started: float | None = None
+
+    @cached_property
+    def usage(self) -> RunUsage | None:
+        """What the run used, attempt by attempt, and in all (hpcjob.job.usage): every attempt the history
+        kept, and the newest from the run's own summary; None while no attempt has ended."""
+        if self.summary is None and not self.attempts:
+            return None
+        return self.usage_with(self.summary)
+
+    def usage_with(self, newest: JobSummary | None) -> RunUsage:
+        """The run's figures had its newest attempt ended with `newest` (its follower's summary, before
+        the history has it): the earlier attempts' as the history keeps them, and that one's."""
+        from hpcjob.job.usage import run_usage
+
+        attempt = self.record.attempt
+        ended = [a.usage(self.gpus_per_node) for a in self.attempts if newest is None or a.attempt != attempt]
+        if newest is not None:
+            started = self.attempt_started if attempt > 1 else self.started
+            ended.append(newest.attempt_usage(attempt, started, self.gpus_per_node))
+        return run_usage(ended)
+
+    @property
+    def wall_s(self) -> float | None:
+        """The time the run held nodes: its attempts' wall times together."""
+        return None if (usage := self.usage) is None else usage.wall_s
 
     @property
     def node_hours(self) -> float | None:
-        """The wall time of every node the run held: its trainers and its data nodes."""
-        if self.wall_s is None:
-            return None
-        return (len(self.record.nodes) + len(self.data_nodes)) * self.wall_s / 3600
+        """The wall time of every node the run held, attempt by attempt: trainers and data nodes."""
+        return None if (usage := self.usage) is None else usage.node_hours
 
     @property
     def gpu_hours(self) -> float | None:
-        """The trainers' GPUs' wall time (a data node has none)."""
-        if self.wall_s is None or not self.gpus_per_node:
-            return None
-        return len(self.record.nodes) * self.wall_s / 3600 * self.gpus_per_node
+        """The trainers' GPUs' wall time, attempt by attempt (a data node has none)."""
+        return None if (usage := self.usage) is None else usage.gpu_hours
 
     @property
     def cost_usd(self) -> float | None:
-        """What the run's nodes cost while their tasks ran, at the price its summary was counted at
-        (hpcjob.job.prices: an attribution, not the bill); None for a local run, a run without a summary,
-        or a cluster whose profile named no size and region. A run of several attempts: all of theirs."""
-        costs = [a.cost_usd for a in self.attempts if a.cost_usd is not None]
-        if costs:
-            return sum(costs)
-        return None if self.summary is None else self.summary.cost_usd
+        """What the run's nodes cost while their tasks ran, every attempt's, at the price each attempt's
+        summary was counted at (hpcjob.job.prices: an attribution, not the bill); None for a local run, a
+        run without a summary, a cluster whose profile named no size and region, or a run one of whose
+        attempts has no price (`usage.unknown_cost()` says which)."""
+        return None if (usage := self.usage) is None else usage.cost_usd
 
     @property
     def cost_per_1000_samples(self) -> float | None:
@@ -565,7 +616,8 @@ class HistoryEntry:
             "command": self.command,
             "plan": self.plan,
             "summary": json.loads(self.summary.to_json()) if self.summary else None,
-            "attempts": [attempt.to_dict() for attempt in self.attempts],
+            "attempts": [attempt.to_dict(self.gpus_per_node) for attempt in self.attempts],
+            "usage": None if self.usage is None else self.usage.to_dict(),
         }
 
 
@@ -626,7 +678,8 @@ def find_entry(run_or_job_id: str) -> HistoryEntry:
 
 
 _ENTRY_COLUMNS = (
-    "run_id, started, updated, state, exit_code, wall_s, gpus_per_node, record, command, plan, summary"
+    "run_id, started, updated, state, exit_code, wall_s, gpus_per_node, record, command, plan, summary, "
+    "attempt_started"
 )
 
 
@@ -642,7 +695,20 @@ def _entries(connection: sqlite3.Connection, rows: list[Any]) -> list[HistoryEnt
     for row in connection.execute(f"SELECT run_id, {_ATTEMPT_COLUMNS} FROM attempts ORDER BY attempt"):
         attempts.setdefault(row[0], []).append(_attempt_of(row[1:]))
     entries = []
-    for run_id, started, updated, job_state, exit_code, wall_s, gpus, record, command, plan, summary in rows:
+    for (
+        run_id,
+        started,
+        updated,
+        job_state,
+        exit_code,
+        wall_s,
+        gpus,
+        record,
+        command,
+        plan,
+        summary,
+        since,
+    ) in rows:
         try:
             run = _record_of(record)
         except ValueError:
@@ -669,6 +735,7 @@ def _entries(connection: sqlite3.Connection, rows: list[Any]) -> list[HistoryEnt
                 ended,
                 tags.get(run_id, {}),
                 attempts.get(run_id, []),
+                since,
             )
         )
     return entries
