@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcjob.job.attempts import Cause, attempt_cause, next_attempt_exclusions
+from hpcjob.job.attempts import Cause, attempt_cause, next_attempt_exclusions, told_lost
 from hpcjob.job.hangs import HANG_EXIT_CODE
 from hpcjob.job.results import JobInfo, JobSummary, NodeInfo, NodeResult, RootCause, State, TaskInfo
 
@@ -91,8 +91,22 @@ def test_the_program_s_own_failure_is_retried_only_with_retry_on_any(cause: Root
     failed = job(task("GPU2", "Failed", cause.exit_code), task("GPU1", "Canceled", None, "The job failed."))
     found = attempt_cause(summary(State.FAILED, cause), failed, healthy())
     assert (found.kind, found.retried, found.lost) == ("program", False, ())
-    assert found.said.startswith("the program failed on GPU2")
-    assert attempt_cause(summary(State.FAILED, cause), failed, healthy(), retry_on="any").retried
+    assert found.said.endswith("; not retried (--retry-on any retries it)")
+    again = attempt_cause(summary(State.FAILED, cause), failed, healthy(), retry_on="any")
+    assert again.retried and "not retried" not in again.said
+    if cause.exit_code == 137:  # killed, not failed: and why a rank of a healthy node usually is
+        assert found.said.startswith(
+            "rank 0 on GPU2 was killed by SIGKILL (exit code 137): the out-of-memory "
+        )
+    else:
+        assert found.said.startswith("the program failed on GPU2")
+
+
+def test_a_task_that_exits_137_without_a_rank_record_was_killed() -> None:
+    """A torchrun (or container) killed as a whole: its task's exit code, no rank's record."""
+    cause = RootCause("GPU2", 137, 1.0)
+    found = attempt_cause(summary(State.FAILED, cause), job(task("GPU2", "Failed", 137)), healthy())
+    assert found.said.startswith("the task on GPU2 was killed by SIGKILL (exit code 137)")
 
 
 def test_the_history_keeps_each_attempt_and_a_cancel_marks_the_run() -> None:
@@ -152,3 +166,15 @@ def test_a_run_id_never_takes_the_name_of_another_run_s_later_attempt() -> None:
     assert check_run_id("train.v2") == "train.v2"
     with pytest.raises(SpecError, match=r"may not end in \.NUMBER: that names a later attempt's job"):
         check_run_id("train.2")
+
+
+def test_a_lost_node_s_first_failure_says_it_was_lost_not_its_last_line() -> None:
+    last_words = RootCause("GPU2", 1, 1.0, rank=3, reason="epoch 2 step 40 loss=0.31")
+    ended = summary(State.FAILED, last_words)
+    cause = attempt_cause(
+        ended, job(), [NodeInfo("GPU1", "Online", "OK"), NodeInfo("GPU2", "Unreachable", "OK")]
+    )
+    assert cause.lost == ("GPU2",)
+    told = told_lost(ended, cause).root_cause
+    assert told is not None and told.describe() == "the task on GPU2, exit code 1: GPU2 was lost"
+    assert told_lost(ended, attempt_cause(ended, job(), healthy())).root_cause == last_words  # not lost

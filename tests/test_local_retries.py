@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.backends.local import local_node_names
+from hpcjob.backends.local import local_data_node_names, local_node_names
 from hpcjob.backends.local.procs import MARKER_VAR, marked_processes
 from hpcjob.job.spec import JobSpec
 
@@ -45,6 +45,10 @@ def test_later_attempts_take_fresh_local_nodes_in_place_of_lost_ones() -> None:
     spec = JobSpec(script="train.py", nodes=2, exclude_nodes=("local1",))
     assert local_node_names(spec) == ("LOCAL2", "LOCAL3")
     assert local_node_names(JobSpec(script="train.py", nodes=3)) == ("LOCAL1", "LOCAL2", "LOCAL3")
+    # A lost data node too: the next attempt's data node is a fresh one (it reused DATA1).
+    lost_data = JobSpec(script="train.py", nodes=2, data_nodes=2, exclude_nodes=("LOCAL2", "data1"))
+    assert local_data_node_names(lost_data) == ("DATA2", "DATA3")
+    assert local_node_names(lost_data) == ("LOCAL1", "LOCAL3")
 
 
 @pytest.mark.slow
@@ -94,6 +98,10 @@ def test_an_interrupt_in_attempt_2_ends_the_run_and_leaves_nothing_running(tmp_p
     summary = json.loads(out)
     assert summary["state"] == "Canceled", err[-3000:]
     assert "attempt 3" not in err
+    # The summary after the interrupt has every attempt: attempt 1's line, and both attempts' figures.
+    assert summary["events"][0].startswith(f"attempt 1 (job {run_id} on LOCAL1, LOCAL2): LOCAL2 was lost")
+    assert [a["attempt"] for a in summary["run_attempts"]] == [1, 2]
+    assert summary["wall_time_s"] == sum(a["wall_s"] for a in summary["run_attempts"])
     assert marked_processes(f"{MARKER_VAR}={run_id}.2/".encode()) == set()
     attempts = shown(run_id)["attempts"]
     assert isinstance(attempts, list)
@@ -122,3 +130,26 @@ def test_a_local_run_of_the_python_api_is_retried_by_whoever_follows_it() -> Non
     assert "LOCAL2 was lost" in summary.events[0]
     assert summary.metrics["resumed_from_epoch"] == 1
     assert run.record.attempt == 2 and Path(summary.job_dir).parent == Path(run.record.local_root) / "hpcjob"
+
+
+def test_each_attempt_s_progress_is_followed_from_its_own_log_folder(tmp_path: Path) -> None:
+    """A later attempt of a local run shows its live output like the first: each attempt's progress
+    (hpcjob.log) is read from its own log folder, not from the first attempt's again."""
+    from hpcjob.backends.local import SUPERVISOR_LOG, LocalBackend
+    from hpcjob.job.results import JobSummary, State
+    from hpcjob.store.logs import SUMMARY_FILE
+    from hpcjob.store.runs import RunRecord
+
+    backend = LocalBackend()
+    said: list[str] = []
+    for attempt in (1, 2):
+        record = RunRecord(
+            "r-1", "train", "local", "hpcjob/train", ("LOCAL1",), local_root=str(tmp_path), attempt=attempt
+        )
+        log_dir = tmp_path / record.log_folder
+        log_dir.mkdir(parents=True)
+        (log_dir / SUPERVISOR_LOG).write_text(f"[LOCAL1] attempt {attempt} trains\n")
+        ended = JobSummary("train", "r-1", State.FINISHED, 0, 1.0, str(tmp_path), str(log_dir))
+        (log_dir / SUMMARY_FILE).write_text(ended.to_json())
+        backend.wait(record, said.append)
+    assert said == ["[LOCAL1] attempt 1 trains", "[LOCAL1] attempt 2 trains"]

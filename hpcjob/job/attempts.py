@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpcjob.job.hangs import HANG_EXIT_CODE
-from hpcjob.job.results import JobInfo, JobSummary, NodeInfo, State
+from hpcjob.job.results import JobInfo, JobSummary, NodeInfo, RootCause, State
 
 RETRY_ON = ("outside", "any")  # --retry-on: causes outside the program (default), or any failure
 MAX_RETRIES = 100  # --retries: more is a loop, not a plan
@@ -92,12 +92,41 @@ def attempt_cause(
             "task ended by the scheduler",
             f"the scheduler ended the task on {first.node}: {first.error}",
         )
+    elif cause is not None and _killed(cause):
+        kind, said = (
+            "program",
+            f"{_where(cause)} was killed by SIGKILL (exit code {cause.exit_code}): {OOM_HINT}",
+        )
     else:
         where = f" on {cause.node}" if cause is not None and cause.node else ""
         why = f": {cause.reason}" if cause is not None and cause.reason else ""
         kind, said = "program", f"the program failed{where}{why}"
     retried = kind in OUTSIDE or retry_on == "any"
+    if kind == "program" and not retried:
+        said += "; not retried (--retry-on any retries it)"
     return Cause(kind, retried, said, lost)
+
+
+# Why a rank of a healthy node is SIGKILLed, most often: it is the program's failure, not the node's.
+OOM_HINT = "the out-of-memory killer is the usual cause (the node's kernel log says: dmesg)"
+
+
+def _killed(cause: RootCause) -> bool:
+    """A rank or task killed by SIGKILL: by its signal, or by the exit code a shell or container gives it."""
+    return cause.signal == "SIGKILL" or cause.exit_code in (137, -9)
+
+
+def _where(cause: RootCause) -> str:
+    return f"rank {cause.rank} on {cause.node}" if cause.rank is not None else f"the task on {cause.node}"
+
+
+def told_lost(summary: JobSummary, cause: Cause) -> JobSummary:
+    """The attempt's summary as its cause says it: a first failure on a node that was lost is its loss,
+    not the last line the node printed before it went."""
+    root = summary.root_cause
+    if root is None or root.node.upper() not in {n.upper() for n in cause.lost}:
+        return summary
+    return replace(summary, root_cause=replace(root, rank=None, reason=f"{root.node} was lost"))
 
 
 def next_attempt_exclusions(excluded: Iterable[str], cause: Cause) -> tuple[str, ...]:

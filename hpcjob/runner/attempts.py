@@ -15,11 +15,11 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.job.attempts import attempt_line
+from hpcjob.job.attempts import attempt_line, told_lost
 from hpcjob.job.spec import HpcjobError, SpecError
 from hpcjob.runner.access import Progress, stopped_cluster_hint, submit_failure
 from hpcjob.runner.follow import follow_run
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobInfo, JobSummary, Submission
     from hpcjob.job.spec import JobSpec
-    from hpcjob.store.runs import AttemptEntry, RunRecord
+    from hpcjob.store.runs import AttemptEntry, HistoryEntry, RunRecord
     from hpcjob.store.share import ShareFolder
 
 
@@ -90,20 +90,25 @@ def follow_attempts(
     retries: Retries,
     *,
     mount_step: bool,
-    told: Sequence[str] = (),
     ended: JobSummary | None = None,
 ) -> tuple[RunRecord, JobSummary]:
     """Follow the run's attempts to the run's end: each attempt to its summary (follow_run), and while
     its cause is retried, attempts are left and --max-cost allows, the next one. The newest attempt's
-    record, and the run's summary (_run_summary; `told`: lines of the attempts that went before this
-    follower). `ended`: the newest attempt's summary as the history keeps it, where it has ended: it is
-    not followed again, and a run whose end the history holds is told as it is, nothing written."""
+    record, and the run's summary (_run_summary: a line for every attempt, those judged before this
+    follower too). `ended`: the newest attempt's summary as the history keeps it, where it has ended: it
+    is not followed again, and a run whose end the history holds is told as it is, nothing written."""
     from hpcjob.job.results import State
     from hpcjob.store.runs import record_attempt_end, was_canceled
 
     if backend.kind == "local":  # this machine's nodes are judged at once: no head node to hear from
         retries = replace(retries, settle_s=0.0, detection_s=0.0)
-    told = list(told)
+    told = [  # the attempts judged before this follower (its own, when it was interrupted)
+        attempt_line(a.attempt, a.job_id, a.nodes, a.usage(None).data_nodes, a.said or a.cause or "")
+        if a.ran
+        else f"attempt {a.attempt}: {a.said}"
+        for a in _attempts_kept(record)
+        if a.attempt < record.attempt
+    ]
     total = retries.retries + 1
     unpriced_said = False
     while True:
@@ -122,6 +127,7 @@ def follow_attempts(
             continue
         canceled = summary.state is State.CANCELED or _kept(was_canceled, record.run_id)
         cause = _cause(backend, record, summary, info, canceled, retries, progress)
+        summary = told_lost(summary, cause)
         last = record.attempt >= total
         over = None  # the line that ends the run at --max-cost
         if cause.retried and not last and retries.max_cost_usd is not None:
@@ -336,6 +342,7 @@ def submit_attempt(
     most `node_wait_s` for enough healthy nodes; the run's record follows each step."""
     from hpcjob.job.plan import attempt_log_folder
     from hpcjob.job.render import plan_json
+    from hpcjob.runner.submit import hand_over_secrets
     from hpcjob.store.runs import record_next_attempt, save_run
 
     attempt = record.attempt + 1
@@ -346,6 +353,7 @@ def submit_attempt(
             folder.makedirs(f"{spec.job_folder}/logs/{attempt_log_folder(record.run_id, attempt)}")
         finally:
             folder.close()
+    plan = hand_over_secrets(backend, spec, plan, open_folder)  # its own file (--secret), or none here
     # Nothing of the earlier attempt's job, nor of its process (a local attempt has one of its own).
     latest = replace(
         record, attempt=attempt, nodes=plan.nodes, job_id=None, mount_job_id=None, state=None, pid=None,
@@ -443,8 +451,7 @@ def take_up(
         entry = find_entry(run_id)  # again, under the lock: a follower before this one may have gone on
         record = entry.record
         backend = backend_for_run(record)  # a run rendered for submitting by hand has none: one line
-        since = entry.attempt_started if record.attempt > 1 and entry.attempt_started else entry.started
-        started = time.monotonic() - max(0.0, time.time() - since)  # its attempt's wall time, as submit's
+        started = _attempt_clock(entry)
         folder = run_folder_opener(record)
         if record.attempt == 1 and (record.state == SUBMIT_FAILED or record.state in _HALF_WAY):
             why = record.failure or f"its submission stopped while {record.state}"
@@ -461,23 +468,33 @@ def take_up(
         spec, retries, mount_step = _recorded_way(record, max_cost_usd, progress)
         if spec is None:  # a run whose job cannot be read: followed, never retried
             return record, entry.summary or follow_run(backend, record, plan, folder, started, progress)
-        told = [  # the attempts its earlier followers judged
-            attempt_line(a.attempt, a.job_id, a.nodes, a.usage(None).data_nodes, a.said or a.cause or "")
-            if a.ran
-            else f"attempt {a.attempt}: {a.said}"
-            for a in entry.attempts
-            if a.attempt < record.attempt
-        ]
         unsent = record.state is None and not record.job_id
         cut_short = record.state in (*_HALF_WAY, SUBMIT_FAILED) or unsent
+        ended = entry.summary
         if record.attempt > 1 and cut_short:  # its submission failed, or its follower stopped in it
-            record, plan = _submitted_again(
-                backend, spec, record, folder, retries, mount_step, progress, told
-            )
+            record, plan = _submitted_again(backend, spec, record, folder, retries, mount_step, progress)
+            started, ended = time.monotonic(), None
         return follow_attempts(
-            backend, spec, record, plan, folder, started, progress, retries, mount_step=mount_step, told=told,
-            ended=entry.summary,
+            backend, spec, record, plan, folder, started, progress, retries, mount_step=mount_step,
+            ended=ended,
         )  # fmt: skip
+
+
+def attempt_clock(run_id: str, default: float) -> float:
+    """When the run's newest attempt started, on this process's monotonic clock (what follow_run counts
+    its wall time from), as the history says; `default` where it cannot be read."""
+    from hpcjob.store.runs import find_entry
+
+    try:
+        return _attempt_clock(find_entry(run_id))
+    except HpcjobError:
+        return default
+
+
+def _attempt_clock(entry: HistoryEntry) -> float:
+    newest = entry.record.attempt
+    since = entry.attempt_started if newest > 1 and entry.attempt_started else entry.started
+    return time.monotonic() - max(0.0, time.time() - since)
 
 
 def _recorded_way(
@@ -516,11 +533,10 @@ def _submitted_again(
     retries: Retries,
     mount_step: bool,
     progress: Progress,
-    told: list[str],
 ) -> tuple[RunRecord, JobPlan]:
     """The run's newest attempt, whose submission was cut short (its follower stopped) or failed (the
     network), submitted: afresh where nothing of it was sent; else it counts as an attempt that ran
-    nothing (a line in `told`), its half-made job canceled, and the next attempt goes."""
+    nothing (kept in the history), its half-made job canceled, and the next attempt goes."""
     from hpcjob.job.attempts import CUT_SHORT
     from hpcjob.store.runs import SUBMIT_FAILED, record_attempt_end, was_canceled
 
@@ -539,7 +555,6 @@ def _submitted_again(
             said = f"its submission was cut short while {record.state} (its job, if made, canceled)"
         goes_on = attempt < retries.retries + 1
         _keep(record_attempt_end, record, None, CUT_SHORT, said, goes_on)
-        told.append(f"attempt {attempt}: {said}")
         if not goes_on:
             raise HpcjobError(
                 f"attempt {attempt} of run {run_id}: {said}, and no attempt is left (--retries "

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcjob.job.spec import HpcjobError, SpecError
 from hpcjob.runner.access import Progress, StoppedWaiting, keep_open, new_run_id, run_folder_opener
-from hpcjob.runner.attempts import Retries, follow_attempts
+from hpcjob.runner.attempts import Retries, attempt_clock, follow_attempts
 from hpcjob.runner.follow import follow_run
 from hpcjob.runner.submit import job_spec, submit_run
 
@@ -152,6 +152,7 @@ def run_local(
                 # kills them at once (as a second Ctrl-C in its own shell would).
                 if interrupted:
                     record, plan = _cancel_newest(backend, record, plan)
+                    started = attempt_clock(record.run_id, started)  # the newest attempt's own
                 folder = run_folder_opener(record)
                 if retries is None or not retries.retries:
                     return follow_run(backend, record, plan, folder, started, progress)

@@ -85,11 +85,19 @@ Printer = Callable[[str], None]
 def local_node_names(spec: JobSpec) -> tuple[str, ...]:
     """The spec's node names if given, else n of LOCAL1, LOCAL2, ... leaving out the excluded ones (a
     later attempt's: its run lost them)."""
-    if spec.node_names:
-        return spec.node_names
-    excluded = {name.upper() for name in spec.exclude_nodes}
-    names = (f"LOCAL{i}" for i in range(1, spec.node_count + len(excluded) + 1))
-    return tuple(name for name in names if name not in excluded)[: spec.node_count]
+    return spec.node_names or _fresh_names("LOCAL", spec.node_count, spec.exclude_nodes)
+
+
+def local_data_node_names(spec: JobSpec) -> tuple[str, ...]:
+    """The spec's data node names if given, else m of DATA1, DATA2, ... leaving out the excluded ones: a
+    lost data node is left out of the next attempt as a lost trainer is."""
+    return spec.data_node_names or _fresh_names("DATA", spec.data_nodes, spec.exclude_nodes)
+
+
+def _fresh_names(prefix: str, count: int, exclude: Sequence[str]) -> tuple[str, ...]:
+    excluded = {name.upper() for name in exclude}
+    names = (f"{prefix}{i}" for i in range(1, count + len(excluded) + 1))
+    return tuple(name for name in names if name not in excluded)[:count]
 
 
 # How many of this machine's CPUs the trainers of a local job with data nodes get (a benchmark's knob:
@@ -123,7 +131,8 @@ def local_cpus(
 
 # A local node is lost as a machine is: its whole task killed from outside the job (a signal to the task
 # itself, not a rank that torchrun reports), which `hpcjob.job.attempts` retries as a node lost.
-LOST_NODE = "its whole task was killed by signal {signal} from outside the job: the node is lost"
+LOST_WORDS = "the node is lost"
+LOST_NODE = "its whole task was killed by signal {signal} from outside the job: " + LOST_WORDS
 
 
 # Ports a local run may pick for its rendezvous: below the kernel's ephemeral range, so that no outgoing
@@ -257,7 +266,7 @@ class LocalBackend:
         share = share_gpus(visible_gpus(os.environ), spec.node_count, spec.procs_per_node)
         self.gpu_devices, self.gpu_note = share.devices, share.note
         names = local_node_names(spec)
-        data = spec.data_node_names or tuple(f"DATA{i}" for i in range(1, spec.data_nodes + 1))
+        data = local_data_node_names(spec)
         plan = make_plan(
             spec, names, run_id, rdzv_host=LOOPBACK, mount_point=str(root), attempt=attempt, data_nodes=data
         )
@@ -357,7 +366,8 @@ class LocalBackend:
         output where it was started with `echo_output`), each line once however often waited for;
         `watch` is looked at every poll."""
         log_dir = self._log_dir(run)
-        tail = self._progress_tails.setdefault(run.run_id, Tail(LocalFolder(log_dir), SUPERVISOR_LOG, ""))
+        # One tail an attempt: each later attempt has a log folder (and a progress) of its own.
+        tail = self._progress_tails.setdefault(str(log_dir), Tail(LocalFolder(log_dir), SUPERVISOR_LOG, ""))
         while True:
             ended = local_status(log_dir, run.pid, run.pid_start) is not None
             for line in tail.read(final=ended):
@@ -641,6 +651,9 @@ class LocalBackend:
         ]
         if state is State.FAILED:
             root_cause = read_root_cause(LocalFolder(Path(plan.log_dir)), "", ends, stopped_at)
+            gone = {n.task.node.upper(): n.result.error for n in nodes if n.result.error.endswith(LOST_WORDS)}
+            if root_cause is not None and root_cause.node.upper() in gone:  # not the last line it printed
+                root_cause = replace(root_cause, rank=None, reason=gone[root_cause.node.upper()])
         events: list[str] = []
         if plan.min_nodes is not None:
             # The nodes lost while the job went on: not those it stopped itself.
