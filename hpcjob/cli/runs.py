@@ -239,37 +239,45 @@ def describe(entry: HistoryEntry) -> list[str]:
     short_help="Draw runs' metrics over time into a PNG.",
     epilog="""\b
     Examples:
+      hpcjob runs plot                          # the newest run, into run.png
       hpcjob runs plot 42 43 -o compare.png
     """,
 )
-@click.argument("run_ids", metavar="RUN...", nargs=-1, required=True)
+@click.argument("run_ids", metavar="[RUN]...", nargs=-1)
 @click.option(
     "-o", "--output", "out", type=click.Path(dir_okay=False), default="run.png", show_default=True,
     help="The PNG to write.",
 )  # fmt: skip
 def runs_plot(run_ids: tuple[str, ...], out: str) -> None:
-    """Draw runs' metrics over time into a PNG: training loss, samples/s, data wait and, where a GPU was
-    watched, its utilisation and memory, a line per node and rank; several runs side by side. Runs on a
-    cluster with a price: their cost against their samples/s, and what 1,000 samples cost."""
+    """Draw runs' metrics over time into a PNG: training loss, samples/s, data wait (%) and, where a GPU
+    was watched, its utilisation and memory, a line (and a colour) per node and rank, from the run's
+    start, every attempt of it; several runs side by side. Without RUN, the newest run (as `status`).
+    Runs on a cluster with a price: their cost against their samples/s, and what 1,000 samples cost."""
+    from dataclasses import replace
     from pathlib import Path
 
     from hpcjob.runner import run_folder
     from hpcjob.store.logs import RunLogs
     from hpcjob.store.plot import RunCost, plot_runs
-    from hpcjob.store.runs import find_entry
+    from hpcjob.store.runs import find_entry, newest_run
 
-    timelines, costs = {}, []
-    for run_id in run_ids:
+    timelines, costs, starts = {}, [], {}
+    for run_id in run_ids or (newest_run().run_id,):
         entry = find_entry(run_id)
         record = entry.record
         if entry.cost_usd is not None:
             costs.append(
                 RunCost(record.run_id, entry.cost_usd, entry.samples_per_s, entry.cost_per_1000_samples)
             )
+        starts[record.run_id] = entry.started
         folder = run_folder(record)
         try:
-            timelines[record.run_id] = RunLogs(folder, record.log_folder, record.nodes).timeline()
+            timelines[record.run_id] = [  # every attempt's, in time order
+                line
+                for attempt in range(1, record.attempt + 1)
+                for line in RunLogs(folder, replace(record, attempt=attempt).log_folder, ()).timeline()
+            ]
         finally:
             folder.close()
-    drawn = plot_runs(timelines, Path(out), costs)
+    drawn = plot_runs(timelines, Path(out), costs, starts)
     click.echo(f"{out}: {', '.join(drawn.panels)}")

@@ -12,13 +12,14 @@ from typing import Any
 from hpcjob.extras import missing_extra
 from hpcjob.job.spec import SpecError
 
-# (the timeline's field, the panel's title); a panel no run has figures for is left out, not drawn flat.
+# (the timeline's field, the panel's title, the factor its values are drawn at); a panel no run has
+# figures for is left out, not drawn flat. Data wait in percent, as `hpcjob runs` shows it.
 PANELS = (
-    ("loss", "training loss"),
-    ("samples_per_sec", "samples/s"),
-    ("data_wait_fraction", "data wait (share of step time)"),
-    ("gpu_util_pct", "GPU utilisation (%)"),
-    ("gpu_memory_mib", "GPU memory (MiB)"),
+    ("loss", "training loss", 1.0),
+    ("samples_per_sec", "samples/s", 1.0),
+    ("data_wait_fraction", "data wait (% of step time)", 100.0),
+    ("gpu_util_pct", "GPU utilisation (%)", 1.0),
+    ("gpu_memory_mib", "GPU memory (MiB)", 1.0),
 )
 
 
@@ -40,9 +41,12 @@ class RunCost:
 
 @dataclass
 class Drawn:
-    """What a picture shows: its panels, and the labelled lines in each."""
+    """What a picture shows: its panels, the labelled lines in each, each line's points (panel title,
+    label) and each node and rank's colour, the same in every panel and run."""
 
     panels: dict[str, list[str]] = field(default_factory=dict)
+    points: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
+    colours: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 def series(timeline: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list[Mapping[str, Any]]]:
@@ -60,17 +64,22 @@ def series(timeline: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list[
 
 
 def plot_runs(
-    timelines: Mapping[str, Sequence[Mapping[str, Any]]], out: Path, costs: Sequence[RunCost] = ()
+    timelines: Mapping[str, Sequence[Mapping[str, Any]]],
+    out: Path,
+    costs: Sequence[RunCost] = (),
+    starts: Mapping[str, float] | None = None,
 ) -> Drawn:
     """Draw each run's timeline (run id -> its lines) into `out` (PNG): a panel per metric, a line per
-    node and rank, time since the run's start on the x axis; runs told apart by line style. With the
-    `costs` of runs that have one: cost against samples/s (a point a run) and the cost of 1,000 samples
-    (a bar a run)."""
+    node and rank (a colour each), time since the run's start on the x axis (`starts`: when each run
+    started, seconds since the epoch; else its first line, whatever its event), so its first seconds
+    show; runs told apart by line style. With the `costs` of runs that have one: cost against samples/s
+    (a point a run) and the cost of 1,000 samples (a bar a run)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")  # no display needed
         import matplotlib.pyplot as plt
+        from matplotlib.colors import to_hex
     except ImportError:
         raise missing_extra("plot", "runs plot") from None
     runs = {run: series(lines) for run, lines in timelines.items()}
@@ -81,27 +90,35 @@ def plot_runs(
             "no metrics over time in these runs: the training program writes them under hpcjob "
             "(metrics/ in the run's log folder; --metrics-every)"
         )
-    shown = [(key, title) for key, title in PANELS if _has(runs, key)]
+    shown = [(key, title, factor) for key, title, factor in PANELS if _has(runs, key)]
+    ranks = sorted({rank for by_rank in runs.values() for rank in by_rank})
+    palette = plt.get_cmap("tab20" if len(ranks) > 10 else "tab10")
+    drawn = Drawn(colours={rank: to_hex(palette(i % palette.N)) for i, rank in enumerate(ranks)})
+    origin = {run: _start(lines, (starts or {}).get(run)) for run, lines in timelines.items()}
     panels = len(shown) + bool(priced) + bool(per_1000)
     columns = 2 if panels > 1 else 1
     rows = (panels + columns - 1) // columns
     figure, axes = plt.subplots(rows, columns, figsize=(7 * columns, 3.2 * rows), squeeze=False)
-    drawn = Drawn()
     styles = ("-", "--", ":", "-.")
-    for index, (key, title) in enumerate(shown):
+    for index, (key, title, factor) in enumerate(shown):
         axis = axes[index // columns][index % columns]
         axis.set_title(title)
         axis.set_xlabel("seconds since the run's start")
         labels = drawn.panels.setdefault(title, [])
         for number, (run, by_rank) in enumerate(runs.items()):
-            start = min((float(line["t"]) for lines in by_rank.values() for line in lines), default=0.0)
             for (node, rank), lines in sorted(by_rank.items()):
-                points = [(float(line["t"]) - start, float(line[key])) for line in lines if key in line]
+                points = [
+                    (float(line["t"]) - origin[run], float(line[key]) * factor)
+                    for line in lines
+                    if key in line
+                ]
                 if not points:
                     continue
                 label = f"{node} rank {rank}" if len(runs) == 1 else f"{run}: {node} rank {rank}"
-                axis.plot(*zip(*points, strict=True), styles[number % len(styles)], label=label)
+                colour = drawn.colours[(node, rank)]
+                axis.plot(*zip(*points, strict=True), styles[number % len(styles)], color=colour, label=label)
                 labels.append(label)
+                drawn.points[(title, label)] = points
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")
     index = len(shown)
@@ -133,6 +150,13 @@ def plot_runs(
     figure.savefig(out, dpi=100)
     plt.close(figure)
     return drawn
+
+
+def _start(timeline: Sequence[Mapping[str, Any]], started: float | None) -> float:
+    """A run's x origin: when it started (`started`), or its first line of any kind (a rank's start comes
+    before its first step), whichever is earlier (a node's clock may run a little ahead of this one's)."""
+    times = [float(line["t"]) for line in timeline if isinstance(line.get("t"), int | float)]
+    return min([*times, *([started] if started is not None else [])], default=0.0)
 
 
 def _has(runs: Mapping[str, Mapping[tuple[str, int], Sequence[Mapping[str, Any]]]], key: str) -> bool:
