@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,10 +19,10 @@ import pytest
 
 from hpcjob.backends import Backend, open_backend
 from hpcjob.backends.local import LocalBackend
-from hpcjob.backends.scheduler import PollPolicy
+from hpcjob.backends.scheduler import GroupJoinError, PollPolicy, put_in_group
 from hpcjob.emulator import HeadNode
 from hpcjob.job.results import State, Submission
-from hpcjob.job.spec import JobSpec, SpecError
+from hpcjob.job.spec import HpcjobError, JobSpec, SpecError
 from hpcjob.store.config import ClusterProfile
 from hpcjob.store.runs import RunRecord, save_run
 from hpcjob.store.share import LocalFolder
@@ -179,6 +179,81 @@ def test_a_run_id_is_used_once(place: Place, tmp_path: Path) -> None:
     place.backend.wait(run, lambda line: None)
     with pytest.raises(SpecError, match="'once-1'"):
         start(place, tmp_path, "once")
+
+
+@pytest.mark.parametrize("unknown", ["skip", "error"])
+@pytest.mark.parametrize("kind", ["rest", "winrm"])
+def test_a_node_that_did_not_join_a_group_is_named_in_one_line(kind: str, unknown: str) -> None:
+    """Issue 38: the group's members are read back and compared with the nodes asked for, whether the
+    head node leaves an unknown node out without a word (Add-HpcGroup's -NodeName is a filter) or
+    refuses the request (the emulator's switch: what REST does is UNVERIFIED)."""
+    with HeadNode(users={"alice": PASSWORD}, unknown_group_node=unknown) as head:  # type: ignore[arg-type]
+        profile = ClusterProfile(
+            name="emu",
+            url=head.url,
+            user="alice",
+            ca_bundle=head.ca_file,
+            backend=kind,
+            winrm_url=head.wsman_url,
+        )
+        backend = open_backend(kind, profile, PASSWORD)
+        try:
+            with pytest.raises(HpcjobError) as failed:
+                backend.add_to_group("CPUNodes", ["node003", "NOPE"])  # names compare without case
+            joined = sorted(n.name for n in backend.nodes("CPUNodes"))
+            assert backend.add_to_group("CPUNodes", ["node002"]) == ["NODE002", *joined]  # all joined
+        finally:
+            backend.close()
+    said = str(failed.value)
+    assert "\n" not in said
+    if unknown == "skip":
+        assert joined == ["NODE003"]
+        assert (
+            said == "node NOPE did not join node group CPUNodes (node003 did); the head node raised no error"
+        )
+    else:
+        assert joined == []
+        assert said.startswith("nodes node003, NOPE did not join node group CPUNodes; the head node said: ")
+        assert said.endswith("The node NOPE was not found.")
+
+
+class Lost(HpcjobError):
+    """A lost answer: the request may or may not have been done."""
+
+
+def refuse(error: HpcjobError) -> Callable[[], None]:
+    def add() -> None:
+        raise error
+
+    return add
+
+
+def test_the_members_read_back_decide_what_an_error_of_the_request_means() -> None:
+    """put_in_group, the check both cluster backends share: every node a member and no error is the
+    members; an error stands where every node joined anyway (unless the answer was only lost) and where
+    the members cannot be read; a node that is no member is named either way."""
+
+    def members() -> list[str]:
+        return ["NODE002", "NODE003"]
+
+    assert put_in_group("G", ["node003"], lambda: None, members) == ["NODE002", "NODE003"]
+    with pytest.raises(HpcjobError, match=r"^no$"):
+        put_in_group("G", ["NODE003"], refuse(HpcjobError("no")), members)
+    assert put_in_group("G", ["NODE003"], refuse(Lost("lost")), members, unsure=(Lost,)) == members()
+    with pytest.raises(HpcjobError, match=r"^no$"):
+        put_in_group("G", ["NODE003"], refuse(HpcjobError("no")), refuse(HpcjobError("unreadable")))
+    with pytest.raises(GroupJoinError) as failed:
+        put_in_group("G", ["NODE004", "NODE005"], refuse(Lost("lost\nanswer")), members, unsure=(Lost,))
+    assert (
+        str(failed.value)
+        == "nodes NODE004, NODE005 did not join node group G; the head node said: lost answer"
+    )
+    assert failed.value.joined == []
+
+
+def test_the_local_backend_has_no_node_groups() -> None:
+    with pytest.raises(SpecError, match="no node groups"):
+        LocalBackend().add_to_group("CPUNodes", ["LOCAL1"])
 
 
 @pytest.fixture(autouse=True)

@@ -78,7 +78,9 @@ class Backend(Protocol):
 
     def add_to_group(self, group: str, nodes: Sequence[str]) -> list[str]:
         """Put `nodes` in node group `group` (a cluster administrator's right), made first where the
-        cluster has no such group; the group's members after it."""
+        cluster has no such group; the group's members after it, as the head node lists them. Where one
+        of `nodes` is not among them, whether the head node said so or not: GroupJoinError
+        (hpcjob.backends.scheduler), one line naming each node that did not join."""
         ...
 
     def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:

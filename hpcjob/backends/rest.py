@@ -31,6 +31,7 @@ from hpcjob.backends.scheduler import (
     mount_results,
     on_cluster,
     pin_certificate,
+    put_in_group,
     recorded_job_id,
     scheduler_time,
     wait_for_nodes,
@@ -336,10 +337,23 @@ class RestClient:
     def add_to_group(self, group: str, nodes: Sequence[str]) -> list[str]:
         """Put `nodes` in node group `group`, made first where the cluster has none of that name (SPEC19:
         `POST /cluster/nodeGroups` createNodeGroup, then `PATCH /cluster/nodeGroups/{name}/nodes`
-        moveNodesOfGroup with a NodeGroupOperation `add`): the group's members after it. Both are
-        idempotent for what they leave, so a lost answer is asked again."""
+        moveNodesOfGroup with a NodeGroupOperation `add`): the group's members after it, read back
+        (getNodesOfGroup); GroupJoinError where one of `nodes` is not among them, whether the head node
+        said so or not (the spec declares no error for an unknown node)."""
         from urllib.parse import quote
 
+        path = f"/cluster/nodeGroups/{quote(group, safe='')}/nodes"
+        return put_in_group(
+            group,
+            nodes,
+            lambda: self._add_to_group(group, nodes, path),
+            lambda: [str(name) for name in self.read(path) or []],
+            unsure=(RestUnsure,),  # lost twice: what the members say
+        )
+
+    def _add_to_group(self, group: str, nodes: Sequence[str], path: str) -> None:
+        """createNodeGroup where needed, then moveNodesOfGroup at `path`. Both are idempotent for what
+        they leave, so a lost answer is asked again."""
         known = {str(row.get("Name", "")).lower() for row in self.read("/cluster/nodeGroups") or []}
         operation = {"GroupName": group, "Operation": "add", "NodeNames": list(nodes)}
         for attempt in (1, 2):
@@ -347,10 +361,8 @@ class RestClient:
                 if group.lower() not in known:
                     self.write("POST", "/cluster/nodeGroups", body={"Name": group, "Description": GROUP_TEXT})
                     known.add(group.lower())
-                members = self.write(
-                    "PATCH", f"/cluster/nodeGroups/{quote(group, safe='')}/nodes", body=operation
-                )
-                return [str(name) for name in members or []]
+                self.write("PATCH", path, body=operation)
+                return
             except RestUnsure:
                 if attempt == 2:
                     raise

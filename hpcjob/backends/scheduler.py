@@ -488,3 +488,66 @@ def is_offline(force: bool) -> Callable[[NodeInfo], bool]:
 
 def is_online(node: NodeInfo) -> bool:
     return node.state == ONLINE
+
+
+# -- nodes put in a node group ----------------------------------------------------------------------
+# Add-HpcGroup's -NodeName "is a filter parameter, so you do not receive an error for specifying a node
+# the does not exist in the HPC cluster as long as you specify at least one node that does exist"
+# (MicrosoftDocs/windows-powershell-docs @ 1095f968 docset/winserver2012r2-ps/hpc/Add-HpcGroup.md), and
+# REST's moveNodesOfGroup declares no error at all (reference/hpcpack-rest-api/hpcpack.yaml L623-660):
+# a node can stay out of the group with or without an error, so the members are read back and compared
+# (docs/facts/hpcpack-node-groups.md).
+
+
+class GroupJoinError(HpcjobError):
+    """Nodes asked into a node group that are not among its members afterwards: one line naming them.
+    `joined`: the nodes asked for that are members."""
+
+    def __init__(self, message: str, joined: Sequence[str]) -> None:
+        super().__init__(message)
+        self.joined = list(joined)
+
+
+def check_joined(group: str, asked: Sequence[str], members: Iterable[str], said: str | None = None) -> None:
+    """Nothing where every node of `asked` is among `members` (node names compare without case, as HPC
+    Pack's do); else GroupJoinError naming, as asked, those that are not, and what the head node said
+    (`said`: its error, None where it raised none)."""
+    held = {name.upper() for name in members}
+    missing = [name for name in asked if name.upper() not in held]
+    if not missing:
+        return
+    joined = [name for name in asked if name.upper() in held]
+    who = f"node {missing[0]}" if len(missing) == 1 else f"nodes {', '.join(missing)}"
+    did = f" ({', '.join(joined)} did)" if joined else ""
+    if said:  # one line; WinRM's errors start "the head node: " already
+        why = "the head node said: " + " ".join(said.split()).removeprefix("the head node: ")
+    else:
+        why = "the head node raised no error"
+    raise GroupJoinError(f"{who} did not join node group {group}{did}; {why}", joined)
+
+
+def put_in_group(
+    group: str,
+    nodes: Sequence[str],
+    add: Callable[[], object],
+    members: Callable[[], list[str]],
+    unsure: tuple[type[HpcjobError], ...] = (),
+) -> list[str]:
+    """`add` (the backend's request that puts `nodes` in `group`), then `members` (the group's members,
+    read back): those members when every node joined, else GroupJoinError, whether `add` raised or not.
+    An error of `add` stands as it is where the members cannot be read, or where every node joined,
+    unless it is one of `unsure` (the answer was lost: the members say what the request did)."""
+    try:
+        add()
+    except HpcjobError as refused:
+        try:
+            found = members()
+        except HpcjobError:
+            raise refused from None
+        check_joined(group, nodes, found, str(refused))
+        if isinstance(refused, unsure):
+            return found
+        raise
+    found = members()
+    check_joined(group, nodes, found)
+    return found

@@ -38,6 +38,7 @@ from hpcjob.backends.scheduler import (
     mount_results,
     on_cluster,
     pin_certificate,
+    put_in_group,
     recorded_job_id,
     scheduler_time,
     wait_for_nodes,
@@ -298,9 +299,18 @@ class WinRMBackend:
         )
 
     def add_to_group(self, group: str, nodes: Sequence[str]) -> list[str]:
-        """New-HpcGroup where the group is missing, then Add-HpcGroup; its members, as Get-HpcNode says."""
-        self.session.run("group", {"Group": group, "Names": list(nodes), "Description": GROUP_TEXT})
-        return [node.name for node in self.nodes(group)]
+        """New-HpcGroup where the group is missing, then Add-HpcGroup; its members, as Get-HpcNode says.
+        GroupJoinError where one of `nodes` is not among them, whether the cmdlet failed or not (its
+        -NodeName is a filter: a node it does not know is no error)."""
+        return put_in_group(
+            group,
+            nodes,
+            lambda: self.session.run(
+                "group", {"Group": group, "Names": list(nodes), "Description": GROUP_TEXT}
+            ),
+            lambda: [node.name for node in self.nodes(group)],
+            unsure=(WinRMUnsure,),  # the script is sent once: a lost answer is what the members say
+        )
 
     def bring_online(
         self, nodes: Sequence[str], *, progress: Progress, timeout_s: float = ONLINE_TIMEOUT_S

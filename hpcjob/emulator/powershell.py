@@ -79,11 +79,11 @@ CMDLETS: dict[str, tuple[str, ...]] = {
         "Scheduler",
     ),
     "Set-HpcNodeState": ("State", "Force", "Async", "Name", "Node", "Scheduler", "WhatIf", "Confirm"),
-    # The node group cmdlets, as hpcjob's group script uses them (Get-HpcGroup: technet ff950156;
-    # New-HpcGroup's and Add-HpcGroup's parameters: UNVERIFIED, their pages not read).
+    # The node group cmdlets (MicrosoftDocs/windows-powershell-docs docset/winserver2012r2-ps/hpc/:
+    # Get-HpcGroup.md @ dcdd9811, New-HpcGroup.md @ 5ad383a7, Add-HpcGroup.md @ 1095f968).
     "Get-HpcGroup": ("Name", "Id", "Scheduler"),
     "New-HpcGroup": ("Name", "Description", "Scheduler"),
-    "Add-HpcGroup": ("Name", "NodeName", "Node", "Scheduler"),
+    "Add-HpcGroup": ("Name", "Id", "NodeName", "Node", "Scheduler"),
 }  # fmt: skip
 # Set-HpcNodeState without -Async waits for the states to take effect ("If any of the jobs have the Run
 # until canceled property set, the operation to take the node offline does not return"): the emulator
