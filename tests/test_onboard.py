@@ -687,22 +687,25 @@ def test_grow_print_only_needs_no_network(
 
 
 @pytest.fixture
-def head_node(az_env: dict[str, str]) -> Iterator[HeadNode]:
+def head_node(az_env: dict[str, str], request: pytest.FixtureRequest) -> Iterator[HeadNode]:
     """The cluster's head node: it knows IaaSLnxCN000 and 001 (the template's) and IaaSLnxCN002, a node
     whose VM is not in the resource group; a VM that a deployment adds registers half a second later, as
-    its node agent would."""
+    its node agent would, once (a node removed later stays removed). An indirect parameter: more
+    HeadNode settings."""
     nodes = [NodeSpec(f"IaaSLnxCN{index:03d}") for index in range(3)]
-    with HeadNode(nodes, users={"hpcadmin": PASSWORD}, domain="GPU1") as head:
+    settings = getattr(request, "param", {})
+    with HeadNode(nodes, users={"hpcadmin": PASSWORD}, domain="GPU1", **settings) as head:
         stop = threading.Event()
 
         def register() -> None:
             seen: dict[str, float] = {}
+            registered: set[str] = set()
             while not stop.wait(0.1):
                 try:
                     made = vms(az_env)
                 except (OSError, ValueError):
                     continue
-                known = {node.name.lower() for node in head.nodes}
+                known = {node.name.lower() for node in head.nodes} | registered
                 for name in made:
                     if name != "gpu1" and name.lower() not in known:
                         seen.setdefault(name, time.monotonic())
@@ -710,6 +713,7 @@ def head_node(az_env: dict[str, str]) -> Iterator[HeadNode]:
                             with head.cluster.lock:
                                 head.cluster.registry.add(NodeSpec(name))
                                 head.cluster.changed.notify_all()
+                            registered.add(name.lower())
 
         thread = threading.Thread(target=register, daemon=True)
         thread.start()
@@ -811,6 +815,59 @@ def test_grow_data_puts_cpu_nodes_in_their_group_and_the_profile_names_it(
     assert refused.stderr.strip().endswith("is not a CPU size hpcjob knows for data nodes; choose one of "
         "Standard_D16s_v5, Standard_D32s_v5, Standard_F16s_v2, Standard_F32s_v2, Standard_F72s_v2, "
         "Standard_F8s_v2 (hpcjob/azure/arm/sizes.json)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("head_node", "said"),
+    [
+        (
+            {"unknown_group_node": "skip"},
+            "node IaaSCpuDN001 did not join node group CPUNodes (IaaSCpuDN000 did); the head node raised no "
+            "error",
+        ),
+        (
+            {"unknown_group_node": "error"},
+            "nodes IaaSCpuDN000, IaaSCpuDN001 did not join node group CPUNodes; the head node said: PATCH "
+            "/cluster/nodeGroups/CPUNodes/nodes: HTTP 404: The node IaaSCpuDN001 was not found.",
+        ),
+    ],
+    indirect=["head_node"],
+    ids=["skipped", "refused"],
+)
+def test_grow_data_names_a_node_that_did_not_join_the_group(
+    hpcjob: CommandRunner, az_env: dict[str, str], head_node: HeadNode, tmp_path: Path, said: str
+) -> None:
+    """Issue 38: a new node that is gone from the cluster by the time it is put in the data nodes' group
+    (removed between the look that saw it online and the group's request) is named in one line, exit 1,
+    whether the head node leaves it out without a word (Add-HpcGroup's -NodeName is a filter) or refuses
+    the request; the profile names the group where some node joined."""
+    at = {"FAKE_AZ_DNS": f"127.0.0.1:{head_node.port}", "FAKE_AZ_CERT": head_node.ca_file}
+    assert onboard(hpcjob, **at).returncode == 0
+    request = head_node.inject(method="PATCH", path="/cluster/nodeGroups/", delay_before=1.0)
+
+    def remove_when_asked() -> None:
+        deadline = time.monotonic() + 120
+        while request.hits == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        head_node.remove_node("IaaSCpuDN001")  # while the request waits, before the head node reads it
+
+    remover = threading.Thread(target=remove_when_asked, daemon=True)
+    remover.start()
+    done = hpcjob(
+        "cluster", "grow", "gpu1", "2", "--data", "--vm-size", "Standard_F16s_v2", "--no-check",
+        "--poll-interval", "0.2", "--out", str(tmp_path / "grow"),
+    )  # fmt: skip
+    remover.join()
+    assert done.returncode == 1
+    assert error_lines(done) == [f"hpcjob: error: {said}"]
+    joined = head_node.cluster.group_members("CPUNodes")
+    profile = tomllib.loads(Path(az_env["HPCJOB_CONFIG"]).read_text())["clusters"]["gpu1"]
+    if joined:
+        assert joined == ["IaaSCpuDN000"]
+        assert (profile["data_node_group"], profile["data_vm_size"]) == ("CPUNodes", "Standard_F16s_v2")
+    else:
+        assert "data_node_group" not in profile
+    assert "now holds" not in done.stderr
 
 
 def test_onboarding_with_data_nodes_adds_them_once_the_cluster_is_up(

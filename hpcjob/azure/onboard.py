@@ -574,14 +574,25 @@ def grow(
 
 def _make_data_nodes(access: ClusterAccess, vm_size: str, nodes: list[str], progress: Progress) -> None:
     """The new CPU nodes in the data nodes' group (made where the cluster has none), and the profile
-    naming the group and their size: `--data-nodes` chooses from it, a run's cost counts them at it."""
+    naming the group and their size: `--data-nodes` chooses from it, a run's cost counts them at it.
+    A node that did not join is an error naming it (the backend reads the members back); the profile
+    names the group all the same where some did, as they are data nodes."""
+    from hpcjob.backends.scheduler import GroupJoinError
     from hpcjob.store.config import get_profile, save_profile
 
     group = access.profile.data_node_group or DATA_GROUP
-    members = access.backend.add_to_group(group, nodes)
-    progress(f"hpcjob: node group {group} now holds {', '.join(members)}")
+    partly: GroupJoinError | None = None
+    try:
+        members = access.backend.add_to_group(group, nodes)
+        progress(f"hpcjob: node group {group} now holds {', '.join(members)}")
+    except GroupJoinError as failed:
+        if not failed.joined:
+            raise
+        partly = failed
     saved = get_profile(access.profile.name)  # as the file has it, not as this session filled it in
     save_profile(replace(saved, data_node_group=group, data_vm_size=vm_size))
+    if partly is not None:
+        raise partly
 
 
 # The data nodes' group and their names' prefix, where the profile names none (`cluster grow --data`).
