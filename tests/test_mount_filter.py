@@ -11,6 +11,7 @@ import ast
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import stat
@@ -81,10 +82,15 @@ class Node:
             )
 
     def start(
-        self, request: bytes | str, event: str = "OnJobTaskStart", path: str | None = None, code: int = 0
+        self,
+        request: bytes | str,
+        event: str = "OnJobTaskStart",
+        path: str | None = None,
+        code: int | None = 0,
     ) -> bytes:
         """The agent's call: the whole merged output, which must be the JSON and nothing else. SIGPIPE
-        ignored, as the agent leaves it where its daemon is a Python 2 program (CentOS 7's hpcagent)."""
+        ignored, as the agent leaves it where its daemon is a Python 2 program (CentOS 7's hpcagent).
+        `code`: the exit code it must end with; None: either."""
         data = request.encode() if isinstance(request, str) else request
         env = {"PATH": path or self.path, mount_filter.NODE_ROOT_VAR: str(self.root)}
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -99,7 +105,7 @@ class Node:
             restore_signals=False,
             preexec_fn=lambda: signal.signal(signal.SIGPIPE, signal.SIG_IGN),
         )
-        assert done.returncode == code, done.stdout
+        assert code is None or done.returncode == code, done.stdout
         return done.stdout
 
     def result(
@@ -720,3 +726,240 @@ def test_an_image_prefix_is_a_whole_registry_or_repository(prefix: str) -> None:
     """`registry.corp` would allow registry.corp.evil.com/x; `nvcr.io/nvidia` nvcr.io/nvidia-evil/x."""
     with pytest.raises(SpecError, match="would refuse this container policy"):
         ContainerPolicy.checked([prefix], [], [], ["/app"])
+
+
+# The container policy reads an image as Docker reads it, and a volume as what docker would mount.
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+ALLOWED_IMAGES = [
+    "nvcr.io/nvidia/",  # every repository below nvcr.io/nvidia
+    "ubuntu:",  # docker.io/library/ubuntu, any tag or digest
+    "localhost:5000/team/",
+    "ok/",  # docker.io/ok/...
+    "ghcr.io/org/app:1.0",  # that tag alone
+    "quay.io/org/tool@",  # that repository, by digest only
+    f"busybox@{DIGEST}",  # that image alone
+]
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "nvcr.io/nvidia/pytorch:24.05-py3", f"nvcr.io/nvidia/pytorch:24.05-py3@{DIGEST}",
+        "nvcr.io/nvidia/sub/tool", "ubuntu", "ubuntu:22.04", "docker.io/library/ubuntu:22.04",
+        "index.docker.io/library/ubuntu", "docker.io/ubuntu", "library/ubuntu", f"ubuntu@{DIGEST}",
+        "localhost:5000/team/x:1", "ok/tool", "ghcr.io/org/app:1.0", f"quay.io/org/tool@{DIGEST}",
+        f"busybox@{DIGEST}", f"docker.io/library/busybox:1@{DIGEST}",
+    ],
+)  # fmt: skip
+def test_an_allowed_image_passes_in_every_spelling_docker_reads_the_same(image: str) -> None:
+    assert mount_filter.image_refusal(image, ALLOWED_IMAGES) == ""
+
+
+@pytest.mark.parametrize(
+    ("image", "why"),
+    [
+        # `ubuntu:` allowed Docker Hub's ubuntu; Docker reads this as the registry ubuntu:5000.
+        (
+            "ubuntu:5000/evil/img",
+            "not one the administrator allowed: Docker reads it as ubuntu:5000/evil/img:latest",
+        ),
+        ("ubuntu/evil", "not one the administrator allowed: Docker reads it as docker.io/ubuntu/evil:latest"),
+        ("nvcr.io/nvidia-evil/x:1", "Docker reads it as nvcr.io/nvidia-evil/x:1"),
+        ("nvcr.io/nvidia:1", "Docker reads it as nvcr.io/nvidia:1"),  # the namespace is not below itself
+        ("nvcr.io.evil.com/nvidia/x", "Docker reads it as nvcr.io.evil.com/nvidia/x:latest"),
+        ("NVCR.IO/nvidia/x", "Docker reads it as NVCR.IO/nvidia/x:latest"),
+        ("localhost/team/x", "Docker reads it as localhost/team/x:latest"),
+        ("localhost:5000/team", "Docker reads it as localhost:5000/team:latest"),
+        ("ghcr.io/org/app:1.1", "Docker reads it as ghcr.io/org/app:1.1"),
+        ("ghcr.io/org/app", "Docker reads it as ghcr.io/org/app:latest"),
+        (f"ghcr.io/org/app:1.0@{DIGEST}", "is not one"),  # the digest, not the tag, is what runs
+        ("quay.io/org/tool:1", "is not one"),
+        ("busybox", "is not one"),
+        ("ok/../evil", "not a well-formed image reference: repository path component '..' is not"),
+        ("nvcr.io/nvidia/../evil/x:1", "repository path component '..' is not"),
+        ("nvcr.io/nvidia//x", "repository path component '' is not"),
+        ("nvcr.io/nvidia/X", "repository path component 'X' is not"),
+        ("nvcr.io/nvidia/a b", "repository path component 'a b' is not"),
+        ("-nvcr.io/nvidia/x", "registry '-nvcr.io' is not"),
+        ("nvcr.io:x/nvidia/x", "registry 'nvcr.io:x' is not"),
+        ("[::1]:5000/nvidia/x", "registry '[::1]:5000' is not"),
+        ("nvcr.io/nvidia/x:", "tag '' is not"),
+        ("nvcr.io/nvidia/x:" + "a" * 129, "is not 1 to 128 letters"),
+        ("nvcr.io/nvidia/x@sha256:abc", "digest 'sha256:abc' is not"),
+        ("nvcr.io/nvidia/x@md5:" + "0" * 32, "is not sha256:<64 hex digits>"),
+        ("nvcr.io/nvidia/" + "x" * 250, "longer than 255 characters"),
+    ],
+)
+def test_an_image_is_refused_by_what_docker_reads_in_one_line(image: str, why: str) -> None:
+    """Whole registries and path components, the tag or digest Docker would use; nothing Docker would
+    read otherwise than the filter (a registry, a path that climbs, an image ID) gets through."""
+    said = mount_filter.image_refusal(image, ALLOWED_IMAGES)
+    assert said.startswith(f"image {mount_filter.shown(image)} ") and why in said and "\n" not in said, said
+
+
+@pytest.mark.parametrize(
+    "image", ["0" * 64, "deadbeef", "abc123", DIGEST, "sha256:abc", "sha512:" + "0" * 128]
+)
+def test_what_docker_may_read_as_a_local_image_id_is_refused_where_docker_hub_is_allowed(image: str) -> None:
+    """The daemon reads 64 hex digits and a digest as an image's ID, and a name it has no image for as
+    the start of one: an image already on the node, of any name, would run."""
+    assert mount_filter.image_refusal("ubuntu:22.04", ["docker.io/"]) == ""
+    said = mount_filter.image_refusal(image, ["docker.io/"])
+    assert said == (
+        f"image {image}: Docker may read it as the ID of an image already on the node; name it with its "
+        "registry (docker.io/library/NAME)"
+    )
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "ok/../",
+        "nvcr.io//",
+        "nvcr.io/NVIDIA/",
+        "ubuntu::",
+        "x:1:",
+        "x@sha256:abc",
+        "[::1]/",
+        "/",
+        "nvcr.io/nvidia/x",
+    ],
+)
+def test_an_image_prefix_is_a_reference_docker_reads(prefix: str) -> None:
+    with pytest.raises(
+        SpecError, match=re.escape(f"would refuse this container policy: image prefix {prefix!r}")
+    ):
+        ContainerPolicy.checked([prefix], [], [], ["/app"])
+
+
+@pytest.mark.parametrize(
+    "prefix", ["ubuntu:22.04", f"nvcr.io/nvidia/pytorch@{DIGEST}", "docker.io/", "Registry.Corp/"]
+)
+def test_an_image_prefix_may_name_one_image_by_its_tag_or_digest(prefix: str) -> None:
+    assert ContainerPolicy.checked([prefix], [], [], ["/app"]).images == (prefix,)
+
+
+def test_the_filter_on_the_node_reads_an_image_as_docker_does(node: Node) -> None:
+    """On the node, as the agent starts the filter: `ubuntu:` allowed is no way to another registry, a
+    path that climbs out of an allowed one is refused, and the image allowed still runs."""
+    policy = ContainerPolicy.checked(["nvcr.io/nvidia/", "ubuntu:"], [], [], [str(node.mount_root)])
+    assert node.shell(filter_install_command([node.allowed], policy)).returncode == 0
+    for image, why in [
+        (
+            "ubuntu:5000/evil/img",
+            "is not one the administrator allowed: Docker reads it as ubuntu:5000/evil/img",
+        ),
+        ("nvcr.io/nvidia/../../evil/x:1", "is not a well-formed image reference"),
+    ]:
+        said = node.start(task_start(container_env(node.point, CCP_DOCKER_IMAGE=image)), code=1).decode()
+        assert said.startswith(f"hpcjob's execution filter refused this task: image {image} ") and why in said
+        assert said.count("\n") == 1
+    allowed = task_start(container_env(node.point, CCP_DOCKER_IMAGE="ubuntu:22.04"))
+    assert node.start(allowed) == allowed.encode()  # passed on as the agent wrote it
+
+
+def container_verdict(node: Node, volumes: str) -> str:
+    """What the filter says of a container start with these volumes: "" when it passes it on."""
+    said = node.start(task_start(container_env(node.point, CCP_DOCKER_VOLUMES=volumes)), code=None).decode()
+    refused = "hpcjob's execution filter refused this task: "
+    if said.startswith(refused):
+        assert said.count("\n") == 1, said
+        return said[len(refused) :].rstrip("\n")
+    json.loads(said)  # passed on: the start's JSON
+    return ""
+
+
+def allow_volumes(node: Node, *volumes: str) -> None:
+    policy = ContainerPolicy.checked(["nvcr.io/nvidia/"], [], list(volumes), [str(node.mount_root)])
+    done = node.shell(filter_install_command([node.allowed], policy))
+    assert done.returncode == 0, done.stdout
+
+
+@pytest.fixture
+def scratch(node: Node, tmp_path: Path) -> Path:
+    """A folder the administrator allows as a volume, root's and written by nobody else."""
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    folder.chmod(0o755)
+    allow_volumes(node, str(folder))
+    return folder
+
+
+def test_a_volume_through_a_symlink_below_the_allowed_folder_is_refused(node: Node, scratch: Path) -> None:
+    """`/scratch` allowed is not `/scratch/link` whose link points at `/`: docker mounts what it points to."""
+    (scratch / "link").symlink_to("/")
+    (scratch / "etc").symlink_to("/etc")
+    (scratch / "data" / "deep").mkdir(parents=True)
+    for volume, link in [
+        (f"{scratch}/link:{scratch}/link", f"{scratch}/link"),
+        (f"{scratch}/link:{scratch}/link:ro", f"{scratch}/link"),
+        (f"{scratch}/etc/shadow:{scratch}/etc/shadow:ro", f"{scratch}/etc"),
+    ]:
+        why = (
+            f"volume {mount_filter.shown(volume)}: {link} is a symlink: docker would mount what it points to"
+        )
+        assert container_verdict(node, volume) == why
+    for source in (scratch, scratch / "data", scratch / "data" / "deep", scratch / "new" / "folder"):
+        assert container_verdict(node, f"{source}:{source}") == ""  # a missing one docker makes, as root
+
+
+@pytest.mark.parametrize("loose", ["group-writable", "world-writable", "sticky", "a user's"])
+def test_a_volume_in_a_folder_others_than_root_may_write_is_refused(
+    node: Node, scratch: Path, loose: str
+) -> None:
+    """Whoever may write a folder between the allowed one and the source could put a link there after the
+    check: refused, from the allowed folder down. The source itself may be a user's."""
+    shared = scratch / "shared"
+    (shared / "data").mkdir(parents=True)
+    if loose == "a user's":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give a folder to another user")
+        os.chown(shared, pwd.getpwnam(USER).pw_uid, -1)
+    else:
+        shared.chmod({"group-writable": 0o775, "world-writable": 0o777, "sticky": 0o1777}[loose])
+    volume = f"{shared}/data:{shared}/data"
+    said = container_verdict(node, volume)
+    assert said.startswith(f"volume {mount_filter.shown(volume)}: {shared} may be written by others than"), (
+        said
+    )
+    # The loose folder itself passes: only root may write the folder it is in, so none can swap it.
+    assert container_verdict(node, f"{shared}:{shared}") == ""
+    scratch.chmod(0o777)  # the allowed folder itself, when the source is below it
+    said = container_verdict(node, f"{shared}:{shared}")
+    assert said.startswith(f"volume {mount_filter.shown(f'{shared}:{shared}')}: {scratch} may be written"), (
+        said
+    )
+    scratch.chmod(0o777)  # the allowed folder itself, when the source is below it
+    assert container_verdict(node, f"{shared}:{shared}").startswith(
+        f"volume {shared}:{shared}: {scratch} may be"
+    )
+
+
+def test_a_link_made_after_the_check_is_what_docker_mounts(node: Node) -> None:
+    """The limit of any check before `docker run`: it cannot stop a link made after it. The filter passes
+    a plain folder; replaced by a link to / afterwards, that folder is / for whatever mounts it next (the
+    kernel resolves the path when docker mounts it). What keeps users from doing so is the administrator's
+    allowed folder being root's and written by no one else, which a user cannot get round."""
+    import tempfile
+
+    # Beside /tmp, so that the user can reach it (pytest's own folders are root's, 0700).
+    scratch = Path(tempfile.mkdtemp(prefix="hpcjob-scratch-", dir="/tmp"))
+    try:
+        scratch.chmod(0o755)
+        allow_volumes(node, str(scratch))
+        data = scratch / "data"
+        data.mkdir()
+        volume = f"{data}:{data}"
+        assert container_verdict(node, volume) == ""  # checked: a plain folder of root's
+        data.rmdir()
+        data.symlink_to("/")  # after the check, by whoever may write the allowed folder (here root)
+        assert os.path.realpath(data) == "/"  # what `docker run -v` would mount: the check cannot undo it
+        assert container_verdict(node, volume).endswith(
+            f"{data} is a symlink: docker would mount what it points to"
+        )
+        if os.geteuid() == 0:  # a user cannot make that link in the allowed folder
+            made = subprocess.run(["ln", "-s", "/", str(scratch / "mine")], user=USER, capture_output=True)
+            assert made.returncode != 0 and b"Permission denied" in made.stderr, made.stderr
+            assert not os.path.lexists(scratch / "mine")
+    finally:
+        shutil.rmtree(scratch)

@@ -84,7 +84,28 @@ DOCKER_VARS = (
     "CCP_DOCKER_SKIP_SSH_SETUP", "CCP_DOCKER_DEBUG",
 )  # fmt: skip
 CONTAINER_REFUSED = 3  # the filter's exit code for a start the container policy refuses (filter.sh)
-IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
+# An image reference as Docker reads it (distribution/reference @ 0965666a6ade2e06035fe352e38344be1e68951a:
+# regexp.go's grammar; normalize.go splitDockerDomain: the first of several components is the registry when
+# it holds '.' or ':', is localhost or holds a capital, index.docker.io is docker.io, and a name of one
+# component on docker.io is library/NAME; reference.go: a repository path of 255 characters at most) with
+# the digests opencontainers/go-digest @ 137fd2bb009d6540304bc01b3c7758777514e430 registers (algorithm.go:
+# sha256 and sha512, lower-case hex). No bracketed IPv6 registry: `[` is a glob in the agent's unquoted
+# `docker run ... $image`, and the characters here are all a shell leaves alone.
+REGISTRY = re.compile(
+    r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:[0-9]+)?"
+)
+PATH_COMPONENT = re.compile(r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*")
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}")
+MAX_REPOSITORY = 255
+DOCKER_HUB = "docker.io"
+# What the daemon takes for an image's ID, not a name: 64 hex digits and a digest (ParseAnyReference,
+# normalize.go), and a name it has no image of is looked up as the start of an ID (moby/moby @
+# a299a19b45c2f075c1e73805400ad5404940b778 daemon/images/image.go getImage: "Search based on ID"), so any
+# image already on the node could run under a name the policy allowed.
+IMAGE_ID = re.compile(r"[0-9a-f]+|sha(256|384|512):[0-9a-f]+")
+ImageReference = Tuple[str, Tuple[str, ...], Optional[str], Optional[str]]  # registry, path, tag, digest
+ImageRule = Tuple[str, Tuple[str, ...], str, Optional[str]]  # registry, path, what (BELOW...), tag/digest
 OPTION_WORD = re.compile(r"-{1,2}[A-Za-z0-9][A-Za-z0-9-]*(=[A-Za-z0-9._:/-]+)?|[A-Za-z0-9._:/=-]+")
 PLAIN_WORD = re.compile(r"[A-Za-z0-9]*")
 
@@ -163,8 +184,9 @@ def container_refusal(env: Optional[Dict[str, Any]], raw: bytes) -> str:
             return f"variable {shown(str(name))}: a line break in a container's variables"
         if name not in DOCKER_VARS and "CCP_DOCKER_" in value.upper():
             return f"variable {shown(str(name))}: its value names the node agent's Docker settings"
-    if not IMAGE_NAME.fullmatch(image) or not any(image.startswith(p) for p in policy["images"]):
-        return f"image {shown(image)} is not one the administrator allowed ({', '.join(policy['images'])})"
+    refusal = image_refusal(image, policy["images"])
+    if refusal:
+        return refusal
     left = env.get("CCP_DOCKER_START_OPTION", "").split()
     phrases = sorted((p.split() for p in policy["options"]), key=len, reverse=True)
     while left:
@@ -174,27 +196,183 @@ def container_refusal(env: Optional[Dict[str, Any]], raw: bytes) -> str:
         left = left[len(phrase) :]
     volumes = env.get("CCP_DOCKER_VOLUMES", "")
     for volume in volumes.split(",") if volumes else ():  # an empty one is a bare -v: it takes the next word
-        if not volume_allowed(volume, policy["volumes"]):
-            return f"volume {shown(volume)} is not one the administrator allowed"
+        refusal = volume_refusal(volume, policy["volumes"])
+        if refusal:
+            return refusal
     for name in ("CCP_DOCKER_NVIDIA", "CCP_DOCKER_SKIP_SSH_SETUP", "CCP_DOCKER_DEBUG"):
         if not PLAIN_WORD.fullmatch(env.get(name, "")):
             return f"variable {name}: a plain word, as the node agent reads it unquoted"
     return ""
 
 
-def volume_allowed(volume: str, allowed: List[str]) -> bool:
-    """SOURCE:SOURCE[:ro] where SOURCE is an allowed folder or below it; `PATH:ro` allows it read-only."""
+def image_refusal(image: str, allowed: List[str]) -> str:
+    """Why the image is not one the administrator allowed ("" when it is), compared as Docker reads both."""
+    try:
+        reference = image_reference(image)
+    except ValueError as why:
+        return f"image {shown(image)}{why}"
+    rules = [image_rule(entry) for entry in allowed]  # checked when the policy was read
+    if any(image_allowed(reference, rule) for rule in rules):
+        return ""
+    registry, path, tag, digest = reference
+    read = registry + "/" + "/".join(path) + ("@" + digest if digest else ":" + (tag or "latest"))
+    return (
+        f"image {shown(image)} is not one the administrator allowed: Docker reads it as {shown(read)} "
+        f"(allowed: {', '.join(allowed)})"
+    )
+
+
+def image_reference(text: str) -> ImageReference:
+    """The registry, repository path, tag and digest Docker reads in `text`; ValueError says why it is not
+    one (its words follow the image's name in a refusal)."""
+    if IMAGE_ID.fullmatch(text):
+        raise ValueError(
+            ": Docker may read it as the ID of an image already on the node; name it with its registry "
+            "(docker.io/library/NAME)"
+        )
+    malformed = " is not a well-formed image reference: "
+    name, at, digest = text.partition("@")
+    if at and not DIGEST.fullmatch(digest):
+        raise ValueError(
+            f"{malformed}digest {digest[:SHOWN]!r} is not sha256:<64 hex digits> or sha512:<128>"
+        )
+    first, slash, rest = name.partition("/")
+    registry, path = (first, rest) if slash and is_registry(first) else (DOCKER_HUB, name)
+    registry = DOCKER_HUB if registry == "index.docker.io" else registry
+    if registry == DOCKER_HUB and "/" not in path:
+        path = "library/" + path  # Docker Hub's official images
+    path, colon, tag = path.partition(":")  # after the registry: no ':' but the tag's is left
+    if not REGISTRY.fullmatch(registry):
+        raise ValueError(f"{malformed}registry {registry[:SHOWN]!r} is not a host name or address[:port]")
+    parts = path.split("/")
+    for part in parts:
+        if not PATH_COMPONENT.fullmatch(part):
+            raise ValueError(
+                f"{malformed}repository path component {part[:SHOWN]!r} is not lower-case letters and digits "
+                "joined by . _ __ or dashes"
+            )
+    if len(path) > MAX_REPOSITORY:
+        raise ValueError(f"{malformed}its repository path is longer than {MAX_REPOSITORY} characters")
+    if colon and not TAG.fullmatch(tag):
+        raise ValueError(
+            f"{malformed}tag {tag[:SHOWN]!r} is not 1 to 128 letters, digits, _ . or -, first no . or -"
+        )
+    return registry, tuple(parts), tag if colon else None, digest if at else None
+
+
+def is_registry(first: str) -> bool:
+    """Whether Docker reads the first of several components of a name as its registry (splitDockerDomain)."""
+    return first == "localhost" or "." in first or ":" in first or first.lower() != first
+
+
+# What an administrator's image entry allows of a registry and repository path, by how it ends.
+BELOW = "every repository below"  # REGISTRY/ or REGISTRY/PATH/ (whole components: nvidia/ is no nvidia-x/)
+ANY = "any tag or digest"  # NAME:
+BY_DIGEST = "by digest only"  # NAME@
+TAGGED = "this tag"  # NAME:TAG, without a digest (Docker runs the digest, whatever the tag says)
+DIGESTED = "this digest"  # NAME[:TAG]@DIGEST
+
+
+def image_rule(entry: str) -> ImageRule:
+    """An administrator's image entry as Docker would read it; ValueError says why it is not one."""
+    try:
+        if entry.endswith("/"):
+            parts = entry[:-1].split("/")
+            registry, path = (
+                (parts[0], parts[1:]) if is_registry(parts[0]) and parts[0] else (DOCKER_HUB, parts)
+            )
+            registry = DOCKER_HUB if registry == "index.docker.io" else registry
+            # A real name beneath checks every component the entry holds.
+            image_reference("/".join([registry, *path, "x"]) if path else registry + "/x/x")
+            return registry, tuple(path), BELOW, None
+        if entry.endswith((":", "@")):
+            registry, named, tag, digest = image_reference(entry[:-1])
+            if tag or digest:
+                raise ValueError(": a tag or digest, then a trailing : or @")
+            return registry, named, ANY if entry.endswith(":") else BY_DIGEST, None
+        registry, named, tag, digest = image_reference(entry)
+    except ValueError as why:
+        raise ValueError(f"image prefix {entry!r}{why}") from None
+    if digest:
+        return registry, named, DIGESTED, digest
+    if tag:
+        return registry, named, TAGGED, tag
+    raise ValueError(
+        f"image prefix {entry!r} must be a registry or repository ending in / (or : or @), or one image "
+        "with its tag or digest"
+    )
+
+
+def image_allowed(image: ImageReference, rule: ImageRule) -> bool:
+    registry, path, tag, digest = image
+    allowed_registry, allowed_path, what, value = rule
+    if registry != allowed_registry:
+        return False
+    if what == BELOW:
+        return len(path) > len(allowed_path) and path[: len(allowed_path)] == allowed_path
+    if path != allowed_path:
+        return False
+    if what == ANY:
+        return True
+    if what == BY_DIGEST:
+        return digest is not None
+    if what == DIGESTED:
+        return digest == value
+    return digest is None and (tag or "latest") == value
+
+
+def volume_refusal(volume: str, allowed: List[str]) -> str:
+    """Why the volume is refused ("" when it is not): SOURCE:SOURCE[:ro], SOURCE an allowed folder or below
+    one (`PATH:ro` allows it read-only), and what docker would mount is SOURCE itself (folder_refusal)."""
     source, _, rest = volume.partition(":")
     target, _, mode = rest.partition(":")
+    refused = f"volume {shown(volume)} is not one the administrator allowed"
     if target != source or mode not in ("", "ro") or not PLAIN_PATH.fullmatch(source):
-        return False
+        return refused
     if "/../" in source + "/" or "/./" in source + "/":
-        return False
+        return refused
+    covering = []
     for entry in allowed:
         path, _, only = entry.partition(":")
         if (source == path or source.startswith(path.rstrip("/") + "/")) and (mode == "ro" or only != "ro"):
-            return True
-    return False
+            covering.append(path.rstrip("/"))
+    if not covering:
+        return refused
+    why = folder_refusal(max(covering, key=len), source)
+    return f"volume {shown(volume)}: {why}" if why else ""
+
+
+def folder_refusal(folder: str, source: str) -> str:
+    """Why docker might mount something else than `source` ("" when not): a symlink at or below the
+    administrator's `folder` (the kernel follows it when docker mounts the path), or a folder from `folder`
+    down to the source's own that someone other than root may write (they could put a link there after
+    this check: a check is no lock, see docs/packages-and-images.md). Sticky or not: a user may replace
+    what they own in a sticky folder. The source itself may be anyone's: the folder above it keeps them
+    from replacing it. What does not exist yet, docker makes as root, in a folder only root may write."""
+    if source == folder:
+        return ""  # the administrator's own choice, a link of theirs included
+    path = folder
+    try:
+        info = os.stat(folder)  # followed: the administrator's folder may be a link of theirs
+    except OSError as err:
+        return "" if err.errno == errno.ENOENT else f"cannot look at {path}: {err.strerror}"
+    for part in source[len(folder) + 1 :].split("/"):
+        if not stat.S_ISDIR(info.st_mode):
+            return f"{path} is not a folder"
+        if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            return (
+                f"{path} may be written by others than root (owner uid {info.st_uid}, mode "
+                f"{stat.S_IMODE(info.st_mode):04o}): a link put there after this check is what docker "
+                "would mount"
+            )
+        path += "/" + part
+        try:
+            info = os.lstat(path)
+        except OSError as err:
+            return "" if err.errno == errno.ENOENT else f"cannot look at {path}: {err.strerror}"
+        if stat.S_ISLNK(info.st_mode):
+            return f"{path} is a symlink: docker would mount what it points to"
+    return ""
 
 
 def check_policy(policy: Dict[str, List[str]]) -> None:
@@ -202,11 +380,7 @@ def check_policy(policy: Dict[str, List[str]]) -> None:
     if not policy["images"]:
         raise ValueError("a container policy names at least one image prefix")
     for image in policy["images"]:
-        # Whole registries or repositories: `registry.corp` would allow `registry.corp.evil.com/x`.
-        if not IMAGE_NAME.fullmatch(image) or image[-1] not in "/:@":
-            raise ValueError(
-                f"image prefix {image!r} must be a registry or repository ending in / (or : or @)"
-            )
+        image_rule(image)  # read as Docker reads it: `registry.corp` is no registry.corp.evil.com/x
     for phrase in policy["options"]:
         if not phrase.split() or not all(OPTION_WORD.fullmatch(w) for w in phrase.split()):
             raise ValueError(f"docker option {phrase!r} is not plain words (no quotes, globs or $)")
