@@ -77,6 +77,22 @@ train.py FAILED
 """
 
 
+PORT_IN_USE_ERR = """\
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 152, in _create_tcp_store
+    store = TCPStore(
+            ^^^^^^^^^
+torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. port: 29411, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 180, in _create_tcp_store
+    raise RendezvousConnectionError(
+torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has failed. See inner exception for details.
+"""  # noqa: E501
+
+
 @pytest.mark.parametrize(
     ("err", "reason"),
     [
@@ -90,6 +106,12 @@ train.py FAILED
         ),
         ("bash: line 1: nosuchpython: command not found\n", "bash: line 1: nosuchpython: command not found"),
         ("", ""),
+        # A rendezvous port in use, as torchrun 2.14.1 says it (run here against a bound port): the cause
+        # of the chain, in plain words, not the wrapper's "See inner exception for details".
+        (
+            PORT_IN_USE_ERR,
+            "port 29411 is in use on LOCAL1: another program holds it (give another --rdzv-port)",
+        ),
     ],
 )
 def test_the_reason_is_the_line_of_stderr_that_says_why(tmp_path: Path, err: str, reason: str) -> None:

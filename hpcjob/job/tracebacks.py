@@ -22,7 +22,7 @@ exception group, the lines of ranks that failed at the same moment mixed) is sho
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 HEADER = "Traceback (most recent call last):"
@@ -191,6 +191,30 @@ class TracebackFilter:
     def _reset(state: _Stream) -> None:
         state.state, state.prefix, state.parts, state.raw, state.gap = "idle", "", [], [], []
         state.rules = state.boxed = 0
+
+
+# torch's words for a rendezvous store that cannot bind its port (c10d's TCPStore, torch 2.x): the
+# exception torchrun raises over it says only "See inner exception for details".
+_WRAPPED = "See inner exception for details"
+_PORT_IN_USE = re.compile(r"\bport: (?P<port>\d+)\b.*\bEADDRINUSE\b")
+
+
+def cause_of(exceptions: Sequence[str]) -> str:
+    """Of the exception lines of one failure, in the order printed, the one that says why: the last, or
+    where it only wraps the one before ("See inner exception for details"), that one."""
+    found = exceptions[-1] if exceptions else ""
+    if _WRAPPED in found and len(exceptions) > 1:
+        return exceptions[-2]
+    return found
+
+
+def plain_reason(reason: str, node: str) -> str:
+    """An exception line as a person acts on it, where hpcjob knows its plain words: a rendezvous port
+    in use says so, with the node."""
+    port = _PORT_IN_USE.search(reason)
+    if port:
+        return f"port {port['port']} is in use on {node}: another program holds it (give another --rdzv-port)"
+    return reason
 
 
 def filter_output(lines: Iterable[Shown]) -> list[Shown]:

@@ -33,7 +33,7 @@ from hpcjob.job.results import (
     signal_of_exit_code,
     untrusted_json,
 )
-from hpcjob.job.tracebacks import RANK_PREFIX
+from hpcjob.job.tracebacks import RANK_PREFIX, cause_of, plain_reason
 from hpcjob.store.share import ShareFolder, UnreadableFile
 
 SUMMARY_FILE = "summary.json"
@@ -343,7 +343,8 @@ def reason_line(folder: ShareFolder, log_folder: str, node: str, rank: int | Non
         if _EXCEPTION.match(text) and not _WRAPPER.search(text):
             exceptions.append((prefix.group(1) if prefix else "", text))
     of_rank = [text for who, text in exceptions if who == str(rank)]
-    found = (of_rank or [text for _, text in exceptions] or lines or [""])[-1]
+    found = cause_of(of_rank or [text for _, text in exceptions]) or (lines or [""])[-1]
+    found = plain_reason(found, node)
     return found if len(found) <= 300 else found[:297] + "..."
 
 
