@@ -206,3 +206,38 @@ def test_a_negative_detection_delay_is_refused() -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("hpcjob: error: argument --detection-delay: '-1' is not a number")
     assert result.stderr.count("\n") == 1
+
+
+def test_the_unknown_group_node_switch_reaches_the_head_node() -> None:
+    """--unknown-group-node error: a node the cluster does not know refuses the group request (REST 404);
+    a value that is not skip or error is one line, exit 2."""
+    env = dict(os.environ, HPCJOB_EMULATOR_PASSWORD=PASSWORD)
+    command = [sys.executable, "-m", "hpcjob.emulator", "--user", "alice", "--unknown-group-node"]
+    refused = subprocess.run(
+        [*command, "ignore"], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "--unknown-group-node" in refused.stderr and "'ignore'" in refused.stderr
+    process = subprocess.Popen(
+        [*command, "error"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        ca_file = process.stdout.readline().strip()
+        session = requests.Session()
+        session.trust_env = False
+        session.auth = ("alice", PASSWORD)
+        session.verify = ca_file
+        assert session.post(f"{url}/cluster/nodeGroups", json={"Name": "Data"}).status_code == 200
+        answer = session.patch(
+            f"{url}/cluster/nodeGroups/Data/nodes",
+            json={"Operation": "add", "NodeNames": ["NODE002", "NOPE"]},
+        )
+        assert (answer.status_code, answer.text) == (404, "The node NOPE was not found.")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
