@@ -130,6 +130,7 @@ def submit(
     gpus_per_node: int | None = None,
     nproc_per_node: int | None = None,
     env: Mapping[str, str] | None = None,
+    secrets: Sequence[str] = (),
     requirements: str | Path | bool | None = None,
     image: str | None = None,
     name: str | None = None,
@@ -150,6 +151,8 @@ def submit(
     requirements file (None: requirements.txt beside the script, if there is one; False: none).
     `resume_from`: an earlier run of this machine's (run id or job id) whose latest checkpoint the new
     run starts from, as `--resume-from` (None: a new run starts fresh, saving into a folder of its own).
+    `secrets`: names of this process's environment variables whose values reach the tasks in a file only
+    you may read (`--secret`), never in the job or the history; the profile's `secrets` come first.
     More job options by their JobSpec names (node_group, env_on, runtime_s, ...). With `wait`, the
     returned run's `summary` is set. `retries` more attempts follow one that ended for a cause outside
     the program (`retry_on="any"`: any failure), as `--retries` [default: the cluster profile's retries,
@@ -171,6 +174,7 @@ def submit(
         "gpus_per_node": gpus_per_node,
         "nproc_per_node": nproc_per_node,
         "env": tuple((env or {}).items()),
+        "secrets": tuple(secrets),
         "requirements": runner.requirements_text(
             Path(script),
             None if isinstance(requirements, bool) else requirements,

@@ -7,9 +7,28 @@ that hold a secret's usual words are refused too. Each refusal names what it mat
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
+from hpcjob.backends.local import free_port
 from hpcjob.job.spec import JobSpec, SpecError, check_requirements
+
+from .conftest import empty_script, stand_in_python
+from .test_rest_e2e import (
+    Cluster,
+    cluster,  # noqa: F401 - the fixture: the emulated head node, a real smbd
+)
+from .test_share_private import Share as SmbShare
+from .test_share_private import share  # noqa: F401 - the fixture: alice, mallory and a real smbd
 
 # Values and names made up for these tests: none is anyone's.
 SECRET_VALUES = [
@@ -102,3 +121,311 @@ def test_a_secret_looking_env_name_is_refused_naming_the_word_it_holds(name: str
 def test_harmless_values_and_names_still_pass(name: str, value: str) -> None:
     assert spec(env=((name, value),)).env == ((name, value),)
     check_requirements(f"torch\n# {value}\nhttps://example.com/pkg.whl?key=train/x.bin\n")
+
+
+# --- `--secret NAME`: the value from this machine's environment, to an owner-only file of the attempt's.
+
+SECRET_VALUE = "s3cr3t-Value-4-tests $(touch /tmp/never) `x` \\n 'q' \"dq\" =tail"
+
+
+@pytest.mark.parametrize(
+    ("names", "env", "message"),
+    [
+        (("1X",), (), "--secret '1X': a variable name"),
+        (("A-B",), (), "a variable name"),
+        (("TOKEN", "TOKEN"), (), "--secret TOKEN: named twice"),
+        (("MY_SETTING",), (("MY_SETTING", "x"),), "--secret MY_SETTING and --env MY_SETTING both"),
+        (("HPCJOB_SECRETS_FILE",), (), "hpcjob, the node agent or the task's shell set this name"),
+        (("CCP_JOBID",), (), "set this name"),
+        (("PATH",), (), "set this name"),
+        (("LD_PRELOAD",), (), "set this name"),
+        (tuple(f"S{i}" for i in range(65)), (), "more than 64"),
+    ],
+)
+def test_bad_secret_names_are_refused_in_one_line(
+    names: tuple[str, ...], env: tuple[tuple[str, str], ...], message: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        spec(secrets=names, env=env)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_each_attempt_names_a_file_of_its_own_in_the_job_folder_and_the_job_holds_no_value() -> None:
+    from hpcjob.job.plan import SECRETS_VAR, make_plan, run_secrets_files, secrets_in_environment
+    from hpcjob.job.render import job_xml, plan_json
+
+    from .conftest import cluster_spec
+
+    job = cluster_spec(2, secrets=("WANDB_API_KEY", "HF_TOKEN"))
+    first = make_plan(job, job.node_names, "train-1")
+    second = make_plan(job, job.node_names, "train-1", attempt=2)
+    assert first.secrets_file == "hpcjob/run_ddp/.hpcjob/secrets/train-1.env"
+    assert second.secrets_file == "hpcjob/run_ddp/.hpcjob/secrets/train-1.2.env"
+    assert dict(second.env)[SECRETS_VAR] == "/app/hpcjob/run_ddp/.hpcjob/secrets/train-1.2.env"
+    assert first.secret_names == ("WANDB_API_KEY", "HF_TOKEN")
+    xml = job_xml(first)
+    assert "/app/hpcjob/run_ddp/.hpcjob/secrets/train-1.env" in xml and "WANDB_API_KEY" not in xml
+    assert make_plan(cluster_spec(2), job.node_names, "train-1").secrets_file is None  # none asked for
+    listing = ["train-1.env", "train-1.2.env", "train-1.x.env", "train-10.env", "other.env", "train-1"]
+    assert run_secrets_files("train-1", listing) == ["train-1.env", "train-1.2.env"]
+    # On this machine: no file; the tasks inherit the values, and their names say which.
+    local = secrets_in_environment(first)
+    assert local.secrets_file is None and SECRETS_VAR not in dict(local.env)
+    assert dict(local.env)["HPCJOB_SECRET_NAMES"] == "WANDB_API_KEY,HF_TOKEN"
+    assert "secrets_file" in plan_json(first) and SECRET_VALUE not in plan_json(first)
+
+
+def test_a_container_task_here_gets_each_secret_by_name_from_docker_s_own_environment() -> None:
+    from hpcjob.job.plan import container_command
+
+    env = {"CCP_DOCKER_IMAGE": "img:1", "HPCJOB_SECRET_NAMES": "A_KEY,B"}
+    words = container_command(env, "true", name="n", env_file="/f", user="1:1", workdir="/w")
+    assert words[words.index("-e") : words.index("-e") + 4] == ["-e", "A_KEY", "-e", "B"]
+    assert not any("=" in word for word in words if word not in ("/f",))
+
+
+def test_the_values_come_from_the_environment_and_a_missing_one_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hpcjob.store.secrets import secret_values
+
+    assert secret_values(("A", "B"), {"A": "1", "B": "x=y z"}) == {"A": "1", "B": "x=y z"}
+    with pytest.raises(SpecError, match=r"^--secret B: no environment variable B here; set it"):
+        secret_values(("A", "B"), {"A": "1"})
+    with pytest.raises(SpecError, match="holds a line break") as info:
+        secret_values(("A",), {"A": "line1\nline2"})
+    assert "line1" not in str(info.value)
+
+
+def test_the_node_helper_reads_the_file_into_the_task_without_tracing_a_value(tmp_path: Path) -> None:
+    from hpcjob.job.plan import secrets_text
+    from hpcjob.store.staging import node_files
+
+    for relative, content in node_files():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_bytes(content)
+    secrets = tmp_path / ".hpcjob" / "secrets" / "run-1.env"
+    secrets.parent.mkdir()
+    secrets.write_text(secrets_text({"MY_KEY": SECRET_VALUE, "OTHER": ""}) + "not a line\n1BAD=x\n")
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "HPCJOB_IFNAME": "lo", "CCP_NODES": "1 N1 1"}
+    # The test's own printing untraced: only the helper's reading is on trial.
+    show = 'f=$-; { set +x; } 2>/dev/null; printf "%s|%s|%s" "$MY_KEY" "${OTHER-unset}" "$f"'
+    done = subprocess.run(
+        ["/bin/bash", "-c", f"set -x; HPCJOB_SECRETS_FILE={secrets} . .hpcjob/node.sh N1 run-1 && {show}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    value, other, flags = done.stdout.split("|")
+    assert (value, other) == (SECRET_VALUE, "") and "x" in flags  # tracing is back on after the file
+    assert "s3cr3t" not in done.stderr and not Path("/tmp/never").exists()
+    gone = subprocess.run(
+        ["/bin/bash", "-c", f"HPCJOB_SECRETS_FILE={secrets}.gone . .hpcjob/node.sh N1 run-1 && echo ran"],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert gone.returncode == 1 and "ran" not in gone.stdout
+    assert "secrets file" in gone.stderr and "is not there to read" in gone.stderr
+
+
+def test_a_local_share_s_secrets_file_is_the_owner_s_alone_and_made_anew(tmp_path: Path) -> None:
+    from hpcjob.store.secrets import remove_run_secrets, write_secrets
+    from hpcjob.store.share import LocalFolder
+
+    folder = LocalFolder(tmp_path)
+    old = tmp_path / "job" / ".hpcjob" / "secrets" / "r-1.env"
+    old.parent.mkdir(parents=True)
+    old.write_text("OLD=1\n")
+    old.chmod(0o644)  # left from before, readable by all: replaced, not reused
+    write_secrets(folder, "job/.hpcjob/secrets/r-1.env", {"K": SECRET_VALUE})
+    assert old.read_text() == f"K={SECRET_VALUE}\n" and stat.S_IMODE(old.stat().st_mode) == 0o600
+    write_secrets(folder, "job/.hpcjob/secrets/r-1.2.env", {"K": "2"})
+    (old.parent / "r-10.env").write_text("")
+    assert sorted(remove_run_secrets(folder, "job", "r-1")) == ["r-1.2.env", "r-1.env"]
+    assert [p.name for p in old.parent.iterdir()] == ["r-10.env"]  # another run's stays
+    link = old.parent / "r-2.env"
+    link.symlink_to(tmp_path / "elsewhere")
+    write_secrets(folder, "job/.hpcjob/secrets/r-2.env", {"K": "v"})  # the link is removed, not followed
+    assert not (tmp_path / "elsewhere").exists() and not link.is_symlink()
+
+
+def hpcjob_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def everything_written(*folders: Path) -> bytes:
+    """Every byte of every file under `folders`: the history's database, the share, the logs."""
+    return b"".join(p.read_bytes() for folder in folders for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+def test_render_says_where_the_file_would_be_and_reads_no_value(tmp_path: Path) -> None:
+    from .conftest import empty_script
+
+    script = empty_script(tmp_path)
+    env = {"MY_KEY": SECRET_VALUE}
+    done = hpcjob_cli(
+        "render",
+        "--node",
+        "GPU1",
+        "--secret",
+        "MY_KEY",
+        "--share",
+        "//HEAD/CcpSpoolDir",
+        str(script),
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    xml = "".join(done.stdout.split())
+    assert re.search(
+        r"<Name>HPCJOB_SECRETS_FILE</Name><Value>/app/hpcjob/[^/]+/train/\.hpcjob/secrets/train-", xml
+    )
+    assert "secrets (MY_KEY) from /app/hpcjob/" in done.stderr and "//HEAD/CcpSpoolDir/hpcjob/" in done.stderr
+    assert "s3cr3t" not in done.stdout + done.stderr
+    unset = {k: v for k, v in os.environ.items() if k != "MY_KEY"}
+    rendered = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "render", "--node", "GPU1", "--secret", "MY_KEY", str(script)],
+        capture_output=True, text=True, timeout=120, env=unset,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr  # render needs no value: it reads none
+    assert "--secret" in hpcjob_cli("run", "--help").stdout
+    assert "environment variable NAME" in " ".join(hpcjob_cli("submit", "--help").stdout.split())
+
+
+def test_a_missing_secret_is_one_line_exit_2_and_nothing_is_started_or_recorded(tmp_path: Path) -> None:
+    from hpcjob.store.runs import history_file
+
+    from .conftest import empty_script
+
+    share_dir = tmp_path / "share"
+    unset = {k: v for k, v in os.environ.items() if k != "NOT_SET_ANYWHERE"}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "run", "--local", "--mount-point", str(share_dir), "--secret",
+         "NOT_SET_ANYWHERE", str(empty_script(tmp_path))],
+        capture_output=True, text=True, timeout=120, env=unset,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("hpcjob: error: --secret NOT_SET_ANYWHERE: no environment variable")
+    assert not share_dir.exists() and not history_file().exists()
+
+
+def test_a_local_run_hands_the_value_to_the_tasks_environment_alone(tmp_path: Path) -> None:
+    """A local job whose script says whether it got the secret; no byte of the value in the run's history,
+    its plan, its folder or its logs; no secrets file."""
+    from hpcjob.store.runs import find_entry, history_file
+
+    from .conftest import empty_script, run_local, stand_in_python
+
+    said = 'if [ "$MY_KEY" = "$EXPECTED" ]; then echo "got the secret"; else echo "no secret"; fi'
+    python = stand_in_python(tmp_path, said)
+    share_dir = tmp_path / "share"
+    env = {**os.environ, "MY_KEY": SECRET_VALUE, "EXPECTED": SECRET_VALUE}
+    args = ("--run-id", "sec-1", "--python", str(python), "--mount-point", str(share_dir), "-n", "2")
+    done = run_local(*args, "--secret", "MY_KEY", str(empty_script(tmp_path)), env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("got the secret") == 2 and "no secret" not in done.stdout
+    plan = find_entry("sec-1").plan or {}
+    assert plan["secret_names"] == ["MY_KEY"] and plan["env"]["HPCJOB_SECRET_NAMES"] == "MY_KEY"
+    assert "HPCJOB_SECRETS_FILE" not in plan["env"] and not list(share_dir.rglob("*.env"))
+    assert b"s3cr3t" not in everything_written(history_file().parent, share_dir)
+    assert "s3cr3t" not in done.stdout + done.stderr
+
+
+needs_smbd_and_root = [
+    pytest.mark.skipif(
+        shutil.which("smbd") is None, reason="needs samba's smbd (scripts/bootstrap.sh --test)"
+    ),
+    pytest.mark.skipif(os.geteuid() != 0, reason="two accounts of this machine log in: root makes them"),
+]
+
+
+@needs_smbd_and_root[0]
+@needs_smbd_and_root[1]
+def test_another_user_of_the_share_cannot_read_the_secrets_file(
+    share: SmbShare,  # noqa: F811 - the fixture of that name
+    tmp_path: Path,
+) -> None:
+    """Through a real smbd that enforces Windows ACLs: alice's secrets file has a DACL of hers alone, and
+    the server refuses mallory, who reads it as herself; removing it leaves nothing."""
+    from hpcjob.store import smb_acl
+    from hpcjob.store.secrets import remove_run_secrets, write_secrets
+    from hpcjob.store.staging import stage_run
+
+    from .test_share_private import code, refused
+
+    admin = share.as_user("hpcuser")
+    admin.prepare_common("hpcjob")
+    admin.close()
+    alice = share.as_user("hpcjob-alice")
+    relative = "hpcjob/alice/train/.hpcjob/secrets/r-1.env"
+    data = f"MY_KEY={SECRET_VALUE}\n".encode()
+    stage_run(code(tmp_path), alice, "hpcjob/alice/train", "r-1", user_folder="hpcjob/alice",
+              private_files=[(relative, data)])  # fmt: skip
+    alice = share.as_user("hpcjob-alice")  # stage_run closed the first
+    assert alice.read_bytes(relative) == data
+    with alice._smb.open_file(
+        alice._path(relative), mode="rb", buffering=0, **alice._on, desired_access=smb_acl.READ_CONTROL
+    ) as f:
+        security = smb_acl.read_security(f.fd)
+    assert security.protected and [(a.sid, a.allow) for a in security.dacl or ()] == [(security.owner, True)]
+    assert smb_acl.others_who_may_read(security, str(security.owner)) == []
+    mallory = share.as_user("hpcjob-mallory")
+    assert "0xc0000022" in refused(lambda: mallory.read_bytes(relative)).lower()  # STATUS_ACCESS_DENIED
+    assert "0xc0000022" in refused(lambda: mallory.remove(relative)).lower()
+    write_secrets(alice, "hpcjob/alice/train/.hpcjob/secrets/r-1.2.env", {"MY_KEY": "2"})  # attempt 2's
+    assert remove_run_secrets(alice, "hpcjob/alice/train", "r-1") == ["r-1.2.env", "r-1.env"]
+    assert alice.listdir("hpcjob/alice/train/.hpcjob/secrets") == []
+    alice.close()
+    mallory.close()
+
+
+def test_a_cluster_job_gets_its_secret_from_an_owner_only_file_that_is_gone_when_it_ends(
+    cluster: Cluster,  # noqa: F811 - the fixture of that name
+    tmp_path: Path,
+) -> None:
+    """On the emulated cluster, its share a real smbd: `submit --wait --secret` writes the attempt's file
+    (mode 0600) before the job, the tasks say they got the value, the follower removes the file at the
+    end; no byte of the value in the job the scheduler holds, the history, the share or the logs. Without
+    --wait the file stays while the job runs, and `hpcjob status` of the ended run removes it."""
+    from hpcjob.store.runs import history_file
+
+    said = 'if [ "$MY_KEY" = "$EXPECTED" ]; then echo "got the secret"; else echo "no secret"; fi'
+    python = stand_in_python(tmp_path, f"{said}; sleep ${{SLEEP_S:-0}}")
+    cluster.env.update(MY_KEY=SECRET_VALUE)
+    cluster.head.cluster.base_env["EXPECTED"] = SECRET_VALUE  # the nodes' own, to compare with
+    job = ["-n", "2", "--python", str(python), "--rdzv-port", str(free_port()), "--secret", "MY_KEY"]
+    done = cluster.hpcjob(
+        "submit", "--wait", "--json", "--run-id", "sec-1", *job, str(empty_script(tmp_path))
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    secrets = cluster.share_dir / "hpcjob" / "alice" / "train" / ".hpcjob" / "secrets"
+    assert (
+        "1 secret(s) for the job in hpcjob/alice/train/.hpcjob/secrets/sec-1.env, yours alone" in done.stderr
+    )
+    assert list(secrets.iterdir()) == []  # removed by the follower at the attempt's end
+    logs = cluster.hpcjob("logs", "sec-1")
+    assert logs.stdout.count("got the secret") == 2 and "no secret" not in logs.stdout, logs.stdout
+    with cluster.head.cluster.lock:
+        held = json.dumps(
+            [
+                [j.props, j.env, [[t.props, t.env] for t in j.tasks]]
+                for j in cluster.head.cluster.jobs.values()
+            ]
+        )
+    assert "s3cr3t" not in held and "sec-1.env" in held  # the job names the file, never the value
+    state = Path(cluster.env.get("XDG_STATE_HOME", str(history_file().parent.parent)))
+    assert b"s3cr3t" not in everything_written(state, cluster.share_dir)
+    assert "s3cr3t" not in done.stdout + done.stderr + logs.stdout + logs.stderr
+
+    cluster.head.cluster.base_env["SLEEP_S"] = "4"
+    started = cluster.hpcjob("submit", "--run-id", "sec-2", *job, str(empty_script(tmp_path)))
+    assert started.returncode == 0, started.stderr[-3000:]
+    mine = secrets / "sec-2.env"
+    assert mine.read_text() == f"MY_KEY={SECRET_VALUE}\n"  # while the job runs, nobody asking about it
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "Finished" not in cluster.hpcjob("status", "sec-2").stdout:
+        time.sleep(1)
+    assert not mine.exists()  # the status that saw it ended removed it

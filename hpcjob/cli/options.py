@@ -111,7 +111,7 @@ GROUPS = headed(
         "rdzv_port command_limit",
         DATA: "data_nodes data_node_names data_node_group data_port data_wait",
         SHARE: "share mount_point mount_options job_folder smb_user smb_server smb_port",
-        SOFTWARE: "requirements wheelhouse no_env env_on image python env_items",
+        SOFTWARE: "requirements wheelhouse no_env env_on image python env_items secrets",
         OUTPUT: "as_json tag_items pull pull_to",
         FAILURE: "retries retry_on node_wait max_cost hang_timeout max_restarts min_nodes resume_from "
         "rdzv_timeout rdzv_last_call rdzv_keep_alive",
@@ -295,6 +295,15 @@ def job_options(command: F) -> F:
         ),
         click.option(
             "--env", "env_items", multiple=True, metavar="K=V", help="Job environment variable, repeatable."
+        ),
+        click.option(
+            "--secret",
+            "secrets",
+            multiple=True,
+            metavar="NAME",
+            help="Hand the value of this machine's environment variable NAME to the tasks as NAME, "
+            "repeatable: in a file in the job folder only you may read, removed when the attempt ends; "
+            "never in the job, the history or a log (--local: in the tasks' environment).",
         ),
         click.option(
             "--max-restarts",
@@ -657,6 +666,7 @@ def job_fields(params: dict[str, Any]) -> dict[str, Any]:
         "max_restarts": params["max_restarts"],
         "min_nodes": params["min_nodes"],
         "env": parse_env(params["env_items"]),
+        "secrets": tuple(params["secrets"]),
         "python": params["python"],
         "command_limit": DEFAULT_COMMAND_LIMIT
         if params["command_limit"] is None

@@ -85,6 +85,46 @@ DATA_DIR_VAR = "HPCJOB_DATA_DIR"
 DATA_CLIENTS_VAR = "HPCJOB_DATA_CLIENTS"  # the trainers' world size: the ranks the data nodes serve
 
 
+# `--secret` (issue 38): the file of the attempt's secrets, NAME=value lines, that the node helper reads
+# into the task's environment before torchrun or the data role starts, in the job folder on the share
+# (the owner's alone: mode 0600, an owner-only DACL; hpcjob.store.secrets writes and removes it). The job
+# names the file, never a value: every cluster user can read a job's environment. A run on this machine
+# hands the values on in the tasks' environment instead, and names them in SECRET_NAMES_VAR (a container
+# task gets each with `docker run -e NAME`).
+SECRETS_VAR = "HPCJOB_SECRETS_FILE"
+SECRET_NAMES_VAR = "HPCJOB_SECRET_NAMES"
+SECRETS_FOLDER = f"{NODE_DIR}/secrets"
+
+
+def secrets_file(job_folder: str, run_id: str, attempt: int) -> str:
+    """Where attempt `attempt` of a run finds its secrets, relative to the share's root as the job
+    folder is: a file of each attempt's own, named by its job (attempt_id)."""
+    return f"{job_folder}/{SECRETS_FOLDER}/{attempt_id(run_id, attempt)}.env"
+
+
+def run_secrets_files(run_id: str, names: Sequence[str]) -> list[str]:
+    """Which of `names` (a listing of the job folder's secrets folder) are the run's own: RUN_ID.env and
+    RUN_ID.N.env. No other run's: a run id never ends in .NUMBER (hpcjob.job.spec.check_run_id)."""
+    own = re.compile(re.escape(run_id) + r"(\.[0-9]+)?\.env")
+    return [name for name in names if own.fullmatch(name)]
+
+
+def secrets_text(values: Mapping[str, str]) -> str:
+    """The secrets file: a NAME=value line each, as the node helper reads them (no line break in a
+    value: hpcjob.store.secrets refuses one)."""
+    return "".join(f"{name}={value}\n" for name, value in values.items())
+
+
+def secrets_in_environment(plan: JobPlan) -> JobPlan:
+    """The plan of a run on this machine: no secrets file; the tasks get the values from the environment
+    they inherit, and their names in SECRET_NAMES_VAR."""
+    if plan.secrets_file is None:
+        return plan
+    names = ",".join(plan.secret_names)
+    env = tuple((name, value) for name, value in plan.env if name != SECRETS_VAR)
+    return dataclasses.replace(plan, env=(*env, (SECRET_NAMES_VAR, names)), secrets_file=None)
+
+
 # Each attempt of a run is one HPC Pack job; the tasks know which (issue 33: a user's script may start
 # afresh on attempt 1 and resume on a later one from HPCJOB_CHECKPOINT_DIR, which all attempts share).
 ATTEMPT_VAR = "HPCJOB_ATTEMPT"
@@ -228,14 +268,19 @@ def container_command(
     """`docker run` of one task on this machine (a local run with --image), from the job's CCP_DOCKER_*
     variables read as the node agent reads them (options split on blanks, volumes on commas, nvidia-docker
     for CCP_DOCKER_NVIDIA): the container ends with the task, which runs as `user` in `workdir`, with
-    the variables of `env_file` alone. `volumes`: more, for this machine."""
+    the variables of `env_file` alone, and the secrets SECRET_NAMES_VAR names from docker's own
+    environment. `volumes`: more, for this machine."""
     mounts = [*filter(None, env.get(DOCKER_VOLUMES_VAR, "").split(",")), *volumes]
+    # `-e NAME` without a value: docker takes it from its own environment, so it is never in a file or on
+    # this line (docker/cli @3d41bba opts/env.go ValidateEnv: os.LookupEnv of a bare name).
+    secrets = [name for name in env.get(SECRET_NAMES_VAR, "").split(",") if name]
     return [
         container_engine(env),
         "run",
         "--rm",
         *env.get(DOCKER_OPTIONS_VAR, "").split(),
         *(word for mount in mounts for word in ("-v", mount)),
+        *(word for name in secrets for word in ("-e", name)),
         *("--name", name, "--env-file", env_file, "-u", user, "-w", workdir, "--entrypoint", "/bin/bash"),
         env[DOCKER_IMAGE_VAR],
         *("-c", command_line),
@@ -293,6 +338,10 @@ class JobPlan:
     attempt: int = 1
     # The CPU data nodes that feed the trainers (`nodes`), each with a data task of its own.
     data_nodes: tuple[str, ...] = ()
+    # `--secret`: the names, and the attempt's secrets file relative to the share's root (secrets_file;
+    # None: none, or a run on this machine, whose tasks inherit the values).
+    secret_names: tuple[str, ...] = ()
+    secrets_file: str | None = None
 
     @property
     def all_nodes(self) -> tuple[str, ...]:
@@ -322,6 +371,7 @@ class JobPlan:
         values["env"] = tuple(env.items()) if isinstance(env, Mapping) else tuple(map(tuple, env))
         values["nodes"] = tuple(data["nodes"])
         values["data_nodes"] = tuple(data.get("data_nodes") or ())
+        values["secret_names"] = tuple(data.get("secret_names") or ())
         values["tasks"] = tuple(
             TaskPlan(**{**task, "env": tuple(map(tuple, task.get("env") or ()))}) for task in data["tasks"]
         )
@@ -448,6 +498,9 @@ def make_plan(
         env = (*env, (BEAT_VAR, f"{beat_interval(spec.hang_timeout_s):g}"))
     if spec.elastic and all(name != SEPARATE_ROUND_STORES[0] for name, _ in env):
         env = (*env, SEPARATE_ROUND_STORES)
+    secrets = secrets_file(spec.job_folder, run_id, attempt) if spec.secrets else None
+    if secrets is not None:
+        env = (*env, (SECRETS_VAR, f"{root.rstrip('/')}/{secrets}"))
     if spec.share is not None:
         mount = mount_step(spec.share.unc, root, spec.mount_options, (*nodes, *data_nodes), log_dir)
         if len(mount.command) > spec.command_limit:
@@ -478,6 +531,8 @@ def make_plan(
         hang_timeout_s=spec.hang_timeout_s,
         attempt=attempt,
         data_nodes=data_nodes,
+        secret_names=spec.secrets,
+        secrets_file=secrets,
     )
 
 

@@ -335,6 +335,10 @@ class JobSpec:
     data_node_group: str | None = None
     data_port: int = DEFAULT_DATA_PORT
     data_wait_s: float = DEFAULT_DATA_WAIT_S
+    # Environment variables whose values reach the tasks without being written where others read
+    # (`--secret NAME`; issue 38): the client's own values, in an owner-only file of the attempt's that
+    # the node helper reads (hpcjob.job.plan.secrets_file). Names only: never a value.
+    secrets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem
@@ -485,6 +489,7 @@ class JobSpec:
             raise SpecError(f"--python {self.python!r} must be a program name or path without spaces")
         _positive("command length limit", self.command_limit)
         self._validate_env()
+        check_secret_names(self.secrets, {name for name, _ in self.env})
         if self.requirements is not None:
             check_requirements(self.requirements)
         if self.wheelhouse is not None:
@@ -598,7 +603,31 @@ class JobSpec:
 
 
 # JobSpec's fields that are tuples of strings (JSON has lists).
-_SPEC_TUPLES = ("script_args", "node_names", "exclude_nodes", "data_node_names")
+_SPEC_TUPLES = ("script_args", "node_names", "exclude_nodes", "data_node_names", "secrets")
+# Names hpcjob and the node agent set themselves, and those that say how the task's shell and Python run:
+# a secret never replaces one.
+_NOT_SECRETS = re.compile(r"(HPCJOB_|CCP_).*|PATH|HOME|USER|SHELL|PWD|IFS|BASH_ENV|ENV|LD_\w+|PYTHON\w*")
+MAX_SECRETS = 64
+
+
+def check_secret_names(names: Iterable[str], env_names: Iterable[str] = ()) -> tuple[str, ...]:
+    """`--secret` names: variable names, each once, none also given with --env, none of hpcjob's own."""
+    names = tuple(names)
+    given = set(env_names)
+    if len(names) > MAX_SECRETS:
+        raise SpecError(f"--secret: {len(names)} secrets, more than {MAX_SECRETS}")
+    for name in names:
+        if not _ENV_NAME.fullmatch(name):
+            raise SpecError(f"--secret {name!r}: a variable name is letters, digits and _, not first a digit")
+        if names.count(name) > 1:
+            raise SpecError(f"--secret {name}: named twice")
+        if name in given:
+            raise SpecError(f"--secret {name} and --env {name} both give it: give one")
+        if _NOT_SECRETS.fullmatch(name.upper()):
+            raise SpecError(
+                f"--secret {name}: hpcjob, the node agent or the task's shell set this name: choose another"
+            )
+    return names
 
 
 # A script with a data-service mode reads its role (HPCJOB_ROLE), itself or through a data_service module

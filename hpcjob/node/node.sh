@@ -16,6 +16,10 @@
 #   HPCJOB_BEAT_DIR where each rank beats when the job has HPCJOB_BEAT_S (--hang-timeout; worker.py).
 #   HPCJOB_TASK_START when this task started (Unix time, seconds with a fraction): the training program
 #                   says how long after it the first step was done.
+#   HPCJOB_SECRETS_FILE (in the job's environment, with --secret) the attempt's file of NAME=value lines,
+#                   only its owner's to read: each becomes a variable of the task, read without tracing
+#                   (a `set -x` shows no value) and never printed; the follower removes the file when the
+#                   attempt ends. Only the file's name is in the job, which every cluster user can read.
 # The job's environment names the run's own checkpoint folder, HPCJOB_CHECKPOINT_DIR, and its output
 # folder, HPCJOB_OUTPUT_DIR (what `hpcjob pull` brings home besides them): made here, so that a script may
 # save into them at once.
@@ -67,6 +71,28 @@ hpcjob_exit() {
     exit "$rc"
 }
 trap hpcjob_exit EXIT
+if [ -n "$HPCJOB_SECRETS_FILE" ]; then
+    # Tracing off while the values are read (the test itself is traced, it holds none), back on after.
+    case $- in *x*) hpcjob_trace=1; set +x ;; *) hpcjob_trace= ;; esac
+    if [ ! -f "$HPCJOB_SECRETS_FILE" ] || [ ! -r "$HPCJOB_SECRETS_FILE" ]; then
+        echo "hpcjob: the job's secrets file $HPCJOB_SECRETS_FILE is not there to read (removed when an attempt ends: submit the run again)" >&2
+        exit 1
+    fi
+    # A line each, NAME=value, taken as it is: `export "NAME=value"` expands nothing in the value.
+    while IFS= read -r hpcjob_line || [ -n "$hpcjob_line" ]; do
+        case $hpcjob_line in
+            [A-Za-z_]*=*) ;;
+            *) continue ;;
+        esac
+        case ${hpcjob_line%%=*} in
+            *[!A-Za-z0-9_]*) continue ;;
+        esac
+        export "$hpcjob_line"
+    done < "$HPCJOB_SECRETS_FILE"
+    unset hpcjob_line
+    [ -z "$hpcjob_trace" ] || set -x
+    unset hpcjob_trace
+fi
 # Where this node is on the job's network, in a person's words: the one that hosts the rendezvous says so.
 if [ "$HPCJOB_IS_HOST" = 1 ]; then
     echo "hpcjob: $HPCJOB_NODE hosts the rendezvous, at $HPCJOB_ADDR ($HPCJOB_IFNAME)" >&2

@@ -183,11 +183,14 @@ def run_status(
     of metrics over time."""
     from hpcjob.store.logs import RunLogs
     from hpcjob.store.runs import record_state
+    from hpcjob.store.secrets import remove_left_over_secrets
     from hpcjob.store.share import LocalFolder
 
     info = backend_for_run(record, cluster_name, backend_kind).status(record)
     if record.job_folder:  # a run of this machine's
         record_state(record.run_id, info.state, info.exit_code() if info.ended else None)
+    if info.ended:  # --secret: a file its follower left (none followed it, or the share was away)
+        remove_left_over_secrets(record, lambda: run_folder(record))
     if not record.local_root:
         return info, None
     run_logs = RunLogs(LocalFolder(Path(record.local_root)), record.log_folder, record.nodes)
@@ -223,11 +226,14 @@ def cancel_run(
     """Cancel the run's job, and the run: a follower with --retries starts no other attempt after it.
     None, or the state the job had already ended in (or "Canceling")."""
     from hpcjob.store.runs import record_cancel
+    from hpcjob.store.secrets import remove_left_over_secrets
 
     if record.job_folder:  # a run of this machine's history
         with contextlib.suppress(HpcjobError):  # the job's cancel matters more than the mark
             record_cancel(record.run_id)
-    return backend_for_run(record, cluster_name, backend_kind).cancel(record, force=force)
+    ended = backend_for_run(record, cluster_name, backend_kind).cancel(record, force=force)
+    remove_left_over_secrets(record, lambda: run_folder(record))  # --secret: no task reads them again
+    return ended
 
 
 # What a submission was doing at each step it records (hpcjob.job.results.Submission).

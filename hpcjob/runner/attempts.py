@@ -342,8 +342,8 @@ def submit_attempt(
     most `node_wait_s` for enough healthy nodes; the run's record follows each step."""
     from hpcjob.job.plan import attempt_log_folder
     from hpcjob.job.render import plan_json
-    from hpcjob.runner.submit import hand_over_secrets
     from hpcjob.store.runs import record_next_attempt, save_run
+    from hpcjob.store.secrets import hand_over_secrets
 
     attempt = record.attempt + 1
     plan = _plan_when_nodes(backend, spec, record.run_id, attempt, retries, progress, record.cluster)
@@ -353,7 +353,7 @@ def submit_attempt(
             folder.makedirs(f"{spec.job_folder}/logs/{attempt_log_folder(record.run_id, attempt)}")
         finally:
             folder.close()
-    plan = hand_over_secrets(backend, spec, plan, open_folder)  # its own file (--secret), or none here
+    plan = hand_over_secrets(spec, plan, open_folder, local=backend.kind == "local")  # its own (--secret)
     # Nothing of the earlier attempt's job, nor of its process (a local attempt has one of its own).
     latest = replace(
         record, attempt=attempt, nodes=plan.nodes, job_id=None, mount_job_id=None, state=None, pid=None,

@@ -35,6 +35,7 @@ def follow_run(
     from hpcjob.runner.cost import run_price
     from hpcjob.runner.watch import HangFound, end_hung_job, hang_watch, hung_summary
     from hpcjob.store.runs import record_end
+    from hpcjob.store.secrets import remove_attempt_secrets
     from hpcjob.store.share import ShareError
 
     def opened(without: str) -> ShareFolder | None:
@@ -81,6 +82,7 @@ def follow_run(
         )
         with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
             record_end(summary)
+        remove_attempt_secrets(folder, plan, progress)  # --secret: the attempt's file, once it has ended
         return summary
     finally:
         if folder is not None:

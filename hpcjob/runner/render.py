@@ -66,10 +66,28 @@ def submit_preview(spec: JobSpec, run_id: str, *, mount_step: bool) -> str:
             f"# would upload {len(files)} file(s), {sum(f.size for f in files)} bytes, from {code_dir} "
             f"to {spec.share.unc}/{spec.job_folder} (unchanged files are skipped)"
         )
+    if plan.secrets_file is not None:
+        lines.append(
+            f"# would write the secrets {', '.join(plan.secret_names)}, from this machine's environment, "
+            f"to {plan.secrets_file} on the share, readable by you alone (removed when the attempt ends)"
+        )
     if mount_step and plan.mount:
         lines.append(f"# would mount the share on the nodes first, as root, with:\n{mount_job_xml(plan)}")
     lines.append(f"# would create and submit the job:\n{job_xml(plan)}")
     return "\n".join(lines)
+
+
+def secrets_where(plan: JobPlan, share: str | None) -> str:
+    """Where a job rendered with --secret reads its secrets, for whoever submits it by hand: never a
+    value (render reads none)."""
+    from hpcjob.job.plan import SECRETS_VAR
+
+    on_share = f"{share.rstrip('/')}/{plan.secrets_file}" if share else str(plan.secrets_file)
+    return (
+        f"hpcjob: the job reads its secrets ({', '.join(plan.secret_names)}) from "
+        f"{dict(plan.env)[SECRETS_VAR]} on the nodes, {on_share} on the share: write a NAME=value line for "
+        "each there before you submit it, readable by you alone, and remove it when the job has ended"
+    )
 
 
 @dataclass(frozen=True)
@@ -117,6 +135,8 @@ def render_run(
         spec, chosen, "render needs the nodes: name each with --node (render contacts no cluster)"
     )
     texts = rendered(plan, formats)  # before anything is recorded or staged: a text may be refused
+    if plan.secrets_file is not None:
+        progress(secrets_where(plan, where.get("share")))
     record = RunRecord.of(plan, spec.job_folder, "manual", **where)
     if stage_into is not None:
         code_dir = Path(spec.script).resolve().parent

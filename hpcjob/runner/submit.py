@@ -202,12 +202,19 @@ def submit_run(
     from hpcjob.job.render import plan_json
     from hpcjob.runner.resume import check_resume
     from hpcjob.store.runs import SUBMIT_FAILED, RunRecord, check_new_run_id, save_run
+    from hpcjob.store.secrets import secret_values, secrets_way
     from hpcjob.store.staging import stage_run
 
     if spec.wheelhouse is not None and open_folder is None:
         raise SpecError("--wheelhouse needs --share: the nodes install its wheels from there")
+    local = backend.kind == "local"
+    if spec.secrets and open_folder is None and not local:
+        raise SpecError("--secret needs --share: the job reads its secrets from a file in its folder there")
+    values = secret_values(spec.secrets)  # before anything is staged or sent
     spec, wheels = locked_wheels(spec, progress)
     plan = backend.plan(spec, run_id)  # before the upload: refuses a run id the cluster has seen
+    private: list[tuple[str, bytes]] = []
+    plan = secrets_way(plan, values, local=local, private=private)
     if open_folder is not None:
         code_dir = Path(spec.script).resolve().parent
         folder = open_folder(plan)
@@ -217,9 +224,11 @@ def submit_run(
             folder.close()
             raise
         staged = stage_run(
-            code_dir, folder, spec.job_folder, plan.run_id, plan.files, wheels, spec.user_folder
+            code_dir, folder, spec.job_folder, plan.run_id, plan.files, wheels, spec.user_folder, private
         )
         progress(staged)
+        if plan.secrets_file is not None:
+            progress(f"hpcjob: {len(values)} secret(s) for the job in {plan.secrets_file}, yours alone")
     else:
         progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
     first = RunRecord.of(plan, spec.job_folder, backend.kind, **where(plan))
@@ -260,11 +269,15 @@ def job_spec(
     hpcjob.render_job's): options by JobSpec's names, the share as a UNC or a Share, a cluster `profile`
     filling in what they do not say (with_profile). Checks that the script exists. The SMB options are
     not the job's: smb_access reads them. `resume_from`, a run to start from, becomes the folder of its
-    checkpoints (hpcjob.runner.resume; `local`: as a local run reads it)."""
+    checkpoints (hpcjob.runner.resume; `local`: as a local run reads it). A job to run (`profile` or
+    `local`) finds its `--secret` values in this machine's environment, or stops here in one line."""
     from hpcjob.job.spec import JobSpec, check_data_service, parse_share
     from hpcjob.runner.resume import resolve
+    from hpcjob.store.secrets import secret_values
 
     values = with_profile(dict(fields), profile) if profile is not None else dict(fields)
+    if profile is not None and profile.secrets:  # the profile's names, then the options' own
+        values["secrets"] = tuple(dict.fromkeys((*profile.secrets, *values.get("secrets", ()))))
     values = resolve(values, local=local)
     for key in SMB_OPTIONS:
         values.pop(key, None)
@@ -275,6 +288,8 @@ def job_spec(
     spec = JobSpec(**values)
     if spec.data_nodes:
         check_data_service(spec.script, Path(spec.script).read_text(encoding="utf-8", errors="replace"))
+    if profile is not None or local:  # a job to run, not to render: its secrets' values are here
+        secret_values(spec.secrets)
     return spec
 
 

@@ -54,6 +54,7 @@ from hpcjob.job.spec import (
     SpecError,
     check_docker,
     check_env_place,
+    check_secret_names,
     check_vm_size,
     parse_share,
 )
@@ -159,6 +160,9 @@ class ClusterProfile:
     # How many more attempts a run submitted here gets when one ends for a cause outside the program
     # (`submit --retries`, when not given; default 0).
     retries: int | None = None
+    # Environment variables of this machine whose values every job of the cluster gets as `--secret`
+    # (names only, never a value: hpcjob reads each from the environment at submission).
+    secrets: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -193,6 +197,9 @@ class ClusterProfile:
             key: float(value) if kinds[key][0] is float and type(value) is int else value
             for key, value in table.items()
         }
+        for key, value in values.items():  # a TOML array is a list; the profile holds a tuple
+            if kinds[key][0] is tuple and type(value) is list:
+                values[key] = tuple(value)
         return cls(name=name, **values)
 
     def _check_values(self, where: str) -> None:
@@ -255,6 +262,13 @@ class ClusterProfile:
 
         if self.retries is not None and not 0 <= self.retries <= MAX_RETRIES:
             raise SpecError(f"{where}: retries {self.retries} must be between 0 and {MAX_RETRIES}")
+        if self.secrets is not None:
+            if not all(type(name) is str for name in self.secrets):
+                raise SpecError(f"{where}: secrets must be an array of variable names (strings)")
+            try:
+                check_secret_names(self.secrets)
+            except SpecError as exc:
+                raise SpecError(f"{where}: secrets: {exc}") from None
         # The same rules as the job options', so that a profile never makes a job that fails later.
         if self.mount_point is not None and not PLAIN_PATH.fullmatch(self.mount_point):
             raise SpecError(
@@ -323,6 +337,7 @@ _WANTED: dict[type, str] = {
     bool: "true or false (unquoted)",
     int: "an integer",
     float: "a number of seconds",
+    tuple: "an array of names",
 }
 
 
@@ -332,7 +347,8 @@ def _field_kinds() -> dict[str, tuple[type, bool]]:
     kinds: dict[str, tuple[type, bool]] = {}
     for key, hint in typing.get_type_hints(ClusterProfile).items():
         args = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        kinds[key] = (args[0], True) if args else (hint, False)
+        kind, optional = (args[0], True) if args else (hint, False)
+        kinds[key] = (typing.get_origin(kind) or kind, optional)  # tuple[str, ...]: a tuple
     return kinds
 
 

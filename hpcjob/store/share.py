@@ -43,6 +43,7 @@ _FOLDER_OPEN = (
 _SMB_NOT_PLAIN = 0x400 | 0x40
 _SMB_OPEN_REPARSE_POINT = 0x00200000
 _SMB_DELETE_ON_CLOSE = 0x00001000
+_SMB_WRITE_DATA = 0x2  # FILE_WRITE_DATA (MS-SMB2 2.2.13.1.1)
 _ACCESS_DENIED = "0xc0000022"  # STATUS_ACCESS_DENIED, as smbprotocol's errors name it
 NOT_PLAIN = "not a regular file (a link, a FIFO, a device): not read"
 NOT_A_FOLDER = "not a folder (a link, a file)"
@@ -117,6 +118,15 @@ class ShareFolder(Protocol):
     def ensure_private(self, relative: str) -> None:
         """The folder (a user's own on the share, hpcjob/<user>), made if missing so that only this user
         may write in it; a ShareError when someone else may write in it, or move it away."""
+        ...
+
+    def write_private(self, relative: str, data: bytes) -> None:
+        """A file only this user may read (a secret's), made anew: whatever was there is removed first,
+        and the new one is this user's alone before `data` goes into it; a ShareError when it cannot be."""
+        ...
+
+    def remove(self, relative: str) -> bool:
+        """The file removed; False when it was not there."""
         ...
 
     def prepare_common(self, relative: str) -> None:
@@ -268,6 +278,29 @@ class LocalFolder:
                 f"{path} is not a folder of yours that only you may write in: nothing was copied (remove "
                 "it, or make it yours alone)"
             )
+
+    def write_private(self, relative: str, data: bytes) -> None:
+        """Mode 0600 in a folder of mode 0700, made with O_EXCL and never through a link (os.open's mode is
+        the file's from its making on). On Windows (a mapped drive), the server's own permissions decide."""
+        path = self._path(relative)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.remove(relative)
+        flags = (
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        )
+        try:
+            fd = os.open(path, flags | getattr(os, "O_BINARY", 0), 0o600)
+        except OSError as exc:
+            raise ShareError(f"cannot write {path} for you alone: {exc.strerror or exc}") from None
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+
+    def remove(self, relative: str) -> bool:
+        try:
+            self._path(relative).unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def close(self) -> None:
         pass
@@ -471,6 +504,39 @@ class SmbFolder:
                     "nothing was uploaded; an HPC administrator makes hpcjob/ theirs with "
                     "`hpcjob mount --install`"
                 )
+
+    def write_private(self, relative: str, data: bytes) -> None:
+        """Made anew, opened by this user alone (no sharing) with a protected DACL of this user's alone
+        (hpcjob.store.smb_acl.owner_only_file), checked, and only then written."""
+        from hpcjob.store import smb_acl
+
+        above = str(PurePosixPath(relative).parent)
+        where = f"{self.describe()}/{relative}"
+        try:
+            self.makedirs(above)
+            self.remove(relative)
+            me = self._my_sid(above)
+            access = _SMB_WRITE_DATA | smb_acl.READ_CONTROL | smb_acl.WRITE_DAC
+            with self._smb.open_file(
+                self._path(relative), mode="xb", buffering=0, **self._on, desired_access=access
+            ) as f:  # no share_access: nobody else opens it meanwhile
+                smb_acl.set_dacl(f.fd, smb_acl.owner_only_file(me))
+                others = smb_acl.others_who_may_read(smb_acl.read_security(f.fd), me)
+                if others:
+                    raise ValueError(f"the server left it readable: {others[0]}")
+                f.write(data)
+        except Exception as exc:  # smbprotocol's refusals are of many types: one line
+            with contextlib.suppress(Exception):
+                self.remove(relative)
+            raise ShareError(f"cannot write {where} for you alone: {_reason(exc)}") from None
+
+    def remove(self, relative: str) -> bool:
+        try:
+            with _not_found(relative):
+                self._smb.remove(self._path(relative), **self._on)
+        except FileNotFoundError:
+            return False
+        return True
 
     def prepare_common(self, relative: str) -> None:
         """An administrator's: `relative` (hpcjob/) made, and given a DACL in which every cluster user may

@@ -182,6 +182,30 @@ def owner_only(me: str) -> tuple[tuple[str, int, int], ...]:
     return tuple((sid, FULL_CONTROL, inherit) for sid in (me, SYSTEM, ADMINISTRATORS))
 
 
+def owner_only_file(me: str) -> tuple[tuple[str, int, int], ...]:
+    """The DACL of a file of secrets: its owner's alone. Not SYSTEM's nor the Administrators': nothing of
+    the cluster reads it but the job's own tasks, which reach the share as its owner."""
+    return ((me, FULL_CONTROL, 0),)
+
+
+# What lets a trustee read a file's data, or take the right to.
+READ_RIGHTS = 0x1 | GENERIC_ALL | MAXIMUM_ALLOWED | WRITE_DAC | WRITE_OWNER | 0x80000000  # GENERIC_READ
+
+
+def others_who_may_read(security: Security, me: str) -> list[str]:
+    """Why someone other than `me` may read this file (or give themselves the right to); [] when none
+    may. The Administrators may take any file's ownership: not counted."""
+    found = [] if security.owner == me else [f"its owner is {security.owner}, not you ({me})"]
+    if security.dacl is None:
+        return [*found, "it has no DACL: everyone may read it"]
+    for ace in security.dacl:
+        if ace.allow is None:
+            found.append(f"an entry hpcjob cannot read gives {ace.sid} rights")
+        elif ace.allow and ace.sid != me and ace.mask & READ_RIGHTS:
+            found.append(f"{ace.sid} may read it")
+    return found
+
+
 def common_folder() -> tuple[tuple[str, int, int], ...]:
     """The DACL of hpcjob/ itself, set by an administrator: every cluster user may make their own folder
     there (and has full control of what they make), and nobody but SYSTEM and the Administrators may

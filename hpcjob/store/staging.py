@@ -112,9 +112,12 @@ def stage_run(
     files: Sequence[tuple[str, str]] = (),
     wheels: Sequence[Path] = (),
     user_folder: str = SHARE_FOLDER,
+    private_files: Sequence[tuple[str, bytes]] = (),
 ) -> str:
     """Upload the code (and the plan's `files`, and `wheels` for the nodes, to `user_folder`'s wheels)
-    and make the run's log folder, then close `folder`; returns what was done.
+    and make the run's log folder, then close `folder`; returns what was done. `private_files` (path from
+    the share's root, bytes: the attempt's secrets) are written last, each readable by this user alone,
+    once the user's folder is known to be theirs alone.
 
     The tasks' stdout/stderr go to the log folder, and the agent checks it can write them before it
     starts a task, so the folder must exist before the job runs.
@@ -124,6 +127,8 @@ def stage_run(
             folder.ensure_private(user_folder)
         report = upload(code_dir, folder, job_folder, files, wheels, user_folder)
         folder.makedirs(f"{job_folder}/logs/{run_id}")
+        for relative, data in private_files:
+            folder.write_private(relative, data)
     finally:
         folder.close()
     return (

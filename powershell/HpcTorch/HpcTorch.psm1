@@ -26,6 +26,7 @@ $script:JobOptions = @{
     RdzvKeepAlive = '--rdzv-keep-alive'
     MinNodes     = '--min-nodes'
     Environment  = '--env'
+    Secret       = '--secret'
     MaxRestarts  = '--max-restarts'
     Python       = '--python'
     CommandLimit = '--command-limit'
@@ -245,8 +246,8 @@ function Resolve-HpcTorchPath {
 }
 
 function ConvertTo-PlainText {
-    param([Parameter(Mandatory = $true)][securestring]$Secret)
-    return [System.Net.NetworkCredential]::new('', $Secret).Password
+    param([Parameter(Mandatory = $true)][securestring]$SecureText)
+    return [System.Net.NetworkCredential]::new('', $SecureText).Password
 }
 
 function Invoke-HpcTorchCli {
@@ -352,6 +353,11 @@ function Submit-HpcTorchJob {
     The head node's user and password, instead of the profile's: they reach hpcjob through its
     environment, never its command line.
 
+    .PARAMETER Secret
+    Names of environment variables of this session ($env:NAME) whose values the tasks get as NAME, from
+    a file in the job folder only you may read (hpcjob submit --secret): never in the job, the run
+    history, a command line or a log.
+
     .EXAMPLE
     Submit-HpcTorchJob -Cluster prod -Nodes 2 -NprocPerNode 4 -Script .\training\run_ddp.py -ArgumentList '--epochs', '5'
 
@@ -382,6 +388,7 @@ function Submit-HpcTorchJob {
         [ValidateRange(1, 65535)][int]$RdzvPort,
         [ValidateRange(1, 2147483647)][int]$RdzvTimeout,
         [hashtable]$Environment,
+        [string[]]$Secret,
         [ValidateRange(0, 1000)][int]$MaxRestarts,
         [ValidateRange(1, 100000)][int]$MinNodes,
         [ValidateRange(1, 2147483647)][int]$RdzvLastCall,
@@ -470,6 +477,7 @@ function Invoke-HpcTorchJob {
         [ValidateRange(1, 65535)][int]$RdzvPort,
         [ValidateRange(1, 2147483647)][int]$RdzvTimeout,
         [hashtable]$Environment,
+        [string[]]$Secret,
         [ValidateRange(0, 1000)][int]$MaxRestarts,
         [ValidateRange(1, 100000)][int]$MinNodes,
         [ValidateRange(1, 2147483647)][int]$RdzvLastCall,
