@@ -135,7 +135,7 @@ def test_two_nodes_train_and_report(tmp_path: Path) -> None:
         timeout=120,
     )
     assert plotted.returncode == 0, plotted.stderr
-    assert plotted.stdout == f"{picture}: training loss, samples/s, data wait (share of step time)\n"
+    assert plotted.stdout == f"{picture}: training loss, samples/s, data wait (% of step time)\n"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

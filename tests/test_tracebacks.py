@@ -271,3 +271,83 @@ def test_two_local_nodes_show_the_script_s_error_first(
         "Traceback (most recent" in (logs / f"{n}.err").read_text() for n in ("LOCAL1", "LOCAL2")
     )
     assert ("(the same traceback as above, from " in said) == said_twice, said
+
+
+# What a node prints as hpcjob stops it (torch 2.14.1, seen here): its rank's KeyboardInterrupt, torchrun's
+# warnings, an atexit error and torchrun's own SignalException traceback.
+STOPPED = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "fail.py", line 6, in <module>
+[rank0]:     time.sleep(60)
+[rank0]: KeyboardInterrupt
+W1129 02:52:29.734000 14847 torch/distributed/elastic/agent/server/api.py:753] Received 2 death signal, shutting down workers
+Exception ignored in atexit callback: <function shutdown at 0x7f3205d549a0>
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1142, in <module>
+    main()
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 14847 got signal: 2
+"""  # noqa: E501
+
+
+def test_what_hpcjob_s_stop_makes_the_other_nodes_print_is_one_line() -> None:
+    tracebacks = TracebackFilter()
+    shown = tracebacks.feed("LOCAL2", "stderr", "[rank1]: RuntimeError: boom")
+    shown += tracebacks.feed("LOCAL1", "stderr", "[rank0]: Traceback (most recent call last):")  # held
+    tracebacks.stopping(["LOCAL1", "LOCAL3"])
+    for node in ("LOCAL1", "LOCAL3"):
+        for line in STOPPED.splitlines():
+            shown += tracebacks.feed(node, "stderr", line)
+    shown += tracebacks.feed("LOCAL2", "stderr", "[rank1]: still said")  # a node not stopped: all of it
+    shown += tracebacks.flush(final=True)
+    assert shown == [
+        ("LOCAL2", "stderr", "[rank1]: RuntimeError: boom"),
+        ("LOCAL2", "stderr", "[rank1]: still said"),
+        (
+            "LOCAL1, LOCAL3",
+            "stderr",
+            "stopped by hpcjob: 21 line(s) printed as they stopped, left out (`hpcjob logs` has them)",
+        ),
+    ]
+    assert tracebacks.flush(final=True) == []  # said once
+
+
+@pytest.mark.slow
+def test_a_failing_rank_and_a_ctrl_c_are_told_in_a_few_lines(tmp_path: Path) -> None:
+    """A 2-node run whose rank 1 raises after init_process_group: at most 25 lines, the user's error
+    first (58 before, 44 of them the other node's stop); Ctrl-C of a 2-node run: at most 15."""
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "code" / "fail.py"
+    script.parent.mkdir()
+    script.write_text(
+        "import os, sys, time\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "print('ready', flush=True)\n"
+        "if dist.get_rank() == 1 and os.environ.get('FAIL'):\n    raise RuntimeError('boom from rank 1')\n"
+        "time.sleep(120)\n"
+    )
+    run = [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2", "--mount-point", str(tmp_path)]
+    failed = subprocess.run(
+        [*run, "--grace-period", "5", str(script)], capture_output=True, text=True, timeout=240,
+        env={**os.environ, "FAIL": "1"},
+    )  # fmt: skip
+    lines = (failed.stdout + failed.stderr).splitlines()
+    assert failed.returncode == 1 and len(lines) <= 25, "\n".join(lines)
+    errors = [line for line in lines if "[rank" in line]
+    assert errors[0].endswith("[rank1]: Traceback (most recent call last):")
+    assert "KeyboardInterrupt" not in "\n".join(lines) and "SignalException" not in "\n".join(lines)
+    assert any("stopped by hpcjob: " in line for line in lines)
+
+    interrupted = subprocess.Popen(
+        [*run, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    said: list[str] = []
+    assert interrupted.stdout is not None
+    deadline = time.monotonic() + 180
+    while sum("ready" in line for line in said) < 2 and time.monotonic() < deadline:
+        said.append(interrupted.stdout.readline())
+    interrupted.send_signal(signal.SIGINT)
+    rest, _ = interrupted.communicate(timeout=120)
+    lines = "".join(said).splitlines() + rest.splitlines()
+    assert interrupted.returncode == 130 and len(lines) <= 15, "\n".join(lines)

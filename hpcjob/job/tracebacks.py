@@ -94,8 +94,26 @@ class TracebackFilter:
     def __init__(self) -> None:
         self._streams: dict[tuple[str, str], _Stream] = {}
         self._seen: dict[tuple[str, ...], str] = {}  # a traceback shown -> where it came from
+        self._stopped: dict[str, int] = {}  # a node hpcjob stopped -> its lines since, left out
+
+    def stopping(self, nodes: Iterable[str]) -> None:
+        """hpcjob stops `nodes` now (another node failed; an interrupt): what they print from here on is
+        what the stop did to them (torchrun's SignalException, a KeyboardInterrupt in each rank, C++
+        frames), left out with what they held, and said in one line a node at the end."""
+        for node in nodes:
+            if node in self._stopped:
+                continue
+            held = 0
+            for (name, _), state in self._streams.items():
+                if name == node:
+                    held += len(state.raw) + len(state.gap)
+                    self._reset(state)
+            self._stopped[node] = held
 
     def feed(self, node: str, stream: str, line: str) -> list[Shown]:
+        if node in self._stopped:
+            self._stopped[node] += 1
+            return []
         state = self._streams.setdefault((node, stream), _Stream())
         shown: list[Shown] = []
         self._line(node, stream, state, line, shown)
@@ -103,6 +121,13 @@ class TracebackFilter:
 
     def flush(self, final: bool = False) -> list[Shown]:
         shown: list[Shown] = []
+        folded = {node: count for node, count in self._stopped.items() if count}
+        if final and folded:  # one line for them all, whatever the nodes
+            names = list(folded)
+            who = ", ".join(names) if len(names) <= 3 else f"{names[0]}, {names[1]} and {len(names) - 2} more"
+            said = f"stopped by hpcjob: {sum(folded.values())} line(s) printed as they stopped, left out"
+            shown.append((who, "stderr", f"{said} (`hpcjob logs` has them)"))
+            self._stopped = dict.fromkeys(self._stopped, 0)
         for (node, stream), state in self._streams.items():
             if state.state == "after":
                 self._end(node, stream, state, shown)

@@ -489,6 +489,7 @@ class LocalBackend:
                 if failed_first is not None:
                     state = State.FAILED
                     progress("a task failed: stopping the other nodes")
+                    tracebacks.stopping(n.task.node for n in nodes if n.running())
                     stopped_at = time.time()
                     self._stop(nodes, progress)
                     break
@@ -505,6 +506,7 @@ class LocalBackend:
         except KeyboardInterrupt:
             state = State.CANCELED
             progress("canceled: stopping all nodes")
+            tracebacks.stopping(n.task.node for n in nodes if n.running())
             self._stop(nodes, progress)
         finally:
             for node in nodes:  # whatever any task started and is still alive
