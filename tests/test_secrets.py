@@ -323,11 +323,11 @@ def test_a_local_run_hands_the_value_to_the_tasks_environment_alone(tmp_path: Pa
     python = stand_in_python(tmp_path, said)
     share_dir = tmp_path / "share"
     env = {**os.environ, "MY_KEY": SECRET_VALUE, "EXPECTED": SECRET_VALUE}
-    args = ("--run-id", "sec-1", "--python", str(python), "--mount-point", str(share_dir), "-n", "2")
+    args = ("--run-id", "sec-local-1", "--python", str(python), "--mount-point", str(share_dir), "-n", "2")
     done = run_local(*args, "--secret", "MY_KEY", str(empty_script(tmp_path)), env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("got the secret") == 2 and "no secret" not in done.stdout
-    plan = find_entry("sec-1").plan or {}
+    plan = find_entry("sec-local-1").plan or {}
     assert plan["secret_names"] == ["MY_KEY"] and plan["env"]["HPCJOB_SECRET_NAMES"] == "MY_KEY"
     assert "HPCJOB_SECRETS_FILE" not in plan["env"] and not list(share_dir.rglob("*.env"))
     assert b"s3cr3t" not in everything_written(history_file().parent, share_dir)
@@ -429,3 +429,103 @@ def test_a_cluster_job_gets_its_secret_from_an_owner_only_file_that_is_gone_when
     while time.monotonic() < deadline and "Finished" not in cluster.hpcjob("status", "sec-2").stdout:
         time.sleep(1)
     assert not mine.exists()  # the status that saw it ended removed it
+
+
+def test_a_later_attempt_gets_a_file_of_its_own_read_from_the_environment_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcjob.job.plan import make_plan
+    from hpcjob.store.secrets import hand_over_secrets
+    from hpcjob.store.share import LocalFolder
+
+    from .conftest import cluster_spec
+
+    job = cluster_spec(2, secrets=("MY_KEY",))
+    second = make_plan(job, job.node_names, "train-1", attempt=2)
+    opened: list[LocalFolder] = []
+
+    def share_here() -> LocalFolder:
+        opened.append(LocalFolder(tmp_path))
+        return opened[-1]
+
+    monkeypatch.delenv("MY_KEY", raising=False)
+    with pytest.raises(SpecError, match=r"^--secret MY_KEY: no environment variable MY_KEY here"):
+        hand_over_secrets(job, second, share_here, local=False)  # the attempt does not start
+    assert opened == []
+    monkeypatch.setenv("MY_KEY", SECRET_VALUE)
+    assert hand_over_secrets(job, second, share_here, local=False) == second
+    written = tmp_path / "hpcjob" / "run_ddp" / ".hpcjob" / "secrets" / "train-1.2.env"
+    assert written.read_text() == f"MY_KEY={SECRET_VALUE}\n" and stat.S_IMODE(written.stat().st_mode) == 0o600
+    here = hand_over_secrets(job, second, share_here, local=True)  # this machine's: no file
+    assert here.secrets_file is None and dict(here.env)["HPCJOB_SECRET_NAMES"] == "MY_KEY"
+    assert len(opened) == 1
+
+
+@pytest.mark.parametrize("command", ["status", "wait", "cancel"])
+def test_status_wait_or_cancel_of_an_ended_run_removes_a_left_over_file(tmp_path: Path, command: str) -> None:
+    """A file its follower could not remove (the share away, the follower killed): the next look at the
+    ended run removes every one of its attempts', and no other run's."""
+    from .conftest import run_local
+
+    run_id = f"left-{command}"  # its own: a cancel finds a local run's processes by its id
+    python = stand_in_python(tmp_path, "true")
+    share_dir = tmp_path / "share"
+    env = {**os.environ, "MY_KEY": SECRET_VALUE}
+    args = (
+        "--run-id",
+        run_id,
+        "--python",
+        str(python),
+        "--mount-point",
+        str(share_dir),
+        "--secret",
+        "MY_KEY",
+    )
+    assert run_local(*args, str(empty_script(tmp_path)), env=env).returncode == 0
+    secrets = share_dir / "hpcjob" / "train" / ".hpcjob" / "secrets"
+    secrets.mkdir(parents=True)
+    for name in (f"{run_id}.env", f"{run_id}.2.env", f"{run_id}0.env"):
+        (secrets / name).write_text("MY_KEY=x\n")
+    done = hpcjob_cli(command, run_id)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in secrets.iterdir()) == [f"{run_id}0.env"]
+
+
+def test_a_profile_s_secrets_come_first_and_bad_ones_are_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcjob.runner import job_spec
+    from hpcjob.store.config import ClusterProfile
+
+    profile = ClusterProfile.from_table(
+        "lab", {"url": "https://head", "user": "alice", "secrets": ["WANDB_API_KEY", "HF_TOKEN"]}
+    )
+    assert profile.secrets == ("WANDB_API_KEY", "HF_TOKEN")
+    for bad, said in ((["1X"], "a variable name"), ("HF_TOKEN", "must be an array of names"), ([1], "array")):
+        with pytest.raises(SpecError, match=said) as info:
+            ClusterProfile.from_table("lab", {"url": "https://head", "user": "alice", "secrets": bad})
+        assert str(info.value).startswith("cluster lab: ")
+    script = empty_script(tmp_path)
+    monkeypatch.setenv("WANDB_API_KEY", "a")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    fields = {"script": str(script), "node_names": ("N1",), "secrets": ("MINE", "HF_TOKEN")}
+    with pytest.raises(SpecError, match=r"^--secret HF_TOKEN: no environment variable"):
+        job_spec(fields, profile)  # a job to run: its values are read before anything else
+    monkeypatch.setenv("HF_TOKEN", "b")
+    monkeypatch.setenv("MINE", "c")
+    assert job_spec(fields, profile).secrets == ("WANDB_API_KEY", "HF_TOKEN", "MINE")
+    assert job_spec({**fields, "secrets": ("NOT_HERE_FOR_RENDER",)}).secrets == ("NOT_HERE_FOR_RENDER",)
+
+
+def test_the_python_api_takes_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hpcjob
+
+    monkeypatch.setenv("MY_KEY", SECRET_VALUE)
+    monkeypatch.setenv("EXPECTED", SECRET_VALUE)
+    python = stand_in_python(tmp_path, 'if [ "$MY_KEY" = "$EXPECTED" ]; then echo got; else echo none; fi')
+    run = hpcjob.submit(empty_script(tmp_path), nodes=1, python=str(python), secrets=["MY_KEY"], wait=True)
+    assert run.summary is not None and run.summary.state == "Finished"
+    assert [line for _, stream, line in run.logs() if stream == "stdout"] == ["got"]
+    monkeypatch.delenv("MY_KEY")
+    with pytest.raises(hpcjob.SpecError, match=r"^--secret MY_KEY: no environment variable MY_KEY"):
+        hpcjob.submit(empty_script(tmp_path, "b/train.py"), nodes=1, secrets=["MY_KEY"])

@@ -442,6 +442,7 @@ def take_up(
     from hpcjob.runner.access import backend_for_run, run_folder_opener
     from hpcjob.store.followers import follower_lock
     from hpcjob.store.runs import SUBMIT_FAILED, find_entry
+    from hpcjob.store.secrets import remove_left_over_secrets
 
     try:
         run_id = find_entry(run_or_job_id).record.run_id
@@ -453,6 +454,8 @@ def take_up(
         backend = backend_for_run(record)  # a run rendered for submitting by hand has none: one line
         started = _attempt_clock(entry)
         folder = run_folder_opener(record)
+        if entry.summary is not None:  # --secret: an ended attempt's file its follower left
+            remove_left_over_secrets(record, folder)
         if record.attempt == 1 and (record.state == SUBMIT_FAILED or record.state in _HALF_WAY):
             why = record.failure or f"its submission stopped while {record.state}"
             raise HpcjobError(

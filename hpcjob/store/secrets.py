@@ -123,7 +123,7 @@ def hand_over_secrets(
     return plan
 
 
-def remove_left_over_secrets(record: RunRecord, open_folder: Callable[[], ShareFolder]) -> None:
+def remove_left_over_secrets(record: RunRecord, open_folder: Callable[[], ShareFolder | None]) -> None:
     """Every secrets file of an ended run's attempts left in its job folder (`open_folder`: the run's
     share), removed (`hpcjob status`, `wait`, `cancel`): a run submitted without --wait keeps its file
     while nobody asks about it. Quiet: nothing is opened for a run without secrets, and a share that
@@ -142,6 +142,8 @@ def remove_left_over_secrets(record: RunRecord, open_folder: Callable[[], ShareF
     try:
         folder = open_folder()
     except (HpcjobError, OSError):
+        return
+    if folder is None:  # no share recorded: nothing was written
         return
     try:
         remove_run_secrets(folder, record.job_folder, record.run_id)
