@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.azure import data
 from hpcjob.backends.local import free_port
 from hpcjob.emulator import HeadNode, NodeSpec
+from hpcjob.job import sizes
 
 from .conftest import IMAGE, Result
 
@@ -210,9 +210,11 @@ def test_a_node_without_its_gpus_with_slow_ones_or_another_python_is_named(
     """Over REST: NODE003 has no GPUs and another Python; NODE002's all-reduce across its GPUs is below its
     size's mark (the stand-ins' figures scaled down: 0.001 GB/s for the health checks' 228)."""
 
-    table = data.size_table()
-    size = dataclasses.replace(table.sizes["Standard_ND96asr_v4"], allreduce_gbs=0.001)
-    monkeypatch.setattr(data, "size_table", lambda: dataclasses.replace(table, sizes={size.name: size}))
+    table = sizes.size_table()
+    real = table.sizes["Standard_ND96asr_v4"]
+    mark = dataclasses.replace(real.marks[0], value=0.001)
+    size = dataclasses.replace(real, marks=(mark, *real.marks[1:]))
+    monkeypatch.setattr(sizes, "size_table", lambda: dataclasses.replace(table, sizes={size.name: size}))
     hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path, vm_size=size.name))
     head.cluster.base_env.update(
         NO_GPU="NODE003", SLOW_GPUS="NODE002", OLD_PYTHON="NODE003", ANSWER_ALLREDUCE="1"

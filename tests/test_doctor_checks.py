@@ -4,6 +4,8 @@ pairs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hpcjob.checks.verdicts import (
@@ -16,10 +18,12 @@ from hpcjob.checks.verdicts import (
     node_allreduce_check,
     pair_rounds,
     pairs_check,
+    parse_probe,
     probe_checks,
     probe_command,
     ring_pairs,
 )
+from hpcjob.job.sizes import size_table
 
 HEALTHY = "HPCJOB_PROBE gpus=8\nHPCJOB_PROBE node=3.10.12,x86_64,2.14.1,True,8,venv\n"
 
@@ -100,10 +104,12 @@ def test_each_node_s_all_reduce_is_judged_by_its_size_s_mark_or_said_to_have_non
         PASS,
         "bus GB/s: N1 471.2, each at least the mark of 460 for Standard_ND96isr_H100_v5",
     )
-    unmarked = node_allreduce_check(answers[:1], "Standard_NC24ads_A100_v4", None)
-    assert (unmarked.result, unmarked.detail) == (
+    gb200 = size_table().find("Standard_ND128isr_NDR_GB200_v6")
+    assert gb200 is not None and gb200.allreduce_mark is None  # Microsoft publishes none for it
+    unmarked = node_allreduce_check(answers[:1], gb200.name, None)
+    assert (unmarked.result, unmarked.detail) == (  # neither pass nor fail
         INFO,
-        "bus GB/s: N1 471.2 (no published mark for Standard_NC24ads_A100_v4: no verdict)",
+        "bus GB/s: N1 471.2 (no reference mark for Standard_ND128isr_NDR_GB200_v6: no verdict)",
     )
 
 
@@ -205,3 +211,61 @@ def test_pairs_that_all_failed_name_no_slow_node() -> None:
         FAIL,
         "no pair's all-reduce ran; A-B: exit code 1; B-C: exit code 1; C-A: exit code 1",
     )
+
+
+def fake_tools(folder: Path, **scripts: str) -> str:
+    """A PATH of `folder` alone, holding sh scripts by name (rocm-smi, nvidia-smi) and the few tools the
+    probe's GPU count needs: no real nvidia-smi can answer."""
+    import shutil
+
+    folder.mkdir(exist_ok=True)
+    for tool in ("grep", "sh", "bash"):
+        found = shutil.which(tool)
+        assert found is not None
+        (folder / tool).symlink_to(found)
+    for name, text in scripts.items():
+        script = folder / name.replace("_", "-")
+        script.write_text(f"#!/bin/sh\n{text}\n")
+        script.chmod(0o755)
+    return str(folder)
+
+
+# What a ROCm node's rocm-smi lists, a line a GPU (the form Microsoft's health checks count: lines with GPU).
+ROCM_LIST = (
+    "echo '=== ROCm System Management Interface ==='; "
+    'for i in 0 1 2 3 4 5 6 7; do echo "GPU[$i] : MI300X"; done'
+)
+
+
+def test_where_nvidia_smi_is_missing_the_probe_counts_gpus_with_rocm_smi(tmp_path: Path) -> None:
+    import subprocess
+
+    def gpus_said(path: str) -> dict[str, str]:
+        done = subprocess.run(
+            [f"{path}/bash", "-c", probe_command("/app/alice")], capture_output=True, text=True,
+            env={"PATH": path}, timeout=30,
+        )  # fmt: skip
+        return parse_probe(done.stdout)
+
+    rocm = fake_tools(tmp_path / "amd", rocm_smi=ROCM_LIST)
+    assert gpus_said(rocm)["gpus"] == "8"
+    nvidia = fake_tools(tmp_path / "nv", nvidia_smi="echo 'GPU 0: H100 (UUID: GPU-1)'; echo 'GPU 1: H100'",
+                        rocm_smi=ROCM_LIST)  # fmt: skip
+    assert gpus_said(nvidia)["gpus"] == "2"  # nvidia-smi first
+    assert gpus_said(fake_tools(tmp_path / "cpu"))["gpus"] == "0"  # neither: a CPU node
+    [check] = [c for c in probe_checks([("N1", HEALTHY)], 8, "/app", None) if c.name == "GPUs"]
+    assert check.detail == "8 per node (1 node(s), `nvidia-smi -L`, else `rocm-smi -l`)"
+
+
+def test_doctor_local_counts_amd_gpus_with_rocm_smi_where_nvidia_smi_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcjob.checks.cluster import _local_gpus
+
+    monkeypatch.setenv("PATH", fake_tools(tmp_path / "amd", rocm_smi=ROCM_LIST))
+    assert (_local_gpus(8).result, _local_gpus(8).detail) == (PASS, "8 (`rocm-smi -l`), all seen by torch")
+    wrong = _local_gpus(None)  # a CUDA build of torch on an AMD node sees none
+    assert (wrong.result, wrong.detail) == (FAIL, "rocm-smi lists 8, torch sees 0")
+    assert "ROCm build of torch" in wrong.fix
+    monkeypatch.setenv("PATH", fake_tools(tmp_path / "none"))
+    assert _local_gpus(None).result == SKIP

@@ -15,12 +15,10 @@ FLOORS: dict[str, int] = {
     "hpcjob.node.mount_filter": 0,  # the node-side filter's request format: its constants, run nowhere
     "hpcjob.extras": 1,  # which optional parts are installed
     "hpcjob.store": 1,  # what lives on disk or on the share
-    "hpcjob.azure.template": 1,  # Azure's template and sizes as data (pure)
-    "hpcjob.azure.data": 1,  # the package's copy of that data
     "hpcjob.backends": 2,
     "hpcjob.runner": 3,
     "hpcjob.checks": 4,  # doctor's steps, through the runner like any job
-    "hpcjob.azure": 4,  # onboarding's steps and `az`
+    "hpcjob.azure": 4,  # onboarding: the template, its steps and `az` (the size table is the core's)
     "hpcjob.api": 5,
     "hpcjob.cli": 6,
     "hpcjob": 7,  # the package hands the Python API on

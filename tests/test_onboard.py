@@ -31,13 +31,13 @@ from hpcjob.azure.template import (
     TEMPLATE_SHA256,
     TEMPLATE_URL,
     OnboardRequest,
-    SizeTable,
     check_parameters,
     fabric_warning,
 )
 from hpcjob.backends import open_backend
 from hpcjob.backends.local import free_port
 from hpcjob.emulator import HeadNode, NodeSpec
+from hpcjob.job.sizes import SizeTable
 from hpcjob.job.spec import HpcjobError
 from hpcjob.store.config import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, get_profile
 from hpcjob.store.power import NodeKind, power_record
@@ -580,7 +580,7 @@ def test_the_ports_the_readme_names_are_those_the_template_s_security_group_open
 
 
 def test_a_multi_node_cluster_of_a_size_without_infiniband_is_warned_of() -> None:
-    sizes = Path(__file__).resolve().parent.parent / "hpcjob" / "azure" / "arm" / "sizes.json"
+    sizes = Path(__file__).resolve().parent.parent / "hpcjob" / "job" / "sizes.json"
     table = SizeTable.from_data(json.loads(sizes.read_text()))
 
     def warned(size: str, nodes: int) -> str | None:
@@ -588,8 +588,9 @@ def test_a_multi_node_cluster_of_a_size_without_infiniband_is_warned_of() -> Non
 
     assert warned("Standard_NC24ads_A100_v4", 4) == (
         "Standard_NC24ads_A100_v4 has no InfiniBand: DDP across its 4 nodes goes over TCP on Ethernet, many "
-        "times slower than on a size with it (Standard_ND40rs_v2, Standard_ND96amsr_A100_v4, "
-        "Standard_ND96asr_v4, Standard_ND96isr_H100_v5)"
+        "times slower than on a size with it (Standard_ND128isr_NDR_GB200_v6, Standard_ND40rs_v2, "
+        "Standard_ND96amsr_A100_v4, Standard_ND96asr_v4, Standard_ND96isr_H100_v5, Standard_ND96isr_H200_v5, "
+        "Standard_ND96isr_MI300X_v5)"
     )
     assert warned("Standard_NC24ads_A100_v4", 1) is None  # one node: NVLink or PCIe, no network
     assert warned("Standard_ND96isr_H100_v5", 16) is None
@@ -814,7 +815,7 @@ def test_grow_data_puts_cpu_nodes_in_their_group_and_the_profile_names_it(
     assert refused.returncode == 2
     assert refused.stderr.strip().endswith("is not a CPU size hpcjob knows for data nodes; choose one of "
         "Standard_D16s_v5, Standard_D32s_v5, Standard_F16s_v2, Standard_F32s_v2, Standard_F72s_v2, "
-        "Standard_F8s_v2 (hpcjob/azure/arm/sizes.json)")  # fmt: skip
+        "Standard_F8s_v2 (hpcjob/job/sizes.json)")  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ from .conftest import GOLDEN, REFERENCE, REPO
 # Files the code reads by path at run time (beside the modules): the onboarding data, what goes to the
 # nodes, the probe `hpcjob doctor` submits. The templates are checked as a folder (TEMPLATE_DIRS).
 RUNTIME_FILES = (
-    "hpcjob/azure/arm/sizes.json",
+    "hpcjob/job/sizes.json",
     "hpcjob/azure/arm/parameters.json.j2",
     "hpcjob/azure/arm/new-1hn-lnxcn-no-ad.json",
     "hpcjob/azure/arm/add-lnx-compute-nodes.json",
@@ -59,6 +59,7 @@ from hpcjob import runner
 from hpcjob.checks import cluster as doctor
 from hpcjob.azure import data, onboard
 from hpcjob.azure.template import OnboardRequest, template_parameters
+from hpcjob.job.sizes import size_table
 from hpcjob.job.plan import AllowedShare
 from hpcjob.job.render.text import filter_install_command, templates
 from hpcjob.job.render.winrm import SCRIPTS, bootstrap_command, winrm_script
@@ -66,7 +67,7 @@ from hpcjob.store.staging import node_files
 
 home = Path(hpcjob.__file__).resolve().parent
 assert home.is_relative_to(Path(sys.argv[1]).resolve()), f"hpcjob imported from {home}"
-table = data.size_table()
+table = size_table()
 request = OnboardRequest(
     name="gpu1", resource_group="rg-gpu1", location="eastus", vm_size="Standard_NC24ads_A100_v4", nodes=2,
     admin_user="hpcadmin", image="Ubuntu_22.04_HPC_Gen2", node_prefix="IaaSLnxCN", head_node_size=None,

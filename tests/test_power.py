@@ -311,9 +311,14 @@ def test_cluster_list_shows_each_cluster_s_state_and_cost_an_hour(
     keep_power_record(
         PowerRecord("emu", GROUP, "running", "2026-11-27T14:02:00+00:00", nodes, "Standard_DS4_v2", "eastus")
     )
-    running = hpcjob("cluster", "list").out.splitlines()[1]
+    listed = hpcjob("cluster", "list")
+    running = listed.out.splitlines()[1]
     # 2 x 3.67 + the head node's 1.17, and a Spot node the table has no Spot price for: unknown.
     assert running.split()[-1] == "-" and " running, as of 2026-11-27 " in running
+    assert listed.err.splitlines() == [
+        "hpcjob: warning: cluster emu's cost an hour: Standard_NC24ads_A100_v4 (Spot): unknown (no Spot "
+        "price offline)"
+    ]
     keep_power_record(
         PowerRecord("emu", "another-group", "stopped", "2026-11-27T15:00:00+00:00", nodes[:1], None, None)
     )

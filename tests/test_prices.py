@@ -55,6 +55,8 @@ class PriceServer:
     url: str
     asked: list[dict[str, list[str]]] = field(default_factory=list)
     answer: Callable[[dict[str, list[str]]], tuple[int, bytes]] | None = None  # instead of the pages
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every answer (a Location)
+    hosts: list[str] = field(default_factory=list)  # each request's Host header
 
 
 def serve_pages(server: PriceServer, query: dict[str, list[str]]) -> tuple[int, bytes]:
@@ -78,8 +80,11 @@ def prices_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[PriceServer]:
         def do_GET(self) -> None:
             query = parse_qs(urlsplit(self.path).query)
             served.asked.append(query)
+            served.hosts.append(self.headers.get("Host", ""))
             status, body = (served.answer or (lambda q: serve_pages(served, q)))(query)
             self.send_response(status)
+            for name, value in served.headers.items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -236,10 +241,9 @@ def test_without_a_network_the_cache_then_the_package_table_each_saying_its_date
     assert stale.warning.endswith(f"using the prices asked for on {stale.prices.asked}")
     table = size_prices(H100, "westeurope")
     assert (table.prices.source, table.prices.region, table.prices.linux) == (FROM_TABLE, "eastus", 98.32)
-    assert table.prices.asked == "2026-11 (UNVERIFIED estimates)"
+    assert table.prices.asked == "2026-09-12"  # the date the table's H100 price is of
     assert table.warning is not None and table.warning.endswith(
-        "using hpcjob's own table of 2026-11 (UNVERIFIED estimates) (its prices are East US's, not "
-        "westeurope's)"
+        "using hpcjob's own table of 2026-09-12 (its prices are eastus's, not westeurope's)"
     )
     price = table.prices.for_nodes(spot=False)
     assert price is not None and "hpcjob's own table (approximate, UNVERIFIED)" in price.describe()
@@ -337,8 +341,8 @@ def test_prices_without_a_network_says_it_shows_the_package_table(hpcjob: Callab
     shown = hpcjob("prices")  # conftest points HPCJOB_PRICES_URL at a port where nothing listens
     assert shown.code == 0, shown.err
     assert shown.err.startswith("hpcjob: warning: cannot reach the Azure Retail Prices API")
-    assert "hpcjob's own table of 2026-11 (UNVERIFIED estimates)" in shown.err
-    assert "2026-11 (UNVERIFIED estimates)" in shown.out and "hpcjob's own table" in shown.out
+    assert "hpcjob's own table of 2026-09-12" in shown.err  # the date of the table's H100 price
+    assert "2026-09-12" in shown.out and "hpcjob's own table" in shown.out
 
 
 @pytest.mark.parametrize(
@@ -439,3 +443,173 @@ def test_a_run_on_the_emulated_cluster_is_counted_in_runs_its_json_its_summary_a
     plotted = hpcjob("runs", "plot", run_id, "-o", str(tmp_path / "cost.png"))
     assert plotted.code == 0, plotted.err
     assert "cost (USD) against samples/s" in plotted.out and "cost per 1,000 samples (USD)" in plotted.out
+
+
+# -- prices are numbers, from the host asked ---------------------------------------------------------
+
+
+def test_nan_infinity_and_absurd_prices_from_the_api_are_refused_as_the_cache_refuses_them(
+    prices_api: PriceServer,
+) -> None:
+    """Python's json reads NaN and Infinity: a row of either, or of a price no VM has, is no price (the
+    cache's reader, SizePrices.from_dict, refuses the same)."""
+    rows = json.loads((PAGES / f"{A100}-eastus-1.json").read_text())["Items"]
+    linux, windows = rows
+    spot = {**linux, "skuName": f"{linux['skuName']} Spot", "meterName": f"{linux['meterName']} Spot"}
+    bad = [{**linux, "retailPrice": float("nan")}, {**spot, "retailPrice": float("inf")},
+           {**windows, "retailPrice": 5e9}]  # fmt: skip
+    page = {"BillingCurrency": "USD", "Items": bad, "NextPageLink": None, "Count": 3}
+    prices_api.answer = lambda query: (200, json.dumps(page).encode())  # NaN and Infinity as literals
+    with pytest.raises(SpecError, match="has no price for Standard_NC24ads_A100_v4 in eastus"):
+        size_prices(A100, "eastus")
+    assert not cache_file().exists()  # nothing kept
+    page["Items"] = [*bad, linux]  # one real price among them
+    found = size_prices(A100, "eastus", refresh=True)
+    assert (found.prices.linux, found.prices.spot, found.prices.windows) == (3.673, None, None)
+    kept = json.loads(cache_file().read_text())["prices"]
+    assert kept["standard_nc24ads_a100_v4@eastus"]["spot_usd_per_hour"] is None
+    for value in (float("nan"), float("inf"), -1.0, 1e6, True, "3.5"):
+        with pytest.raises(ValueError, match="not a price"):
+            store.SizePrices.from_dict({**found.prices.to_dict(), "linux_usd_per_hour": value})
+
+
+def test_a_redirect_to_another_host_is_not_followed_and_one_on_the_host_asked_is(
+    prices_api: PriceServer,
+) -> None:
+    other = prices_api.url.replace("127.0.0.1", "localhost")  # this very server, by another host name
+    prices_api.answer = lambda query: (302, b"")
+    prices_api.headers["Location"] = f"{other}?$filter=x"
+    with pytest.raises(PriceError, match=r"redirected to another host \(localhost:\d+\): not followed"):
+        ask_api(A100, "eastus")
+    assert prices_api.hosts == [urlsplit(prices_api.url).netloc]  # localhost never asked
+
+    moved = prices_api.url.replace("/api/retail/prices", "/moved/prices")
+
+    def answer(query: dict[str, list[str]]) -> tuple[int, bytes]:
+        if len(prices_api.asked) == 1:  # the first request: moved, on the same host, with its query
+            return 301, b""
+        prices_api.headers.pop("Location", None)
+        return serve_pages(prices_api, query)
+
+    prices_api.asked.clear()
+    filtered = price_filter(A100, "eastus").replace(" ", "%20").replace("'", "%27")
+    prices_api.headers["Location"] = f"{moved}?$filter={filtered}"
+    prices_api.answer = answer
+    assert [row["retailPrice"] for row in ask_api(A100, "eastus")] == [3.673, 3.857]
+    assert len(prices_api.asked) == 2
+
+
+# -- one answer to what a size costs an hour -------------------------------------------------------
+
+
+def test_without_the_network_the_cache_then_the_table_answer_and_the_api_is_not_asked(
+    prices_api: PriceServer,
+) -> None:
+    from hpcjob.store.prices import NO_SPOT_OFFLINE, hourly_price
+
+    offline = hourly_price(H100, "eastus", LINUX, network=False)
+    assert (offline.usd_per_hour, offline.prices and offline.prices.source) == (98.32, FROM_TABLE)
+    assert offline.approximate and prices_api.asked == []
+    spot = hourly_price(H100, "eastus", SPOT, network=False)
+    assert (spot.usd_per_hour, spot.unknown, spot.price()) == (None, NO_SPOT_OFFLINE, None)
+    assert prices_api.asked == []
+    online = hourly_price(H100, "eastus", SPOT)  # the API: its Spot meter, kept in the cache
+    assert online.usd_per_hour == 39.328 and not online.approximate and len(prices_api.asked) == 3
+    kept = hourly_price(H100, "eastus", SPOT, network=False)  # now the cache's, whatever its age
+    assert (kept.usd_per_hour, kept.prices and kept.prices.source) == (39.328, FROM_API)
+    assert len(prices_api.asked) == 3
+
+
+def test_offline_a_spot_node_is_priced_only_from_a_sourced_spot_price_in_the_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The packaged table holds no Spot price (none has a source): a Spot cluster's run is "unknown (no
+    Spot price offline)"; a table that holds one with its source and date prices it."""
+    import dataclasses
+
+    from hpcjob.runner.cost import node_price
+    from hpcjob.store.config import ClusterProfile
+
+    profile = ClusterProfile("gpu", "https://head", "alice", vm_size=A100, region="eastus", spot=True)
+    said: list[str] = []
+    assert node_price(profile, said.append) is None
+    assert said[-1] == "hpcjob: warning: the run's cost is not counted: unknown (no Spot price offline)"
+    from hpcjob.job import sizes
+
+    table = sizes.size_table()
+    spot = sizes.TablePrice(1.1, "eastus", "2026-11-28", "a test's own source")
+    a100 = dataclasses.replace(table.sizes[A100], prices={**table.sizes[A100].prices, SPOT: spot})
+    monkeypatch.setattr(sizes, "size_table", lambda: dataclasses.replace(table, sizes={A100: a100}))
+    said.clear()
+    price = node_price(profile, said.append)
+    assert price is not None and (price.usd_per_hour, price.spot, price.source) == (1.1, True, FROM_TABLE)
+    assert not any("not counted" in line for line in said)
+
+
+def test_onboarding_and_cluster_list_price_from_the_cache_as_runs_do() -> None:
+    """Onboarding's cost line asks the same answer as a run's cost: a price in the cache for the region
+    wins over the package's table (East US's)."""
+    from hpcjob.azure.template import OnboardRequest, hourly_cost
+    from hpcjob.job.sizes import size_table
+    from hpcjob.store.power import NodeKind, PowerRecord
+    from hpcjob.store.power import hourly_cost as cluster_cost
+
+    region = "westeurope"
+    store._keep(store.SizePrices(A100, region, 5.0, 2.0, 6.0, "2026-11-28", FROM_API))
+    store._keep(store.SizePrices("Standard_DS4_v2", region, 1.0, None, 2.0, "2026-11-28", FROM_API))
+    line = hourly_cost(OnboardRequest("gpu", "rg", region, A100, 2), size_table())
+    assert line.startswith(
+        "about $12.00 an hour while it runs (2 x Standard_NC24ads_A100_v4 at $5.00 and the head node at "
+        "$2.00; the Azure Retail Prices API, asked 2026-11-28"
+    )
+    spot_line = hourly_cost(OnboardRequest("gpu", "rg", region, A100, 2, spot=True), size_table())
+    assert "each Spot node the Spot price of the hour, about $2.00" in spot_line
+    nodes = (NodeKind(A100, False, 2), NodeKind(A100, True, 1))
+    cost = cluster_cost(PowerRecord("gpu", "rg", "running", "2026-11-28T00:00:00+00:00", nodes,
+                                    "Standard_DS4_v2", region))  # fmt: skip
+    assert (cost.nodes, cost.head, cost.approximate, cost.unknown) == (12.0, 2.0, False, ())
+    offline = hourly_cost(OnboardRequest("gpu", "rg", "eastus", A100, 2, spot=True), size_table())
+    assert "each Spot node the Spot price of the hour, unknown (no Spot price offline)" in offline
+
+
+def test_max_cost_says_before_the_first_attempt_that_it_cannot_bound_a_run_without_a_price(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from hpcjob.runner import Retries
+    from hpcjob.runner import submit as steps
+    from hpcjob.store.config import ClusterProfile
+
+    class Submitted(Exception):
+        """submit_run was reached: the first attempt."""
+
+    said: list[str] = []
+
+    def first_attempt(*args: object, **kwargs: object) -> None:
+        said.append("<first attempt>")
+        raise Submitted
+
+    monkeypatch.setattr(steps, "submit_run", first_attempt)
+    profile = ClusterProfile("gpu", "https://head", "alice", vm_size=A100, region="eastus", spot=True)
+    access: Any = SimpleNamespace(profile=profile, backend=None)
+    spec: Any = SimpleNamespace(share=None, data_nodes=0)
+    with pytest.raises(Submitted):
+        steps.submit_and_follow(
+            access, spec, "run-1", (None, None, 445), mount_step=False, wait=True, progress=said.append,
+            command="hpcjob submit", retries=Retries(2, max_cost_usd=10.0),
+        )  # fmt: skip
+    assert said[-2:] == [
+        "hpcjob: warning: --max-cost 10 cannot bound run run-1: unknown (no Spot price offline); its "
+        "attempts go on as --retries says",
+        "<first attempt>",
+    ]
+    said.clear()
+    with pytest.raises(Submitted):  # on demand: the table's price bounds it, nothing said
+        steps.submit_and_follow(
+            SimpleNamespace(profile=ClusterProfile("gpu", "https://head", "alice", vm_size=A100,
+                                                   region="eastus"), backend=None),
+            spec, "run-2", (None, None, 445), mount_step=False, wait=True, progress=said.append,
+            command="hpcjob submit", retries=Retries(2, max_cost_usd=10.0),
+        )  # fmt: skip
+    assert not any("--max-cost" in line for line in said)

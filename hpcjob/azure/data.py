@@ -1,25 +1,15 @@
-"""The package's Azure data (hpcjob/azure/arm/): the GPU sizes hpcjob knows, the template's parameters
-file and the pinned template itself, read from the installed package."""
+"""The package's Azure data (hpcjob/azure/arm/): the template's parameters file and the pinned template
+itself, read from the installed package. The size table is the ground floor's (hpcjob.job.sizes)."""
 
 from __future__ import annotations
 
-from hpcjob.azure.template import TEMPLATE_PATH, SizeTable
+from hpcjob.azure.template import TEMPLATE_PATH
 
-# The size table and onboarding's parameters template: package data (hpcjob/azure/arm/), so an installed
-# hpcjob has them.
+# Onboarding's parameters template: package data (hpcjob/azure/arm/), so an installed hpcjob has it.
 ARM_PACKAGE, ARM_DIR = "hpcjob.azure", "arm"
 # The pinned template, byte for byte (Azure/hpcpack-template at TEMPLATE_COMMIT, MIT: its licence is
 # hpcpack-template-LICENSE beside it): onboarding checks a request against it with no network.
 TEMPLATE_FILE = TEMPLATE_PATH.rsplit("/", 1)[-1]
-
-
-def size_table() -> SizeTable:
-    """The Azure GPU sizes hpcjob knows (hpcjob/azure/arm/sizes.json): onboarding's, and doctor's marks."""
-    import json
-    from importlib import resources
-
-    sizes = resources.files(ARM_PACKAGE) / ARM_DIR / "sizes.json"
-    return SizeTable.from_data(json.loads(sizes.read_text(encoding="utf-8")))
 
 
 def packaged_template(name: str = TEMPLATE_FILE) -> tuple[str, bytes]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.azure.data import ARM_DIR, ARM_PACKAGE, size_table
+from hpcjob.azure.data import ARM_DIR, ARM_PACKAGE
+from hpcjob.job.sizes import size_table
 from hpcjob.job.spec import SpecError
 from hpcjob.runner import ClusterAccess, HpcjobWarning, Progress
 from hpcjob.store.power import NodeKind
@@ -29,10 +30,10 @@ if TYPE_CHECKING:
         GrowRequest,
         OnboardRequest,
         Secrets,
-        SizeTable,
     )
     from hpcjob.checks.cluster import Checkup
     from hpcjob.job.results import MountResult
+    from hpcjob.job.sizes import SizeTable
     from hpcjob.store.config import ClusterProfile
 
 PASSWORD_ENV = (
@@ -628,17 +629,9 @@ def _write_grow_parameters(
         parameters_text(parameters, template_url, "hpcjob cluster grow", secret_names), encoding="utf-8"
     )
     progress(f"hpcjob: parameters (no secrets) in {done.parameters_file}")
-    size = table.any_size(request.vm_size)
-    if request.spot:
-        cost = (
-            f"each at the Spot price of the hour, at most the list price (about ${size.usd_per_hour:.2f}); "
-            f"`hpcjob prices --size {request.vm_size} --region {request.location}`"
-        )
-    else:
-        cost = (
-            f"about ${request.nodes * size.usd_per_hour:.2f} an hour more (list prices "
-            f"{table.prices_as_of}, UNVERIFIED)"
-        )
+    from hpcjob.azure.template import grow_cost
+
+    cost = grow_cost(request)  # hpcjob.store.prices's answer, without the network
     progress(f"hpcjob: {request.nodes} x {request.vm_size}{' (Spot)' if request.spot else ''}: {cost}")
 
 

@@ -416,26 +416,24 @@ def _report(
 def _price(
     size: str, region: str, meter: str, notes: list[str], warned: set[str], progress: Progress
 ) -> float | None:
-    """`size`'s price an hour on `meter` (linux, spot, windows) in `region`. Where it came from goes in
-    `notes` once (the API's), or is warned of once (a cache past its age, hpcjob's own table)."""
+    """`size`'s price an hour on `meter` (linux, spot, windows) in `region`: hpcjob.store.prices's
+    answer. Where it came from goes in `notes` once (the API's), or is warned of once (a cache past its
+    age, hpcjob's own table, no price)."""
     from hpcjob.job.prices import FROM_API
-    from hpcjob.store.prices import size_prices
+    from hpcjob.store.prices import hourly_price
 
     def warn(text: str) -> None:
         if text not in warned:
             warned.add(text)
             progress(f"hpcjob: warning: {text}")
 
-    try:
-        found = size_prices(size, region)
-    except HpcjobError as exc:
-        warn(f"no price for {size} in {region}: {exc}")
-        return None
-    if found.warning:
-        warn(found.warning)
-    elif found.prices.source == FROM_API:
-        note = f"{size}: the Azure Retail Prices API, {found.prices.region}, asked {found.prices.asked}"
+    answer = hourly_price(size, region, meter)
+    if answer.warning:
+        warn(answer.warning)
+    elif answer.prices is not None and answer.prices.source == FROM_API:
+        note = f"{size}: the Azure Retail Prices API, {answer.prices.region}, asked {answer.prices.asked}"
         if note not in notes:
             notes.append(note)
-    value: float | None = getattr(found.prices, meter)
-    return value
+    if answer.unknown:  # the API's own reason, or which meter the prices lack
+        warn(f"no {meter} price for {size} in {region}: {answer.unknown}")
+    return answer.usd_per_hour

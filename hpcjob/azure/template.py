@@ -1,8 +1,9 @@
 """A new GPU cluster from HPC Pack's ARM template ("Single head node cluster for Linux workloads"): what
 to ask Azure for, checked before anything is deployed, and the `az` commands that deploy it.
 
-Pure: the size table (hpcjob/azure/arm/sizes.json) and the template's JSON come in as data, the
-commands go out as argument lists; hpcjob/azure/az.py runs them. The template is referred to by a URL
+The size table (hpcjob.job.sizes, on the ground floor) and the template's JSON come in as data, the
+commands go out as argument lists; hpcjob/azure/az.py runs them. What a size costs is hpcjob.store.prices's
+answer, asked without the network. The template is referred to by a URL
 pinned to a commit and its content by its SHA-256, never by a moving branch (its defaults have changed
 before). A copy of it comes with the package (hpcjob/azure/arm/): a request is checked against that copy,
 with no network; `az` deploys from the pinned URL, whose content is the same.
@@ -13,7 +14,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from hpcjob.job.sizes import X86_64, SizeTable, size_table
+
+if TYPE_CHECKING:
+    from hpcjob.store.prices import HourlyPrice
 
 TEMPLATE_COMMIT = "dea762e0b8150a2fcf9788a8226a48e74f9cd366"  # Azure/hpcpack-template, 2025-03-13
 TEMPLATE_PATH = "GeneratedTemplates/new-1hn-lnxcn-no-ad.json"
@@ -60,82 +66,6 @@ _RESOURCE_GROUP = re.compile(r"[-\w.()]{1,90}")
 _LOCATION = re.compile(r"[a-z0-9]{2,40}")
 _ADMIN = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,19}")
 _PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9]{0,11}")
-
-
-@dataclass(frozen=True)
-class GpuSize:
-    name: str
-    gpus: int
-    gpu: str
-    vcpus: int
-    gen2_only: bool
-    quota_family: str
-    usd_per_hour: float
-    infiniband: str | None = None  # as Microsoft's size pages name it; None: they name none
-    # The health checks' pass mark for an all-reduce on one VM's GPUs: bus GB/s at a message of MiB.
-    allreduce_gbs: float | None = None
-    allreduce_mb: int | None = None
-
-
-@dataclass(frozen=True)
-class CpuSize:
-    """A CPU size for data nodes: its vCPUs, quota family and approximate Linux price."""
-
-    name: str
-    vcpus: int
-    quota_family: str
-    usd_per_hour: float
-
-
-@dataclass(frozen=True)
-class SizeTable:
-    """hpcjob/azure/arm/sizes.json: the GPU sizes hpcjob onboards, the fractional ones it refuses, the head
-    node's."""
-
-    sizes: Mapping[str, GpuSize]
-    fractional: Mapping[str, str]
-    head_node_size: str
-    head_node_vcpus: int
-    head_node_quota_family: str
-    head_node_usd_per_hour: float
-    prices_as_of: str
-    cpu_sizes: Mapping[str, CpuSize] = field(default_factory=dict)
-
-    def any_size(self, name: str) -> GpuSize | CpuSize:
-        """A GPU or a CPU size of the table (KeyError: neither): its vCPUs, quota family and price."""
-        return self.sizes[name] if name in self.sizes else self.cpu_sizes[name]
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> SizeTable:
-        sizes = {
-            name: GpuSize(
-                name,
-                int(row["gpus"]),
-                str(row["gpu"]),
-                int(row["vcpus"]),
-                row["generation"] == "gen2",
-                str(row["quota_family"]),
-                float(row["usd_per_hour"]),
-                row.get("infiniband"),
-                row.get("allreduce_gbs"),
-                row.get("allreduce_mb"),
-            )
-            for name, row in data["sizes"].items()
-        }
-        head = data["head_node"]
-        return cls(
-            sizes,
-            dict(data["fractional"]),
-            str(head["size"]),
-            int(head["vcpus"]),
-            str(head["quota_family"]),
-            float(head["usd_per_hour"]),
-            str(data["prices_as_of"]),
-            {
-                name: CpuSize(name, int(row["vcpus"]), str(row["quota_family"]), float(row["usd_per_hour"]))
-                for name, row in data.get("cpu_sizes", {}).items()
-            },
-        )
 
 
 @dataclass(frozen=True)
@@ -211,20 +141,26 @@ def _check_size_and_image(request: OnboardRequest | GrowRequest, table: SizeTabl
         if request.vm_size not in table.cpu_sizes:
             return {
                 "computeNodeVMSize": f"{request.vm_size} is not a CPU size hpcjob knows for data nodes; "
-                f"choose one of {', '.join(sorted(table.cpu_sizes))} (hpcjob/azure/arm/sizes.json)"
+                f"choose one of {', '.join(sorted(table.cpu_sizes))} (hpcjob/job/sizes.json)"
             }
         return {}
     size = table.sizes.get(request.vm_size)
     if request.vm_size in table.fractional:
         return {
             "computeNodeVMSize": f"{request.vm_size} has {table.fractional[request.vm_size]}, not whole "
-            "GPUs: CUDA and NCCL training needs whole GPUs; choose a size from hpcjob/azure/arm/sizes.json, "
+            "GPUs: CUDA and NCCL training needs whole GPUs; choose a size from hpcjob/job/sizes.json, "
             "such as Standard_NC24ads_A100_v4"
         }
     if size is None:
         return {
             "computeNodeVMSize": f"{request.vm_size} is not a GPU size hpcjob knows; choose one of "
-            f"{', '.join(sorted(table.sizes))} (hpcjob/azure/arm/sizes.json)"
+            f"{', '.join(sorted(table.sizes))} (hpcjob/job/sizes.json)"
+        }
+    if size.cpu_arch != X86_64:  # GB200 v6: Grace, Arm64
+        return {
+            "computeNodeVMSize": f"{request.vm_size} runs {size.cpu_arch} (Arm64) images only, and none of "
+            "the pinned template's images (its computeNodeImage values) is one: deploy such nodes yourself "
+            "and join them to the cluster, then choose them by node group or name"
         }
     if "_HPC" not in request.image or request.image.startswith("SLES"):  # SLES HPC: drivers UNVERIFIED
         return {
@@ -376,7 +312,9 @@ def node_quota_problems(
     if spot:  # their own regional quota only
         wanted, total, what = [(SPOT_TOTAL, nodes, who)], 0, ""
     else:
-        wanted, total, what = [(family or size.quota_family, nodes, who)], nodes, who
+        # A size without a published family (MI300X): az's, which onboarding asks for first.
+        named_family = family or size.quota_family or f"the quota family of {vm_size}"
+        wanted, total, what = [(named_family, nodes, who)], nodes, who
     if head_node:
         wanted.append(
             (table.head_node_quota_family, table.head_node_vcpus, f"the head node ({table.head_node_size})")
@@ -433,20 +371,70 @@ def fabric_warning(request: OnboardRequest, table: SizeTable) -> str | None:
 
 
 def hourly_cost(request: OnboardRequest, table: SizeTable) -> str:
-    size = table.sizes[request.vm_size]
+    """What the new cluster costs an hour, in one line: its nodes and its head node at the prices
+    hpcjob.store.prices answers without the network (the cache, else the size table, each price with
+    its date and source)."""
+    from hpcjob.job.prices import LINUX, SPOT, WINDOWS
+    from hpcjob.store.prices import hourly_price
+
+    head_size = request.head_node_size or table.head_node_size
+    head = hourly_price(head_size, request.location, WINDOWS, network=False)
+    nodes = hourly_price(request.vm_size, request.location, SPOT if request.spot else LINUX, network=False)
+    ask = f"`hpcjob prices --size {request.vm_size} --region {request.location}`"
+    head_said = (
+        f"the head node about ${head.usd_per_hour:.2f}" if head.usd_per_hour is not None
+        else f"the head node's price {head.unknown}"
+    )  # fmt: skip
     if request.spot:
+        each = (
+            f"about ${nodes.usd_per_hour:.2f} ({_price_from(nodes)})" if nodes.usd_per_hour is not None
+            else f"{nodes.unknown}, at most the list price"
+        )  # fmt: skip
         return (
-            f"the head node about ${table.head_node_usd_per_hour:.2f} an hour, and each Spot node the Spot "
-            f"price of the hour, at most the list price (about ${size.usd_per_hour:.2f}): no maximum price "
-            f"is set, so Azure evicts them only when it needs the room (`hpcjob prices --size "
-            f"{request.vm_size} --region {request.location}`; list prices {table.prices_as_of}, UNVERIFIED)"
+            f"{head_said} an hour, and each Spot node the Spot price of the hour, {each}: no maximum price "
+            f"is set, so Azure evicts them only when it needs the room ({ask})"
         )
-    total = request.nodes * size.usd_per_hour + table.head_node_usd_per_hour
+    if nodes.usd_per_hour is None or head.usd_per_hour is None:
+        why = nodes.unknown if nodes.usd_per_hour is None else f"{head_said}"
+        return f"not known offline ({why}): {ask} asks Azure"
+    total = request.nodes * nodes.usd_per_hour + head.usd_per_hour
     return (
         f"about ${total:.2f} an hour while it runs ({request.nodes} x {request.vm_size} at "
-        f"${size.usd_per_hour:.2f} and the head node at ${table.head_node_usd_per_hour:.2f}; list prices "
-        f"{table.prices_as_of}, UNVERIFIED: check the Azure pricing calculator)"
+        f"${nodes.usd_per_hour:.2f} and the head node at ${head.usd_per_hour:.2f}; {_price_from(nodes)}; "
+        f"{ask} asks Azure)"
     )
+
+
+def grow_cost(request: GrowRequest) -> str:
+    """What the new nodes of a grow add an hour, in a few words, at the prices hpcjob.store.prices
+    answers without the network."""
+    from hpcjob.job.prices import LINUX, SPOT
+    from hpcjob.store.prices import hourly_price
+
+    nodes = hourly_price(request.vm_size, request.location, SPOT if request.spot else LINUX, network=False)
+    ask = f"`hpcjob prices --size {request.vm_size} --region {request.location}`"
+    if request.spot:
+        each = (
+            f"about ${nodes.usd_per_hour:.2f}, {_price_from(nodes)}" if nodes.usd_per_hour is not None
+            else f"{nodes.unknown}"
+        )  # fmt: skip
+        return f"each at the Spot price of the hour ({each}); {ask}"
+    if nodes.usd_per_hour is None:
+        return f"not known offline ({nodes.unknown}): {ask} asks Azure"
+    return f"about ${request.nodes * nodes.usd_per_hour:.2f} an hour more ({_price_from(nodes)})"
+
+
+def _price_from(price: HourlyPrice) -> str:
+    """Where a price came from, in a few words."""
+    from hpcjob.job.prices import FROM_TABLE
+
+    found = price.prices
+    if found is None:
+        return "no price"
+    if found.source == FROM_TABLE:
+        where = "" if found.region == price.region else f", {found.region}'s"
+        return f"hpcjob's own table of {found.asked}{where}, UNVERIFIED: check the Azure pricing calculator"
+    return f"the Azure Retail Prices API, asked {found.asked}"
 
 
 @dataclass(frozen=True)
@@ -540,7 +528,11 @@ class GrowRequest:
 
 def is_rdma_capable(vm_size: str) -> bool:
     """The templates' rule (Bicep/add-lnx-compute-nodes.bicep L110, shared/types-and-vars.bicep
-    isRDMACapable): an A8 or A9, or an r in the size's second `_` field (ND96asr, NC24rs)."""
+    isRDMACapable), as the size table holds it for its sizes (rdma); for another size the rule itself:
+    an A8 or A9, or an r in the size's second `_` field (ND96asr, NC24rs)."""
+    known = size_table().find(vm_size)
+    if known is not None:
+        return known.rdma
     parts = vm_size.split("_")
     return vm_size in _RDMA_A_SERIES or (len(parts) > 1 and "r" in parts[1].lower())
 

@@ -14,7 +14,7 @@ from hpcjob.checks.verdicts import Check
 from hpcjob.runner import ClusterAccess, Progress, new_run_id, profile_mount_point, submit_and_follow
 
 if TYPE_CHECKING:
-    from hpcjob.azure.template import GpuSize
+    from hpcjob.job.sizes import GpuSize
     from hpcjob.job.spec import JobSpec
     from hpcjob.store.runs import RunRecord
     from hpcjob.store.share import ShareFolder
@@ -57,6 +57,7 @@ def checkup(
         share_check,
     )
     from hpcjob.job.render import JobShape
+    from hpcjob.job.sizes import gpus_per_node
     from hpcjob.job.spec import HpcjobError
 
     profile, backend = access.profile, access.backend
@@ -82,7 +83,8 @@ def checkup(
                 _, answers = backend.run_on_nodes(
                     f"hpcjob-doctor-{int(time.time())}", probe_command(mount_point), shape, lambda line: None
                 )
-                checks += probe_checks(answers, profile.gpus_per_node, mount_point, profile.share)
+                expected, _ = gpus_per_node(None, profile.gpus_per_node, profile.vm_size)
+                checks += probe_checks(answers, expected, mount_point, profile.share)
                 checks += _allreduce(
                     access, fit_nodes(answers), mount_point, requirements, image, progress, command
                 )
@@ -108,8 +110,8 @@ def _allreduce(
     """A 2-node all-reduce job (hpcjob/checks/probes/allreduce.py) through the same path as `hpcjob submit`;
     with `requirements` (a file's name and text), in the job's environment built from them; with
     `image`, in containers of it, with the profile's GPUs and Docker options."""
-    from hpcjob.azure.data import size_table
     from hpcjob.checks.verdicts import SKIP, allreduce_check, container_check, environment_check, fabric_check
+    from hpcjob.job.sizes import size_table
 
     profile = access.profile
     if len(fit) < 2:
@@ -141,7 +143,7 @@ def _allreduce(
         checks.append(environment_check(requirements[0], nodes, summary.state, summary.metrics, cause))
     if image:
         checks.append(container_check(image, nodes, summary.state, summary.metrics, cause))
-    size = size_table().sizes.get(profile.vm_size or "")
+    size = size_table().find(profile.vm_size) if profile.vm_size else None
     backend = (summary.metrics or {}).get("allreduce_backend")
     checks.append(
         fabric_check(profile.vm_size, size.infiniband if size else None, backend, _said(access, record))
@@ -335,19 +337,21 @@ def _node_allreduce(
 ) -> Check:
     """The all-reduce across each node's own GPUs, a task per node (the probe the 2-node job put in its
     folder on the share, under a single-node torchrun), judged by the health checks' mark for the
-    profile's VM size (`size`, from hpcjob/azure/arm/sizes.json), at the message size of that mark."""
+    profile's VM size (`size`, from the size table hpcjob.job.sizes: NCCL's mark, or RCCL's on AMD
+    GPUs), at the message size of that mark."""
     from hpcjob.checks.verdicts import FAIL, SKIP, node_allreduce_check
     from hpcjob.job.render import JobShape
+    from hpcjob.job.sizes import gpus_per_node
     from hpcjob.job.spec import HpcjobError
 
     profile = access.profile
-    gpus = profile.gpus_per_node or 1
-    if gpus < 2:
-        return Check(
-            "all-reduce per node", SKIP, "one GPU per node (the profile's gpus_per_node): nothing to reduce"
-        )
-    mark = size.allreduce_gbs if size else None
-    message = f" --mb {size.allreduce_mb}" if size and size.allreduce_mb else ""
+    gpus, told = gpus_per_node(None, profile.gpus_per_node, profile.vm_size)
+    if (gpus or 1) < 2:
+        why = f"one GPU per node ({told or 'nothing says more'}): nothing to reduce"
+        return Check("all-reduce per node", SKIP, why)
+    assert gpus is not None
+    mark = size.allreduce_mark if size else None
+    message = f" --mb {mark.message_mb}" if mark and mark.message_mb else ""
     # Its metrics line comes last, and the scheduler keeps a task's first 1500 bytes: the end is kept.
     probe = (
         f"cd {job_dir} && python3 -m torch.distributed.run --standalone --nproc_per_node={gpus} "
@@ -365,7 +369,7 @@ def _node_allreduce(
         return Check(
             "all-reduce per node", FAIL, " ".join(str(exc).split()), "see `hpcjob status` of the job"
         )
-    return node_allreduce_check(answers, profile.vm_size, mark)
+    return node_allreduce_check(answers, profile.vm_size, mark.value if mark else None)
 
 
 def _share_error(access: ClusterAccess) -> str | None:
@@ -454,23 +458,32 @@ def _local_python() -> tuple[Check, Check, int | None]:
 
 
 def _local_gpus(cuda: int | None) -> Check:
+    """This machine's GPUs as NVIDIA's nvidia-smi lists them, else (AMD GPUs) as ROCm's rocm-smi does,
+    each against what torch sees (a ROCm build of torch sees AMD GPUs as CUDA devices)."""
     import shutil
     import subprocess
 
-    from hpcjob.checks.verdicts import FAIL, PASS, SKIP
+    from hpcjob.checks.verdicts import FAIL, GPU_LIST, PASS, ROCM_GPU_LIST, SKIP
 
-    if shutil.which("nvidia-smi") is None:
+    tool = next((line for line in (GPU_LIST, ROCM_GPU_LIST) if shutil.which(line.split()[0])), None)
+    if tool is None:
         return Check(
-            "GPUs", SKIP, "no nvidia-smi: none to check" + ("" if cuda is None else f" (torch sees {cuda})")
+            "GPUs",
+            SKIP,
+            "no nvidia-smi or rocm-smi: none to check" + ("" if cuda is None else f" (torch sees {cuda})"),
         )
-    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    listed = subprocess.run(tool.split(), capture_output=True, text=True, timeout=60)
     count = sum(line.startswith("GPU") for line in listed.stdout.splitlines())
     if listed.returncode != 0 or (cuda or 0) != count:
-        said = (listed.stderr.strip().splitlines() or [f"nvidia-smi lists {count}, torch sees {cuda or 0}"])[
-            -1
-        ]
-        return Check("GPUs", FAIL, said, "a CUDA build of torch that matches the driver (nvidia-smi's CUDA)")
-    return Check("GPUs", PASS, f"{count} (`nvidia-smi -L`), all seen by torch")
+        lists = f"{tool.split()[0]} lists {count}, torch sees {cuda or 0}"
+        said = listed.stderr.strip().splitlines() or [lists]
+        fix = (
+            "a CUDA build of torch that matches the driver (nvidia-smi's CUDA)"
+            if tool == GPU_LIST
+            else "a ROCm build of torch that matches the driver (yours to install: pip's ROCm index)"
+        )
+        return Check("GPUs", FAIL, said[-1], fix)
+    return Check("GPUs", PASS, f"{count} (`{tool}`), all seen by torch")
 
 
 def _local_allreduce(backend: str, progress: Progress, share_root: Path | None) -> Check:

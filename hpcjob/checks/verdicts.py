@@ -47,13 +47,22 @@ AGENT_DIR = "/opt/hpcnodemanager"
 AGENT_MARKS = {"StartMpiContainer.sh": "c++", "appsettings.json": ".net"}
 
 
+# How a node's GPUs are counted: NVIDIA's list, one `GPU n: ...` line a GPU; where nvidia-smi is missing
+# (AMD GPUs: ND MI300X v5), ROCm's, as Microsoft's health checks count them (`rocm-smi -l | grep 'GPU'`:
+# Azure/azurehpc-health-checks @0e0a1ac customTests/azure_gpu_count.nhc L11-12; that its lines start with
+# GPU, as the count here takes them, is UNVERIFIED). The HPC Pack node agent itself knows only nvidia-smi
+# (Azure/hpcpack-linux-agent @f50e911 nodemanager/utils/System.cpp L443-449, core/Monitor.cpp L633-635):
+# AMD nodes report no GPUs to the scheduler.
+GPU_LIST, ROCM_GPU_LIST = "nvidia-smi -L", "rocm-smi -l"
+
+
 def probe_command(mount_point: str, python: str = "python3", limit: int = DEFAULT_COMMAND_LIMIT) -> str:
     """One shell line for every node, within the scheduler's CommandLine `limit`: `HPCJOB_PROBE key=value`
     lines (the scheduler keeps the first 1500 bytes of a task's output: these fit). The agent's question
     comes last, and only where the line has room for it (a long mount point leaves none).
     `mount_point` is a plain path (the spec's rules)."""
     command = (
-        f"P={PROBE_PREFIX};echo $P gpus=$(nvidia-smi -L 2>&-|grep -c ^GPU);"
+        f"P={PROBE_PREFIX};echo $P gpus=$( ({GPU_LIST}||{ROCM_GPU_LIST})2>&-|grep -c ^GPU);"
         f'echo $P node=$({python} -c "{NODE_PROBE}" 2>&1|tr "\\n " ";,");'
         f"echo $P mounted=$(mountpoint -q {mount_point}&&echo yes||echo no)"
     )
@@ -218,7 +227,9 @@ def _gpu_check(probes: Sequence[NodeProbe], expected: int | None) -> Check:
             "check `nvidia-smi` on it",
         )
     per_node = "/".join(str(count) for count in sorted(set(counts.values())))
-    return Check("GPUs", PASS, f"{per_node} per node ({len(counts)} node(s), `nvidia-smi -L`)")
+    return Check(
+        "GPUs", PASS, f"{per_node} per node ({len(counts)} node(s), `{GPU_LIST}`, else `{ROCM_GPU_LIST}`)"
+    )
 
 
 def _mount_check(probes: Sequence[NodeProbe], mount_point: str, share: str | None) -> Check:
@@ -506,8 +517,8 @@ def node_allreduce_check(
     if failed:
         fix = "see the node's GPUs and torch above; rerun with NCCL_DEBUG=INFO in the environment"
         return Check(name, FAIL, "; ".join(failed), fix, figures)
-    if mark_gbs is None:
-        why = f"no published mark for {vm_size}" if vm_size else "the profile names no vm_size"
+    if mark_gbs is None:  # neither pass nor fail: Microsoft publishes no mark (GB200 v6), or no size named
+        why = f"no reference mark for {vm_size}" if vm_size else "the profile names no vm_size"
         return Check(name, INFO, f"bus GB/s: {shown} ({why}: no verdict)", "", figures)
     slow = {node: gbs for node, gbs in measured.items() if gbs < mark_gbs}
     if slow:
@@ -595,7 +606,7 @@ _NCCL_SOCKET = re.compile(r"NET/Socket : Using (.*)$|via NET/Socket")
 
 def fabric_check(vm_size: str | None, infiniband: str | None, backend: object, lines: Sequence[str]) -> Check:
     """Whether the 2-node all-reduce's NCCL went over InfiniBand or TCP sockets (its INFO lines), against
-    what the size has (`infiniband`: as sizes.json says it, None: none)."""
+    what the size has (`infiniband`: as the size table says it, None: none)."""
     if backend is None:
         return Check("fabric", SKIP, "the all-reduce did not run to its end")
     if backend != "nccl":

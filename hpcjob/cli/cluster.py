@@ -251,6 +251,8 @@ def _power_cells(profile: ClusterProfile) -> tuple[str | None, str | None]:
         return "unknown", None
     cost = hourly_cost(record)
     shown = money(cost.total)
+    for why in cost.unknown:  # a $/H of "-" says why
+        click.echo(f"hpcjob: warning: cluster {profile.name}'s cost an hour: {why}", err=True)
     return f"{record.state}, as of {record.when}", (f"~{shown}" if shown and cost.approximate else shown)
 
 

@@ -77,10 +77,11 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     --upload and --copy-to start a new run (they stage its code), --run-id names one.
     """
     from hpcjob.job.spec import SpecError
-    from hpcjob.runner import render_owner, render_run
+    from hpcjob.runner import gpus_for_nodes, render_owner, render_run
     from hpcjob.store.share import LocalFolder, ShareFolder
 
-    spec = build_spec({**params, "owner": render_owner()})
+    gpus, told = gpus_for_nodes(params, None)  # render reads no profile: --gpus-per-node, else --vm-size's
+    spec = build_spec({**params, "owner": render_owner(), **({"gpus_per_node": gpus} if told else {})})
     if upload_code and spec.share is None:
         raise SpecError("--upload needs --share //HEADNODE/CcpSpoolDir[/folder]")
     if upload_code and copy_to is not None:
@@ -109,6 +110,8 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
         where=where,
         progress=lambda line: click.echo(line, err=True),
     )
+    if told is not None:  # once rendered: bad input stays one line
+        click.echo(f"hpcjob: {gpus} GPU(s) per node, from {told}", err=True)
     if done.again:
         click.echo(
             f"hpcjob: run {done.plan.run_id}, the current run of job folder {spec.job_folder}", err=True

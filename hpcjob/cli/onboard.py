@@ -144,10 +144,10 @@ def cluster_onboard(
     key reach `az` on its standard input only. Needs the Azure CLI, logged in (`az login`), and Owner or
     User Access Administrator on the subscription (the template assigns roles).
     """
-    from hpcjob.azure.data import size_table
     from hpcjob.azure.onboard import OnboardOptions, onboard
     from hpcjob.azure.template import DEFAULT_IMAGE, DEFAULT_PREFIX, OnboardRequest
     from hpcjob.cli.tables import checkup_lines, mount_lines
+    from hpcjob.job.sizes import size_table
     from hpcjob.job.spec import SpecError
 
     data_nodes, data_size = options.pop("data_nodes"), options.pop("data_vm_size")

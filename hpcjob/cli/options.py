@@ -191,7 +191,8 @@ def job_options(command: F) -> F:
             "--gpus-per-node",
             type=click.IntRange(1),
             metavar="N",
-            help="GPUs per node, to check --nproc-per-node against.",
+            help="GPUs per node, to check --nproc-per-node against [default: the profile's gpus_per_node, "
+            "else the size table's for the nodes' --vm-size].",
         ),
         click.option(
             "--node",

@@ -16,11 +16,16 @@ time, the disks and the network, and what idle nodes of an always-on cluster cos
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeGuard
 
 from hpcjob.job.spec import VM_SIZE, SpecError
+
+if TYPE_CHECKING:
+    from hpcjob.job.sizes import SizeTable
 
 API_URL = "https://prices.azure.com/api/retail/prices"
 # Azure's region names as ARM spells them (eastus, westeurope, southafricanorth): lower case, no spaces.
@@ -31,6 +36,20 @@ FROM_TABLE = "table"
 # The meters hpcjob prices nodes with.
 LINUX, SPOT, WINDOWS = "linux", "spot", "windows"
 HOURS_PER_SECOND = 1 / 3600
+# A price an hour at or above this is no VM's (the dearest are some hundred dollars): a mistake, not a
+# price. The cache's reader and the API's rows are held to the same rule (is_price).
+MAX_USD_PER_HOUR = 1e6
+
+
+def is_price(value: object) -> TypeGuard[float]:
+    """A number of US dollars an hour: finite, not negative, under MAX_USD_PER_HOUR (not NaN, infinity,
+    a bool or text)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and 0 <= value < MAX_USD_PER_HOUR
+    )
 
 
 def check_size(size: str, flag: str = "--size") -> None:
@@ -124,7 +143,7 @@ class SizePrices:
             value = data.get(key)
             if value is None:
                 return None
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e6:
+            if not is_price(value):
                 raise ValueError(f"{key} is not a price")
             return float(value)
 
@@ -154,7 +173,7 @@ def choose_prices(rows: Iterable[Mapping[str, object]], size: str, region: str, 
             continue
         meter = meter_of(row)
         price = row.get("retailPrice")
-        if meter is None or isinstance(price, bool) or not isinstance(price, int | float) or price < 0:
+        if meter is None or not is_price(price):  # NaN, infinity, absurd: not a price
             continue
         tier = row.get("tierMinimumUnits")
         lowest = -float(tier) if isinstance(tier, int | float) and not isinstance(tier, bool) else 0.0
@@ -166,6 +185,22 @@ def choose_prices(rows: Iterable[Mapping[str, object]], size: str, region: str, 
         return best[meter][1] if meter in best else None
 
     return SizePrices(size, region, of(LINUX), of(SPOT), of(WINDOWS), asked, FROM_API)
+
+
+def table_size_prices(table: SizeTable, size: str) -> SizePrices | None:
+    """The size table's prices of `size` (Linux, Spot, Windows: each only where the table holds one,
+    with its source and date), in the region they are of, dated as the first of them is (the compute
+    nodes' Linux price where there is one); None where the table holds no price of the size."""
+    prices = table.prices_of(size)
+    if not prices:
+        return None
+    first = next(prices[meter] for meter in (LINUX, WINDOWS, SPOT) if meter in prices)
+
+    def of(meter: str) -> float | None:
+        return prices[meter].usd_per_hour if meter in prices else None
+
+    name = table.canonical(size)
+    return SizePrices(name, first.region, of(LINUX), of(SPOT), of(WINDOWS), first.as_of, FROM_TABLE)
 
 
 @dataclass(frozen=True)
@@ -195,8 +230,8 @@ class Price:
         per_hour, spot = data.get("usd_per_hour"), data.get("spot", False)
         if not all(isinstance(name, str) for name in (size, region, asked, source)):
             raise ValueError("size, region, asked and source must be strings")
-        if isinstance(per_hour, bool) or not isinstance(per_hour, int | float) or not isinstance(spot, bool):
-            raise ValueError("usd_per_hour must be a number, spot true or false")
+        if not is_price(per_hour) or not isinstance(spot, bool):
+            raise ValueError("usd_per_hour must be a price, spot true or false")
         return cls(str(size), str(region), spot, float(per_hour), str(asked), str(source))
 
 

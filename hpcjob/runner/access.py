@@ -8,7 +8,7 @@ import re
 import secrets
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,9 +107,25 @@ def with_profile(options: dict[str, Any], profile: ClusterProfile) -> dict[str, 
             filled[key] = value
     if filled.get("smb_port", 445) == 445 and profile.smb_port != 445:
         filled["smb_port"] = profile.smb_port
-    if filled.get("gpus_per_node") is None and filled.get("nproc_per_node") is None and profile.gpus_per_node:
-        filled["gpus_per_node"] = profile.gpus_per_node
+    gpus, _ = gpus_for_nodes(filled, profile)
+    if gpus is not None:
+        filled["gpus_per_node"] = gpus
     return filled
+
+
+def gpus_for_nodes(
+    fields: Mapping[str, Any], profile: ClusterProfile | None
+) -> tuple[int | None, str | None]:
+    """Each node's GPUs for a job of `fields` (options by JobSpec's names) and where that comes from:
+    the command line, else the profile's gpus_per_node, else the size table's GPUs of the nodes' VM size
+    (the options' or the profile's); (None, None) where --nproc-per-node alone is given or nothing says."""
+    from hpcjob.job.sizes import gpus_per_node
+
+    given = fields.get("gpus_per_node")
+    if given is None and fields.get("nproc_per_node") is not None:
+        return None, None
+    vm_size = fields.get("vm_size") or (profile.vm_size if profile else None)
+    return gpus_per_node(given, profile.gpus_per_node if profile else None, vm_size)
 
 
 def open_smb(share: Share, user: str | None, server: str | None, port: int) -> ShareFolder:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hpcjob.job.spec import HpcjobError, SpecError
+from hpcjob.job.spec import SpecError
 from hpcjob.runner.access import Progress
 
 if TYPE_CHECKING:
@@ -19,33 +19,48 @@ if TYPE_CHECKING:
 def node_price(profile: ClusterProfile, progress: Progress, *, data_nodes: bool = False) -> Price | None:
     """The price of the profile's compute nodes (Linux; Spot where the profile says so), or with
     `data_nodes` of its CPU data nodes (data_vm_size, Linux), or None, with a warning to `progress` when
-    the profile names a size and region and still no price is found."""
-    from hpcjob.store.prices import size_prices
+    the profile names a size and region and still no price is found (hpcjob.store.prices's answer)."""
+    price, why = _price_or_why(profile, progress, data_nodes=data_nodes)
+    if why is not None:
+        progress(f"hpcjob: warning: the run's cost is not counted: {why}")
+    return price
+
+
+def _price_or_why(
+    profile: ClusterProfile, progress: Progress, *, data_nodes: bool = False
+) -> tuple[Price | None, str | None]:
+    """The nodes' price, or why there is none (None as well when the profile names no size or region:
+    a cluster hpcjob knows no price of, and says nothing of). Where the prices came from, if not the API
+    of today, is warned of to `progress`."""
+    from hpcjob.job.prices import LINUX, SPOT
+    from hpcjob.store.prices import hourly_price
 
     size = profile.data_vm_size if data_nodes else profile.vm_size
     if data_nodes and profile.vm_size and profile.region and not size:
-        progress(
-            "hpcjob: warning: the run's cost is not counted: its data nodes' size is not known (`hpcjob "
-            "cluster add --data-vm-size`), and they are not GPU nodes"
+        return None, (
+            "its data nodes' size is not known (`hpcjob cluster add --data-vm-size`), and they are not GPU "
+            "nodes"
         )
     if not size or not profile.region:
-        return None
+        return None, None
     spot = bool(profile.spot) and not data_nodes
-    try:
-        found = size_prices(size, profile.region)
-    except HpcjobError as exc:  # a SpecError too: the profile's size is not the user's input now
-        progress(f"hpcjob: warning: the run's cost is not counted: {exc}")
+    answer = hourly_price(size, profile.region, SPOT if spot else LINUX)
+    if answer.warning:
+        progress(f"hpcjob: warning: {answer.warning}")
+    price = answer.price()
+    return price, None if price is not None else answer.unknown
+
+
+def unbounded_cost(profile: ClusterProfile, progress: Progress, *, data_nodes: bool = False) -> str | None:
+    """Why `--max-cost` cannot bound a run on the profile's cluster (its nodes, or its data nodes, have
+    no price), in a few words; None when it can. Said before the first attempt."""
+    prices = [_price_or_why(profile, progress)]
+    if data_nodes:
+        prices.append(_price_or_why(profile, progress, data_nodes=True))
+    why = [reason for price, reason in prices if price is None]
+    if not why:
         return None
-    if found.warning:
-        progress(f"hpcjob: warning: {found.warning}")
-    price = found.prices.for_nodes(spot)
-    if price is None:
-        kind = "Spot" if spot else "Linux"
-        progress(
-            f"hpcjob: warning: the run's cost is not counted: no {kind} price for {size} in "
-            f"{found.prices.region}"
-        )
-    return price
+    return "; ".join(reason or "its cluster profile names no --vm-size and --region" for reason in why)
 
 
 def run_price(
@@ -86,7 +101,7 @@ def price_rows(
         if not wanted and profile is not None and profile.vm_size:
             wanted.append(profile.vm_size)
             if profile.resource_group:  # onboarded: its head node is the package's size
-                from hpcjob.azure.data import size_table
+                from hpcjob.job.sizes import size_table
 
                 wanted.append(size_table().head_node_size)
     if not wanted:

@@ -106,6 +106,14 @@ def _submit_and_follow(
         "smb_user": smb_user or profile.smb_user or profile.user,
         "cluster": profile.name,
     }
+    if wait and retries is not None and retries.retries and retries.max_cost_usd is not None:
+        from hpcjob.runner.cost import unbounded_cost
+
+        if (why := unbounded_cost(profile, progress, data_nodes=bool(spec.data_nodes))) is not None:
+            progress(  # before the first attempt, not after it
+                f"hpcjob: warning: --max-cost {retries.max_cost_usd:g} cannot bound run {run_id}: {why}; its "
+                "attempts go on as --retries says"
+            )
     started = time.monotonic()
     latest, plan = submit_run(
         cluster.backend,

@@ -2,7 +2,7 @@
 (running or stopped) as of when, its compute nodes (how many, of which size, Spot or not) and its head
 node's size, in `clusters.json` of hpcjob's state folder (~/.local/state/hpcjob). `hpcjob cluster list`
 reads it to say each cluster's state and what it costs an hour without asking Azure (no network: the
-prices are the cache's, else the package's own table).
+prices are hpcjob.store.prices's answer from the cache, else the size table).
 
 The record says what hpcjob saw then, not what the cluster is now: a VM started or deallocated in the
 Azure portal since is not in it, and the list says "as of" when.
@@ -17,10 +17,7 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from hpcjob.job.prices import SizePrices
+from typing import Any
 
 RUNNING, STOPPED = "running", "stopped"
 FILE_VERSION = 1
@@ -152,11 +149,13 @@ def keep_power_record(record: PowerRecord) -> Path:
 class HourlyCost:
     """What a cluster costs an hour in its recorded state, US dollars: its compute nodes (none while
     stopped: deallocated VMs cost nothing, their disks a little) and its head node (always); `approximate`
-    when a price is the package's own table or another region's. None where a price is unknown."""
+    when a price is the package's own table or another region's. None where a price is unknown, and
+    `unknown` says why (one line each)."""
 
     nodes: float | None
     head: float | None
     approximate: bool
+    unknown: tuple[str, ...] = ()
 
     @property
     def total(self) -> float | None:
@@ -164,29 +163,22 @@ class HourlyCost:
 
 
 def hourly_cost(record: PowerRecord) -> HourlyCost:
-    """The record's cost an hour, from the prices cache, else hpcjob's own table: no network."""
+    """The record's cost an hour, as hpcjob.store.prices answers without the network: the prices
+    cache, else the size table (a Spot node there only where the table has a sourced Spot price)."""
+    from hpcjob.job.prices import LINUX, SPOT, WINDOWS
+    from hpcjob.store.prices import hourly_price
+
     nodes: float | None = 0.0
     approximate = False
+    unknown: list[str] = []
     for kind in record.nodes if record.state == RUNNING else ():
-        price, rough = _known_price(kind.size, record.region)
-        per_node = None if price is None else price.spot if kind.spot else price.linux
+        price = hourly_price(kind.size, record.region, SPOT if kind.spot else LINUX, network=False)
+        per_node = price.usd_per_hour
         nodes = None if nodes is None or per_node is None else nodes + kind.count * per_node
-        approximate = approximate or rough
-    head_price, rough = _known_price(record.head_size, record.region)
-    head = None if head_price is None else head_price.windows
-    return HourlyCost(nodes, head, approximate or rough)
-
-
-def _known_price(size: str | None, region: str | None) -> tuple[SizePrices | None, bool]:
-    """A size's prices without asking the API: the cache's for the region, else the package's table
-    (approximate: East US list prices); (None, False) when neither has the size."""
-    from hpcjob.store.prices import cached, table_prices
-
-    if not size:
-        return None, False
-    if region:
-        kept = cached(size, region)
-        if kept is not None:
-            return kept, False
-    table = table_prices(size)
-    return table, table is not None
+        approximate = approximate or price.approximate
+        if price.unknown:
+            unknown.append(f"{kind.size}{' (Spot)' if kind.spot else ''}: {price.unknown}")
+    head = hourly_price(record.head_size, record.region, WINDOWS, network=False)
+    if head.unknown and record.head_size:
+        unknown.append(f"the head node ({record.head_size}): {head.unknown}")
+    return HourlyCost(nodes, head.usd_per_hour, approximate or head.approximate, tuple(unknown))

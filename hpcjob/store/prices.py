@@ -7,8 +7,14 @@ page after page while it gives a NextPageLink (at most MAX_PAGES, each within TI
 chosen by hpcjob.job.prices. The cache is `prices.json` in hpcjob's cache folder (~/.cache/hpcjob,
 %LOCALAPPDATA%\\hpcjob\\cache on Windows): a size's prices in a region with the date they were asked for,
 used for MAX_AGE_DAYS, asked again with `refresh` (`hpcjob prices --refresh`), and used past that age
-when the API cannot be reached. Without either, hpcjob/azure/arm/sizes.json's approximate East US list
-prices, which say their date and that they are the package's table.
+when the API cannot be reached. Without either, the size table's prices (hpcjob/job/sizes.json), each with
+its date and source; the table has a Spot price only where a source gives one, so offline a Spot node's
+price is otherwise unknown.
+
+One question, one answer: "what does size S cost an hour in region R" is `hourly_price` (and the three
+meters at once, `size_prices`). Onboarding, `cluster list`, `cluster stop`/`start`, a run's cost and
+`--max-cost` all ask it; those that must not wait on the network say so (`network=False`: the cache,
+whatever its age, else the table).
 """
 
 from __future__ import annotations
@@ -27,11 +33,16 @@ from urllib.parse import urlsplit
 from hpcjob.job.prices import (
     API_URL,
     FROM_TABLE,
+    LINUX,
+    SPOT,
+    WINDOWS,
+    Price,
     SizePrices,
     check_region,
     check_size,
     choose_prices,
     price_filter,
+    table_size_prices,
 )
 from hpcjob.job.spec import HpcjobError, SpecError
 
@@ -41,8 +52,10 @@ MAX_PAGES = 20
 TIMEOUT_S = (5.0, 20.0)
 MAX_AGE_DAYS = 7
 CACHE_VERSION = 1
-# The region the package's table prices are for.
-TABLE_REGION = "eastus"
+# Redirects followed to the host asked (another host's: not followed).
+MAX_REDIRECTS = 5
+# What a Spot node costs where only the package's table could be read and it has no Spot price.
+NO_SPOT_OFFLINE = "unknown (no Spot price offline)"
 
 
 class PriceError(HpcjobError):
@@ -73,7 +86,7 @@ def today() -> str:
 
 def ask_api(size: str, region: str, url: str | None = None, session: Any = None) -> list[dict[str, Any]]:
     """Every price row the API has for `size` in `region` (the Consumption price type), page after page.
-    A NextPageLink is followed only to the host asked."""
+    A NextPageLink, and an HTTP redirect, is followed only to the host asked."""
     import requests
 
     base = url or prices_url()
@@ -86,7 +99,7 @@ def ask_api(size: str, region: str, url: str | None = None, session: Any = None)
     for _ in range(MAX_PAGES):
         assert link is not None
         try:
-            response = get(link, params=params, timeout=TIMEOUT_S)
+            response = _get_on_host(get, link, params, host, where)
         except requests.RequestException as exc:
             raise PriceError(f"cannot reach {where}: {_reason(exc)}") from None
         if response.status_code != 200:
@@ -107,6 +120,24 @@ def ask_api(size: str, region: str, url: str | None = None, session: Any = None)
             raise PriceError(f"{where} gave a NextPageLink to another host: not followed")
         link, params = following, None  # the link carries the filter and the $skip
     raise PriceError(f"{where} gave more than {MAX_PAGES} pages for {size} in {region}: not read further")
+
+
+def _get_on_host(
+    get: Callable[..., Any], link: str, params: dict[str, str] | None, host: str | None, where: str
+) -> Any:
+    """GET `link`, following a redirect only to `host` (the one asked): a redirect elsewhere could
+    send the prices of anyone's choosing, so it is refused, as a NextPageLink to another host is."""
+    from urllib.parse import urljoin
+
+    for _ in range(MAX_REDIRECTS + 1):
+        response = get(link, params=params, timeout=TIMEOUT_S, allow_redirects=False)
+        if response.status_code not in (301, 302, 303, 307, 308):
+            return response
+        target = urljoin(link, str(response.headers.get("Location") or ""))
+        if urlsplit(target).hostname != host:
+            raise PriceError(f"{where} redirected to another host ({urlsplit(target).netloc}): not followed")
+        link, params = target, None  # the target carries its own query
+    raise PriceError(f"{where} redirected more than {MAX_REDIRECTS} times: not followed further")
 
 
 def _reason(exc: BaseException) -> str:
@@ -164,46 +195,38 @@ def _keep(prices: SizePrices) -> None:
 
 
 def table_prices(size: str) -> SizePrices | None:
-    """The package's approximate East US list prices (hpcjob/azure/arm/sizes.json) of `size`, as its
-    table's date says, in TABLE_REGION whatever the region asked for; the head node's size has its
-    Windows price. None for a size it does not hold."""
-    from hpcjob.azure.data import size_table
+    """The size table's prices of `size` (hpcjob/job/sizes.json), each of its own date and source, in the
+    region they are of whatever the region asked for; None for a size the table holds no price of."""
+    from hpcjob.job.sizes import size_table
 
-    table = size_table()
-    known = {name.lower(): row.usd_per_hour for name, row in table.sizes.items()}
-    known.update({name.lower(): row.usd_per_hour for name, row in table.cpu_sizes.items()})
-    linux = known.get(size.lower())
-    head = table.head_node_size.lower() == size.lower()
-    if linux is None and not head:
-        return None
-    windows = table.head_node_usd_per_hour if head else None
-    return SizePrices(size, TABLE_REGION, linux, None, windows, table.prices_as_of, FROM_TABLE)
+    return table_size_prices(size_table(), size)
 
 
 def canonical_size(size: str) -> str:
-    """The size as Azure spells it when the package knows it (the API's filter values are
-    case-sensitive in its newer versions), else as given."""
-    from hpcjob.azure.data import size_table
+    """The size as Azure spells it when the table knows it (the API's filter values are case-sensitive
+    in its newer versions), else as given."""
+    from hpcjob.job.sizes import size_table
 
-    table = size_table()
-    for name in (*table.sizes, *table.cpu_sizes, table.head_node_size):
-        if name.lower() == size.lower():
-            return name
-    return size
+    return size_table().canonical(size)
 
 
-def size_prices(size: str, region: str, *, refresh: bool = False, url: str | None = None) -> Found:
+def size_prices(
+    size: str, region: str, *, refresh: bool = False, url: str | None = None, network: bool = True
+) -> Found:
     """`size`'s prices in `region`: the cache's while they are younger than MAX_AGE_DAYS (unless
-    `refresh`), else the API's, kept in the cache; when the API cannot be reached, the cache's whatever
-    their age, else the package's table, with a warning that says which and why. SpecError when the API
-    has no price of any kind for the size in the region (an unknown size or region)."""
+    `refresh`), else the API's, kept in the cache; when the API cannot be reached (or without `network`),
+    the cache's whatever their age, else the package's table, with a warning that says which and why.
+    SpecError when the API has no price of any kind for the size in the region (an unknown size or
+    region); PriceError when neither the API, the cache nor the table has one."""
     check_size(size)
     check_region(region)
     size = canonical_size(size)
     kept = cached(size, region)
-    if kept is not None and not refresh and _age_days(kept.asked) < MAX_AGE_DAYS:
+    if kept is not None and (not network or (not refresh and _age_days(kept.asked) < MAX_AGE_DAYS)):
         return Found(kept)
     try:
+        if not network:
+            raise PriceError("the Azure Retail Prices API was not asked (no network here)")
         rows = ask_api(size, region, url)
     except PriceError as exc:
         if kept is not None:
@@ -211,7 +234,7 @@ def size_prices(size: str, region: str, *, refresh: bool = False, url: str | Non
         table = table_prices(size)
         if table is None:
             raise PriceError(f"{exc}; and hpcjob's own table has no price for {size}") from None
-        where = "" if region == TABLE_REGION else f" (its prices are East US's, not {region}'s)"
+        where = "" if region == table.region else f" (its prices are {table.region}'s, not {region}'s)"
         return Found(table, f"{exc}; using hpcjob's own table of {table.asked}{where}")
     found = choose_prices(rows, size, region, today())
     if not found.any:
@@ -221,6 +244,56 @@ def size_prices(size: str, region: str, *, refresh: bool = False, url: str | Non
         )
     _keep(found)
     return Found(found)
+
+
+@dataclass(frozen=True)
+class HourlyPrice:
+    """What `size` costs an hour in `region` on one meter (LINUX, SPOT or WINDOWS), in US dollars, or
+    None with `unknown` saying why in a few words; `prices`: the size's prices it was read from, and
+    `warning`: why they are not the API's of today (one line), where they are not."""
+
+    size: str
+    region: str
+    meter: str
+    usd_per_hour: float | None
+    prices: SizePrices | None = None
+    warning: str | None = None
+    unknown: str | None = None
+
+    @property
+    def approximate(self) -> bool:
+        """The package's table's price, or another region's."""
+        found = self.prices
+        return found is not None and (found.source == FROM_TABLE or found.region != self.region)
+
+    def price(self) -> Price | None:
+        """The price nodes are counted at (LINUX or SPOT; None without one)."""
+        if self.prices is None or self.usd_per_hour is None or self.meter == WINDOWS:
+            return None
+        return self.prices.for_nodes(self.meter == SPOT)
+
+
+def hourly_price(
+    size: str | None, region: str | None, meter: str, *, network: bool = True, refresh: bool = False
+) -> HourlyPrice:
+    """What `size` costs an hour in `region` on `meter` (LINUX, SPOT, WINDOWS): the API's, then the
+    cache's, then the package's table's (`size_prices`); `network=False`: the cache, then the table,
+    nothing asked. Never raises for want of a price: `unknown` says why there is none."""
+    if not size or not region:
+        missing = " and ".join(what for what, given in (("size", size), ("region", region)) if not given)
+        return HourlyPrice(size or "", region or "", meter, None, unknown=f"no {missing} known")
+    try:
+        found = size_prices(size, region, network=network, refresh=refresh)
+    except HpcjobError as exc:  # a SpecError too: the size is not the user's input here
+        return HourlyPrice(size, region, meter, None, unknown=" ".join(str(exc).split()))
+    prices = found.prices
+    value: float | None = {LINUX: prices.linux, SPOT: prices.spot, WINDOWS: prices.windows}[meter]
+    unknown = None
+    if value is None:
+        kind = {LINUX: "Linux", SPOT: "Spot", WINDOWS: "Windows"}[meter]
+        offline = meter == SPOT and prices.source == FROM_TABLE
+        unknown = NO_SPOT_OFFLINE if offline else f"no {kind} price for {prices.size} in {prices.region}"
+    return HourlyPrice(prices.size, region, meter, value, prices, found.warning, unknown)
 
 
 def _age_days(asked: str) -> float:
