@@ -23,6 +23,11 @@ from hpcjob.backends.local import free_port
 from hpcjob.job.spec import JobSpec, SpecError, check_requirements
 
 from .conftest import empty_script, stand_in_python
+from .test_bad_input import ONE_CLUSTER
+from .test_bad_input import Case as BadCase
+from .test_bad_input import S as BAD_SCRIPT
+from .test_bad_input import case as bad_case
+from .test_bad_input import test_bad_input_is_refused_in_one_line as refused_in_one_line
 from .test_rest_e2e import (
     Cluster,
     cluster,  # noqa: F401 - the fixture: the emulated head node, a real smbd
@@ -529,3 +534,39 @@ def test_the_python_api_takes_secrets(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.delenv("MY_KEY")
     with pytest.raises(hpcjob.SpecError, match=r"^--secret MY_KEY: no environment variable MY_KEY"):
         hpcjob.submit(empty_script(tmp_path, "b/train.py"), nodes=1, secrets=["MY_KEY"])
+
+
+# The red-team battery's rule (tests/test_bad_input.py) for the new options and refusals: one line, exit
+# 2, nothing started or recorded, the value never printed.
+LEAKED = "Xyzzy-Leak-42"
+SECRET_CASES = [
+    bad_case("run-secret-unset", f"run --local --secret NOT_SET_HERE_X {BAD_SCRIPT}"),
+    bad_case("submit-secret-unset", f"submit --secret NOT_SET_HERE_X {BAD_SCRIPT}", config=ONE_CLUSTER),
+    bad_case("submit-secret-line-break", f"submit --secret TWO_LINES {BAD_SCRIPT}", config=ONE_CLUSTER,
+             env={"TWO_LINES": f"a\n{LEAKED}"}, secrets=(LEAKED,)),
+    bad_case("render-secret-bad-name", f"render --node A --secret 1X {BAD_SCRIPT}"),
+    bad_case("render-secret-hpcjob-s-own", f"render --node A --secret HPCJOB_SECRETS_FILE {BAD_SCRIPT}"),
+    bad_case("render-secret-twice", f"render --node A --secret K --secret K {BAD_SCRIPT}"),
+    bad_case("render-secret-and-env", f"render --node A --secret K --env K=1 {BAD_SCRIPT}"),
+    bad_case("run-env-postgres-url", f"run --local --env DB=postgres://u:{LEAKED}@db/x {BAD_SCRIPT}",
+             secrets=(LEAKED,)),
+    bad_case("render-env-sas-url", ["render", "--node", "A", "--env",
+             f"T=https://a.blob.core.windows.net/c?sv=1&sig={LEAKED}", BAD_SCRIPT], secrets=(LEAKED,)),
+    bad_case("submit-env-access-token", f"submit --env U=https://x/api?access_token={LEAKED} {BAD_SCRIPT}",
+             config=ONE_CLUSTER, secrets=(LEAKED,)),
+    bad_case("run-env-storage-connection-string", ["run", "--local", "--env",
+             f"C=DefaultEndpointsProtocol=https;AccountName=a;AccountKey={LEAKED}", BAD_SCRIPT],
+             secrets=(LEAKED,)),
+    bad_case("render-env-connection-string-name",
+             f"render --node A --env AZURE_STORAGE_CONNECTION_STRING=x {BAD_SCRIPT}"),
+    bad_case("run-requirements-token", f"run --local --requirements code/req.txt {BAD_SCRIPT}",
+             files={"code/req.txt": f"torch\n--extra-index-url https://x/simple?token={LEAKED}\n"},
+             secrets=(LEAKED,)),
+    bad_case("submit-profile-secrets-bad", f"submit {BAD_SCRIPT}",
+             config=ONE_CLUSTER + 'secrets = ["1X"]\n'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", SECRET_CASES)
+def test_bad_secret_input_is_refused_as_the_battery_says(bad: BadCase, tmp_path: Path) -> None:
+    refused_in_one_line(bad, tmp_path)
