@@ -570,3 +570,13 @@ SECRET_CASES = [
 @pytest.mark.parametrize("bad", SECRET_CASES)
 def test_bad_secret_input_is_refused_as_the_battery_says(bad: BadCase, tmp_path: Path) -> None:
     refused_in_one_line(bad, tmp_path)
+
+
+def test_powershell_s_secret_parameter_is_submit_s_and_run_s_secret_option() -> None:
+    from .test_powershell_module import MOD, build_arguments, parse_with_click
+
+    for command in ("Submit-HpcTorchJob", "Invoke-HpcTorchJob"):
+        entry = MOD.cli[command]
+        assert MOD.functions[command].parameters["Secret"].type == "string[]"
+        parsed = parse_with_click(entry, build_arguments(entry, {"Script": "t.py", "Secret": ["A_KEY", "B"]}))
+        assert parsed["secrets"] == ("A_KEY", "B")
