@@ -117,3 +117,19 @@ def test_find_run_takes_the_latest_record(share: Path) -> None:
     assert find_run("r-1").name == "again"
     with pytest.raises(SpecError):
         find_run("nope")
+
+
+def test_logs_of_a_failed_run_start_with_its_first_failure(share: Path) -> None:
+    """Every line stays, and the error to look for comes first, before the nodes (issue 39)."""
+    log = share / LOG
+    (log / ".hpcjob-exits").mkdir()
+    (log / ".hpcjob-exits" / "rank-1").write_text("10.5 1 3 NODE2\n")
+    (log / "NODE2.err").write_text("Traceback (most recent call last):\nValueError: bad shape\n")
+    result = hpcjob("logs", "r-1")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "first failure: rank 1 on NODE2, exit code 3: ValueError: bad shape"
+    assert lines[1:] == [
+        "[NODE1] one", "[NODE1] two", "[NODE1 err] warn", "[NODE2] three", "[NODE2] partial",
+        "[NODE2 err] Traceback (most recent call last):", "[NODE2 err] ValueError: bad shape",
+    ]  # fmt: skip

@@ -283,7 +283,7 @@ def logs(
     [default: this machine's newest run]. Without --follow, each node's output is printed whole, in
     node order; with it, new lines are printed as they come, and hpcjob exits with the job's exit code
     when it has ended. When the share cannot be reached, a submitted job's output comes from the
-    scheduler, which keeps only its start.
+    scheduler, which keeps only its start. A failed run's lines start with its first failure.
     """
     from hpcjob.job.spec import SpecError, check_job_folder, check_run_id
     from hpcjob.runner import RunOutput, run_of
@@ -316,6 +316,9 @@ def logs(
     try:
         if output.warning:
             click.echo(f"hpcjob: warning: {output.warning}", err=True)
+        first = None if follow else output.first_failure()
+        if first is not None:  # the error to look for, before every node's lines (they stay whole)
+            click.echo(f"first failure: {first.describe()}")
         for node, stream, line in output.lines(follow=follow, poll_s=poll, idle_timeout_s=idle_timeout):
             click.echo(output_line(node, stream, line))
         if output.scheduler_copy is not None and not any(text for _, text in output.scheduler_copy):

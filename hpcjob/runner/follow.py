@@ -14,7 +14,7 @@ from hpcjob.runner.access import ClusterAccess, Progress, StoppedWaiting, backen
 if TYPE_CHECKING:
     from hpcjob.backends import Backend
     from hpcjob.job.plan import JobPlan
-    from hpcjob.job.results import JobInfo, JobSummary
+    from hpcjob.job.results import JobInfo, JobSummary, RootCause
     from hpcjob.store.runs import RunRecord
     from hpcjob.store.share import ShareFolder
 
@@ -228,6 +228,25 @@ class RunOutput:
         except HpcjobError:  # a local run whose process was killed: ended, without a summary
             running = False
         return steps[-1] if steps and running else None
+
+    def first_failure(self) -> RootCause | None:
+        """What failed first in the run, as its summary said it (this machine's history), else as its
+        folder's exit records say; None where nothing failed, or neither can be read."""
+        from hpcjob.store.logs import read_root_cause
+        from hpcjob.store.runs import find_entry
+
+        try:
+            summary = find_entry(self.record.run_id).summary
+        except HpcjobError:
+            summary = None
+        if summary is not None and summary.run_id == self.record.run_id:
+            return summary.root_cause
+        if self._folder is None:
+            return None
+        try:
+            return read_root_cause(self._folder, self.record.log_folder)
+        except (HpcjobError, OSError):
+            return None
 
     def close(self) -> None:
         if self._folder is not None:
