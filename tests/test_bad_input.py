@@ -179,6 +179,7 @@ CASES = [
     # --- render: node names -------------------------------------------------------------------------
     case("render-node-with-space", ["render", "--node", "GPU 1", S]),
     case("render-node-fqdn", f"render --node gpu1.contoso.com {S}"),
+    case("run-node-a-count", f"run --local --node 2 {S}"),  # -n 2 was meant
     case("render-node-unicode", ["render", "--node", "GP\u00dc1", S]),
     case("render-node-newline", ["render", "--node", "GPU1\nGPU2", S]),
     case("render-node-carriage-return", ["render", "--node", "GPU1\r", S]),

@@ -148,3 +148,10 @@ def test_a_spec_goes_through_json_and_back_whole() -> None:
         JobSpec.from_dict({**full.to_dict(), "share": "//HEAD/CcpSpoolDir"})
     with pytest.raises(SpecError, match="--rdzv-port"):
         JobSpec.from_dict({**full.to_dict(), "rdzv_port": 0})
+
+
+def test_a_node_named_by_a_number_is_a_count_that_was_meant() -> None:
+    """`--node 2` ran one node named "2" (issue 39): no node can be named by digits alone."""
+    with pytest.raises(SpecError, match=r"node '2' is a number, not a node's name: a count of nodes is -n 2"):
+        parse_node_names(["2"])
+    assert parse_node_names(["2GPU", "N2"]) == ("2GPU", "N2")

@@ -175,6 +175,12 @@ def parse_node_names(names: Iterable[str]) -> tuple[str, ...]:
     for name in names:
         if "." in name:
             raise SpecError(f"node {name!r}: give the HPC Pack node name without a domain")
+        if name.isdigit():  # no node can be named so (a domain member's name is never all digits:
+            # Microsoft KB 909264, "Naming conventions in Active Directory for computers"): a count was meant
+            raise SpecError(
+                f"node {name!r} is a number, not a node's name: a count of nodes is -n {name} (of data "
+                f"nodes, --data-nodes {name})"
+            )
         if not _NODE_NAME.fullmatch(name):
             raise SpecError(f"node {name!r} is not a valid node name (letters, digits and -, at most 63)")
         key = name.upper()
