@@ -16,11 +16,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hpcjob.backends.local import free_port
-from hpcjob.job.spec import JobSpec, SpecError, check_requirements
+from hpcjob.job.spec import HpcjobError, JobSpec, SpecError, check_requirements
 
 from .conftest import empty_script, stand_in_python
 from .test_bad_input import ONE_CLUSTER
@@ -580,3 +581,39 @@ def test_powershell_s_secret_parameter_is_submit_s_and_run_s_secret_option() -> 
         assert MOD.functions[command].parameters["Secret"].type == "string[]"
         parsed = parse_with_click(entry, build_arguments(entry, {"Script": "t.py", "Secret": ["A_KEY", "B"]}))
         assert parsed["secrets"] == ("A_KEY", "B")
+
+
+def test_a_submission_that_fails_leaves_no_secrets_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No job will read the file of an attempt whose job never reached the scheduler: it goes at once."""
+    from hpcjob.job.plan import JobPlan, make_plan
+    from hpcjob.job.results import Submission
+    from hpcjob.runner.submit import submit_run
+    from hpcjob.store.share import LocalFolder
+
+    from .conftest import cluster_spec
+
+    class Refusing:  # a cluster's backend whose head node refuses the job once it is made
+        kind = "rest"
+
+        def plan(self, spec: JobSpec, run_id: str, attempt: int = 1) -> JobPlan:
+            return make_plan(spec, spec.node_names, run_id, attempt=attempt)
+
+        def submit(self, plan: JobPlan, *, mount: bool, progress: object, record: Any) -> str:
+            record(Submission("created", job_id="7"))
+            raise HpcjobError("the head node refused the job")
+
+    monkeypatch.setenv("MY_KEY", SECRET_VALUE)
+    job = cluster_spec(1, script=str(empty_script(tmp_path)), secrets=("MY_KEY",))
+    written: list[bool] = []
+
+    def open_share(plan: JobPlan) -> LocalFolder:
+        written.append((tmp_path / "share" / str(plan.secrets_file)).exists())
+        return LocalFolder(tmp_path / "share")
+
+    with pytest.raises(HpcjobError, match="refused"):
+        submit_run(Refusing(), job, "fail-1", open_folder=open_share, where=lambda plan: {}, mount_step=False,  # type: ignore[arg-type]
+                   progress=lambda line: None, command="hpcjob submit")  # fmt: skip
+    secrets = tmp_path / "share" / "hpcjob" / "train" / ".hpcjob" / "secrets"
+    assert written[0] is False and secrets.is_dir() and list(secrets.iterdir()) == []

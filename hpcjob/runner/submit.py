@@ -262,6 +262,15 @@ def submit_run(
             latest = replace(latest, state=SUBMIT_FAILED, failure=submit_failure(exc, latest.state))
             with contextlib.suppress(Exception):  # the history itself failing: the first error says more
                 save(latest)
+        if latest.state != "submitted" and plan.secrets_file is not None and open_folder is not None:
+            from hpcjob.store.secrets import remove_attempt_secrets
+
+            with contextlib.suppress(Exception):  # no job will read them; the first error says more
+                folder = open_folder(plan)
+                try:
+                    remove_attempt_secrets(folder, plan, progress)
+                finally:
+                    folder.close()
         raise
     return latest, plan
 
