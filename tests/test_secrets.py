@@ -617,3 +617,18 @@ def test_a_submission_that_fails_leaves_no_secrets_file(
                    progress=lambda line: None, command="hpcjob submit")  # fmt: skip
     secrets = tmp_path / "share" / "hpcjob" / "train" / ".hpcjob" / "secrets"
     assert written[0] is False and secrets.is_dir() and list(secrets.iterdir()) == []
+
+
+def test_submit_dry_run_says_it_would_write_the_file_and_shows_no_value(
+    cli_with_profile: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hpcjob = cli_with_profile("pw", url="https://127.0.0.1:1", user="alice", share="//HEAD/CcpSpoolDir")
+    monkeypatch.setenv("MY_KEY", SECRET_VALUE)
+    script = str(empty_script(tmp_path))
+    done = hpcjob("submit", "--dry-run", "--node", "N1", "--secret", "MY_KEY", "--run-id", "dry-1", script)
+    assert done.code == 0, done.err
+    assert (
+        "# would write the secrets MY_KEY, from this machine's environment, to hpcjob/alice/train/"
+        in done.out
+    )
+    assert "HPCJOB_SECRETS_FILE" in done.out and "s3cr3t" not in done.out + done.err
