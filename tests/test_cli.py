@@ -182,6 +182,34 @@ def test_help_imports_neither_torch_nor_requests_nor_winrm() -> None:
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["render", "-n", "2", "--node", "A", "--node", "B", "training/run_ddp.py"]],
+    ids=["help", "render"],
+)
+def test_help_and_render_import_only_what_they_use(argv: list[str]) -> None:
+    """The command line imports a command's modules when it runs (issue 39: `--help` took 180 ms, twice
+    what it did, as it imported the Python API, the follower and onboarding before it parsed)."""
+    code = (
+        "import sys; from hpcjob.cli import cli\n"
+        f"try:\n    cli.main({argv!r}, standalone_mode=False)\nexcept SystemExit: pass\n"
+        "unused = {'hpcjob.api', 'hpcjob.runner.attempts', 'hpcjob.azure.onboard', 'requests'}\n"
+        "print(sorted(unused & set(sys.modules)))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stderr[-2000:]
+
+
+def test_the_runner_hands_on_every_name_from_the_room_that_has_it() -> None:
+    import hpcjob.runner
+
+    for name in hpcjob.runner.__all__:
+        assert getattr(hpcjob.runner, name) is not None
+    assert sorted(hpcjob.runner._rooms()) == sorted(hpcjob.runner.__all__)
+    with pytest.raises(AttributeError):
+        hpcjob.runner.no_such_name  # noqa: B018
+
+
 def _commands() -> list[tuple[str, click.Command]]:
     """Every command and group of hpcjob, by its words, hpcjob itself first."""
     from hpcjob.cli import cli

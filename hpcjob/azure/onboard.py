@@ -20,6 +20,7 @@ from hpcjob.azure.data import ARM_DIR, ARM_PACKAGE
 from hpcjob.job.sizes import size_table
 from hpcjob.job.spec import SpecError
 from hpcjob.runner import ClusterAccess, HpcjobWarning, Progress
+from hpcjob.store.credentials import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV
 from hpcjob.store.power import NodeKind
 
 if TYPE_CHECKING:
@@ -36,11 +37,6 @@ if TYPE_CHECKING:
     from hpcjob.job.sizes import SizeTable
     from hpcjob.store.config import ClusterProfile
 
-PASSWORD_ENV = (
-    "HPCJOB_ADMIN_PASSWORD"  # as hpcjob.store.config names them (kept out of the tasks' environment)
-)
-KEY_ENV = "HPCJOB_AUTH_KEY"
-
 
 @dataclass(frozen=True)
 class OnboardOptions:
@@ -49,8 +45,8 @@ class OnboardOptions:
 
     out_dir: Path | None = None
     template_file: Path | None = None
-    password_env: str = PASSWORD_ENV
-    key_env: str = KEY_ENV
+    password_env: str = ADMIN_PASSWORD_ENV
+    key_env: str = AUTH_KEY_ENV
     what_if: bool = False
     purge_deleted_vault: bool = False
     print_only: bool = False
@@ -417,7 +413,7 @@ class GrowOptions:
     hpcjob's execution filter on them and mount the share (`hpcjob mount --install`) once they are."""
 
     out_dir: Path | None = None
-    key_env: str = KEY_ENV
+    key_env: str = AUTH_KEY_ENV
     print_only: bool = False
     check: bool = True
     poll_interval_s: float = 15.0

@@ -40,15 +40,6 @@ from hpcjob.cli.options import (
 from hpcjob.extras import missing_extra
 from hpcjob.job.attempts import MAX_RETRIES
 from hpcjob.job.spec import CLUSTER_BACKENDS, WINRM_TRANSPORTS
-from hpcjob.runner import (
-    ClusterAccess,
-    StoppedWaiting,
-    cancel_run,
-    new_run_id,
-    run_of,
-    submit_and_follow,
-    take_up,
-)
 
 if TYPE_CHECKING:
     from hpcjob.job.results import JobInfo
@@ -347,7 +338,16 @@ def submit(
     it. Prints the job id; with --wait, follows it to the end, and with --pull copies its results here.
     """
     from hpcjob.job.spec import SpecError, parse_tags
-    from hpcjob.runner import job_spec, pull_target, smb_access, submit_preview
+    from hpcjob.runner import (
+        ClusterAccess,
+        StoppedWaiting,
+        job_spec,
+        new_run_id,
+        pull_target,
+        smb_access,
+        submit_and_follow,
+        submit_preview,
+    )
     from hpcjob.store.config import get_profile
     from hpcjob.store.runs import check_new_run_id
 
@@ -414,7 +414,7 @@ def submit(
 def status(job: str | None, cluster_name: str | None, backend_kind: str | None, as_json: bool) -> None:
     """The state of JOB and of each of its tasks: an HPC Pack job id, or a run id (of a job submitted
     from this machine, or of a `run --local` in another shell) [default: this machine's newest run]."""
-    from hpcjob.runner import run_status
+    from hpcjob.runner import run_of, run_status
 
     record = run_of(named_or_newest(job), cluster_name, backend_kind)
     info, latest = run_status(record, cluster_name, backend_kind)
@@ -501,6 +501,7 @@ def wait(run: str | None, max_cost: float | None, as_json: bool) -> None:
     the machine that started a run holds its history, and so can follow it.
     """
     from hpcjob.cli.tables import format_summary
+    from hpcjob.runner import StoppedWaiting, take_up
 
     run_id = named_or_newest(run)
 
@@ -531,6 +532,8 @@ def wait(run: str | None, max_cost: float | None, as_json: bool) -> None:
 def cancel(job: str | None, cluster_name: str | None, backend_kind: str | None, force: bool) -> None:
     """Cancel JOB (a job id, or a run id, also of a `run --local` in another shell) [default: this
     machine's newest run]. Canceling a job that has already ended, or is being canceled, is not an error."""
+    from hpcjob.runner import cancel_run, run_of
+
     record = run_of(named_or_newest(job), cluster_name, backend_kind)
     shown = f"job {record.job_id}" if record.cluster and record.job_id else f"run {record.run_id}"
     already = cancel_run(record, cluster_name, backend_kind, force=force)
@@ -561,6 +564,7 @@ def nodes(
     """The cluster's nodes: state, health, whether a running job holds them, cores, GPUs (where the head
     node reports them: HPC Pack 2019's node model has no GPU count) and groups."""
     from hpcjob.job.spec import GROUP_NAME, SpecError
+    from hpcjob.runner import ClusterAccess
     from hpcjob.store.config import get_profile
 
     profile = get_profile(cluster_name)
@@ -702,7 +706,7 @@ def mount(
     on, after a reboot too.
     """
     from hpcjob.job.spec import SpecError
-    from hpcjob.runner import mount_preview, mount_request, mount_share
+    from hpcjob.runner import ClusterAccess, mount_preview, mount_request, mount_share
     from hpcjob.store.config import get_profile
 
     if (allow_images or allow_docker_options or allow_volumes) and not install:

@@ -32,7 +32,6 @@ from hpcjob.cli.options import (
     started_command,
     tag_option,
 )
-from hpcjob.runner import open_smb
 
 
 @cli.command(
@@ -77,7 +76,7 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     --upload and --copy-to start a new run (they stage its code), --run-id names one.
     """
     from hpcjob.job.spec import SpecError
-    from hpcjob.runner import gpus_for_nodes, render_owner, render_run
+    from hpcjob.runner import gpus_for_nodes, open_smb, render_owner, render_run
     from hpcjob.store.share import LocalFolder, ShareFolder
 
     gpus, told = gpus_for_nodes(params, None)  # render reads no profile: --gpus-per-node, else --vm-size's

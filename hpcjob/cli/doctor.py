@@ -9,7 +9,6 @@ import click
 
 from hpcjob.cli.app import cli
 from hpcjob.cli.options import backend_option, cluster_option, started_command
-from hpcjob.runner import ClusterAccess
 
 
 @cli.command(
@@ -80,6 +79,8 @@ def doctor(
             )
         report = local_checkup(progress)
     else:
+        from hpcjob.runner import ClusterAccess
+
         report = checkup(
             ClusterAccess(cluster_name, backend_kind),
             requirements=wanted,

@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from hpcjob.azure.onboard import KEY_ENV, PASSWORD_ENV
 from hpcjob.cli.app import cluster
 from hpcjob.cli.options import AZURE, CREDENTIALS, OTHER, OUTPUT, headed
+from hpcjob.store.credentials import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV
 
 
 @cluster.command(
@@ -72,14 +72,14 @@ from hpcjob.cli.options import AZURE, CREDENTIALS, OTHER, OUTPUT, headed
 )
 @click.option(
     "--password-env",
-    default=PASSWORD_ENV,
+    default=ADMIN_PASSWORD_ENV,
     show_default=True,
     metavar="VARIABLE",
     help="Read the admin password from this variable; prompted for when it is not set.",
 )
 @click.option(
     "--key-env",
-    default=KEY_ENV,
+    default=AUTH_KEY_ENV,
     show_default=True,
     metavar="VARIABLE",
     help="Read the nodes' authentication key from this variable; generated when it is not set.",
@@ -288,7 +288,7 @@ def cluster_onboard(
 )
 @click.option(
     "--key-env",
-    default=KEY_ENV,
+    default=AUTH_KEY_ENV,
     show_default=True,
     metavar="VARIABLE",
     help="Read the nodes' authentication key (the cluster's, as onboarded) from this variable; else from "

@@ -58,15 +58,12 @@ from hpcjob.job.spec import (
     check_vm_size,
     parse_share,
 )
-from hpcjob.store.credentials import SMB_PASSWORD_ENV
+from hpcjob.store.credentials import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, SMB_PASSWORD_ENV
 
 KEYRING_SERVICE = "hpcjob"
 CLUSTER_ENV = "HPCJOB_CLUSTER"
 # hpcjob.emulator.headnode.PASSWORD_ENV, named here so that reading profiles never imports the emulator.
 EMULATOR_PASSWORD_ENV = "HPCJOB_EMULATOR_PASSWORD"
-# `cluster onboard`: the new cluster's admin password and its nodes' authentication key.
-ADMIN_PASSWORD_ENV = "HPCJOB_ADMIN_PASSWORD"
-AUTH_KEY_ENV = "HPCJOB_AUTH_KEY"
 # A caller's own credential for one command (the PowerShell module's -Credential): it wins over the
 # profile's user and password source, and reaches hpcjob through its environment, never its argv.
 CREDENTIAL_USER_ENV = "HPCJOB_CREDENTIAL_USER"

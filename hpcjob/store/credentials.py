@@ -10,6 +10,10 @@ from hpcjob.job.spec import SpecError
 
 SMB_USER_ENV = "HPCJOB_SMB_USER"
 SMB_PASSWORD_ENV = "HPCJOB_SMB_PASSWORD"
+# `cluster onboard`: the new cluster's admin password and its nodes' authentication key (kept out of the
+# tasks' environment: hpcjob.store.config).
+ADMIN_PASSWORD_ENV = "HPCJOB_ADMIN_PASSWORD"
+AUTH_KEY_ENV = "HPCJOB_AUTH_KEY"
 
 
 def smb_user(option: str | None) -> str:
