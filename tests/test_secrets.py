@@ -467,6 +467,39 @@ def test_a_later_attempt_gets_a_file_of_its_own_read_from_the_environment_again(
     assert len(opened) == 1
 
 
+def test_a_later_attempt_whose_submission_fails_leaves_no_secrets_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No job of it will read the file: it goes with the failed submission, not at the next `status`."""
+    from hpcjob.job.plan import make_plan
+    from hpcjob.runner import Retries, submit_attempt
+    from hpcjob.store.runs import RunRecord
+    from hpcjob.store.share import LocalFolder
+
+    from .conftest import cluster_spec
+
+    job = cluster_spec(2, secrets=("MY_KEY",))
+    monkeypatch.setenv("MY_KEY", SECRET_VALUE)
+
+    class Refusing:
+        kind = "rest"
+
+        def plan(self, spec: Any, run_id: str, attempt: int = 1) -> Any:
+            return make_plan(spec, spec.node_names, run_id, attempt=attempt)
+
+        def submit(self, plan: Any, **kwargs: Any) -> str:
+            raise HpcjobError("the head node refused the job")
+
+    first = RunRecord("train-1", "run_ddp", "rest", job.job_folder, job.node_names, cluster="lab")
+    with pytest.raises(HpcjobError, match="refused"):
+        submit_attempt(
+            Refusing(), job, first, lambda: LocalFolder(tmp_path), Retries(1), mount_step=False,  # type: ignore[arg-type]
+            progress=lambda line: None,
+        )  # fmt: skip
+    secrets = tmp_path / "hpcjob" / "run_ddp" / ".hpcjob" / "secrets"
+    assert list(secrets.iterdir()) == []  # train-1.2.env was written, then removed
+
+
 @pytest.mark.parametrize("command", ["status", "wait", "cancel"])
 def test_status_wait_or_cancel_of_an_ended_run_removes_a_left_over_file(tmp_path: Path, command: str) -> None:
     """A file its follower could not remove (the share away, the follower killed): the next look at the

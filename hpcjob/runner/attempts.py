@@ -343,7 +343,7 @@ def submit_attempt(
     from hpcjob.job.plan import attempt_log_folder
     from hpcjob.job.render import plan_json
     from hpcjob.store.runs import record_next_attempt, save_run
-    from hpcjob.store.secrets import hand_over_secrets
+    from hpcjob.store.secrets import hand_over_secrets, remove_attempt_secrets
 
     attempt = record.attempt + 1
     plan = _plan_when_nodes(backend, spec, record.run_id, attempt, retries, progress, record.cluster)
@@ -375,6 +375,14 @@ def submit_attempt(
         failed = replace(latest, state=SUBMIT_FAILED, failure=submit_failure(exc, latest.state))
         with contextlib.suppress(Exception):  # the history itself failing: the first error says more
             save_run(failed)
+        if plan.secrets_file is not None:  # no job of it will read its secrets: not left on the share
+            with contextlib.suppress(Exception):
+                folder = open_folder()
+                try:
+                    remove_attempt_secrets(folder, plan, progress)
+                finally:
+                    if folder is not None:
+                        folder.close()
         raise
     return latest, plan
 
