@@ -132,7 +132,10 @@ def test_attempts_stop_once_they_cost_more_than_max_cost(
     ]
     assert stop in said
     kept = find_entry(RUN).attempts
-    assert [(a.attempt, a.retried, a.usage(None).cost_usd) for a in kept] == [(1, True, 20.0), (2, False, 20.0)]
+    assert [(a.attempt, a.retried, a.usage(None).cost_usd) for a in kept] == [
+        (1, True, 20.0),
+        (2, False, 20.0),
+    ]
 
 
 def test_a_run_without_prices_is_not_bounded_and_says_so_once(
