@@ -229,6 +229,7 @@ BASE = {"url": '"https://head"', "user": '"alice"'}
         ("smb_port = 70000", "smb_port 70000 must be between 1 and 65535"),
         ("smb_port = 0", "smb_port 0 must be between 1 and 65535"),
         ("rdzv_port = 65536", "rdzv_port 65536 must be between 1 and 65535"),
+        ('nodes_here = "yes"', "nodes_here must be true or false (unquoted), not a string"),
         ("poll_interval = 0.05", "poll_interval 0.05 must be between 0.1 and 300 seconds"),
         ('poll_interval = "fast"', "poll_interval must be a number of seconds, not a string"),
         ("poll_interval = true", "poll_interval must be a number of seconds, not a boolean"),

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     groups=headed(
         {
             THE_CLUSTER: "url user backend winrm_url winrm_transport node_group data_node_group "
-            "poll_interval retries make_default",
+            "poll_interval retries nodes_here make_default",
             CREDENTIALS: "password_env use_keyring ca_bundle insecure cert_fingerprint",
             SHARE: "share mount_point smb_user smb_server smb_port local_share",
             AZURE: "vm_size data_vm_size region spot",
@@ -151,7 +151,18 @@ if TYPE_CHECKING:
     metavar="N",
     help="The --retries of runs submitted to this cluster when they give none [default: 0].",
 )
-@click.option("--default", "make_default", is_flag=True, help="Make this the default cluster.")
+@click.option(
+    "--nodes-here",
+    is_flag=True,
+    help="The cluster's nodes are all this machine (an emulated head node): jobs that name no "
+    "--rdzv-port get a free port at submission, as run --local does.",
+)
+@click.option(
+    "--default",
+    "make_default",
+    is_flag=True,
+    help="Make this the default cluster [default: only where there is none yet].",
+)
 def cluster_add(
     name: str, password_env: str | None, use_keyring: bool, make_default: bool, **options: Any
 ) -> None:
@@ -167,6 +178,7 @@ def cluster_add(
         # The file outlives this directory: store the path from anywhere.
         options["ca_bundle"] = str(Path(options["ca_bundle"]).absolute())
     options["spot"] = options["spot"] or None  # written only when the nodes are Spot VMs
+    options["nodes_here"] = options["nodes_here"] or None  # written only when they are this machine
     profile = ClusterProfile(name=name, password=password, **options)  # every check, before any prompt
     if use_keyring:
         try:

@@ -171,11 +171,11 @@ def run(
     from hpcjob.runner import LocalOptions, pull_target, run_local
 
     if not local:  # on the default cluster, and followed: `submit --wait`
-        from hpcjob.store.config import get_profile
+        from hpcjob.store.config import NoCluster, get_profile
 
-        try:
+        try:  # a broken default profile says what is wrong with it (a CA file gone), as submit does
             get_profile(None)
-        except SpecError:
+        except NoCluster:
             raise SpecError(
                 "run without --local runs on your default cluster, and none is configured: add one with "
                 "`hpcjob cluster add NAME --url https://HEADNODE ...`, or run here with --local"

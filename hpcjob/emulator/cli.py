@@ -178,12 +178,13 @@ def profile_command(
     wsman_url: str | None = None,
 ) -> str:
     """The `hpcjob cluster add` line for this head node: its URL (over WinRM when `wsman_url` is given),
-    CA, and the share as a folder here. Its jobs are this machine's processes: asked every second."""
+    CA, and the share as a folder here. Its jobs are this machine's processes: asked every second, and
+    marked as this machine's (--nodes-here), so that each job's rendezvous gets a free port of its own."""
     words = ["hpcjob", "cluster", "add", profile, "--url", url.removesuffix("/hpc"), "--user", user]
     if wsman_url is not None:
         words += ["--backend", "winrm", "--winrm-url", wsman_url]
     words += ["--password-env", PASSWORD_ENV, "--ca-bundle", ca_file, "--share", "//HEADNODE/CcpSpoolDir"]
-    words += ["--local-share", share_dir, "--mount-point", share_dir, "--poll-interval", "1"]
+    words += ["--local-share", share_dir, "--mount-point", share_dir, "--poll-interval", "1", "--nodes-here"]
     return shlex.join(words + (["--node-group", group] if group else []))
 
 

@@ -87,7 +87,8 @@ def with_profile(options: dict[str, Any], profile: ClusterProfile) -> dict[str, 
     """Job options (the CLI's names; the share as UNC text) with the profile filling in what they do not
     say: the share, node group and mount point (by default the job owner's folder of /app, where
     hpcjob's execution filter mounts the share for them), the environment's and containers' settings,
-    the rendezvous port, the nodes' VM size, and one process per GPU of the cluster's size."""
+    the rendezvous port (a free port of this machine's, picked now, where the profile's nodes are this
+    machine and none is given), the nodes' VM size, and one process per GPU of the cluster's size."""
     filled = dict(options)
     filled["mount_point"] = filled.get("mount_point") or profile_mount_point(profile)
     filled["owner"] = profile.user
@@ -105,6 +106,11 @@ def with_profile(options: dict[str, Any], profile: ClusterProfile) -> dict[str, 
     ):
         if not filled.get(key) and value:
             filled[key] = value
+    if profile.nodes_here and not filled.get("rdzv_port"):
+        # Every job here would take 29400 and the second would fail: one free port each, as run --local.
+        from hpcjob.backends.local import free_port
+
+        filled["rdzv_port"] = free_port()
     if filled.get("smb_port", 445) == 445 and profile.smb_port != 445:
         filled["smb_port"] = profile.smb_port
     gpus, _ = gpus_for_nodes(filled, profile)

@@ -89,6 +89,10 @@ MIN_POLL_S = 0.1
 MAX_POLL_S = 300.0
 
 
+class NoCluster(SpecError):
+    """No profile is configured at all: not a broken one, which says what is wrong with it instead."""
+
+
 class GoneFile(SpecError):
     """A file or folder of this machine that a profile names is gone: `key` (ca_bundle, local_share) names
     `path`. A stopped emulator's CA file, its temporary folder removed, is one."""
@@ -144,6 +148,10 @@ class ClusterProfile:
     # The port the jobs' rendezvous listens on, on their first node (default 29400), for nodes whose
     # firewall opens another.
     rdzv_port: int | None = None
+    # The cluster's nodes are all this machine (an emulated head node: `hpcjob emulator`): a job that names
+    # no rendezvous port (--rdzv-port, rdzv_port) gets a free one at submission, as `run --local` does, so
+    # that two jobs here do not both take 29400 (hpcjob.runner.with_profile).
+    nodes_here: bool | None = None
     # The nodes' Azure VM size (onboarding writes it): jobs get the NCCL settings of its HPC image, and
     # with `region` (the Azure region, such as eastus) a run's cost is counted at its price; `spot`: the
     # compute nodes are Spot VMs, counted at the Spot price.
@@ -531,7 +539,7 @@ def get_profile(name: str | None) -> ClusterProfile:
     chosen = name or default
     if chosen is None:
         if not profiles:
-            raise SpecError(
+            raise NoCluster(
                 "no cluster configured: add one with `hpcjob cluster add NAME --url https://HEAD ...`"
             )
         raise SpecError(
@@ -547,12 +555,20 @@ def get_profile(name: str | None) -> ClusterProfile:
 
 
 def save_profile(profile: ClusterProfile, make_default: bool = False) -> Path:
-    """Add or replace one profile. The others are kept as they are, so that a broken one can be fixed."""
+    """Add or replace one profile. The others are kept as they are, so that a broken one can be fixed.
+    It becomes the default where `make_default` asks, or where there is none yet: the only profile of a
+    file without `default` is its default (load_config), and stays so."""
     path = config_path()
     data = _read(path)
     clusters = data.get("clusters", {})
+    others = [name for name in clusters if name != profile.name]
     clusters[profile.name] = {k: v for k, v in asdict(profile).items() if k != "name" and v is not None}
-    default = profile.name if make_default or "default" not in data else data["default"]
+    if make_default:
+        default = profile.name
+    elif "default" in data:
+        default = data["default"]
+    else:  # the one other profile was the default without being named: name it, so that it stays
+        default = others[0] if len(others) == 1 else profile.name
     _write(path, {"default": default, "clusters": clusters})
     return path
 
