@@ -130,9 +130,11 @@ def test_a_healthy_cluster_passes_every_check_and_then_a_slow_node_is_found_betw
     found = checks(done)
     assert list(found) == [
         *("head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "Python", "agent"),
-        *("all-reduce", "fabric", "all-reduce per node", "all-reduce between nodes", "share"),
+        *("all-reduce", "fabric", "all-reduce per node", "all-reduce between nodes", "rendezvous port"),
+        "share",
     ]
     assert found.pop("fabric") == ("skip", "no NCCL: the all-reduce ran on the CPU (gloo)")
+    assert found.pop("rendezvous port")[0] == "info"  # the profile does not say its nodes are here
     # The mount point here is long (tmp_path): no room for the agent (tests/test_doctor_checks.py).
     assert found.pop("agent") == ("skip", "not asked: the probe's command line had no room left for it")
     result, detail = found.pop("all-reduce per node")  # gloo across LOCALHOST's 2 processes, no size
@@ -251,8 +253,9 @@ def test_doctor_checks_the_data_node_group_and_its_port_from_a_trainer(
         head.cluster.base_env["ANSWER_ALLREDUCE"] = "1"
         hpcjob = cli_with_profile(PASSWORD, **profile(head, "rest", tmp_path, data_node_group="CPUNodes"))
         found = checks(done := hpcjob("doctor", "--json"))
-        assert list(found)[-5:] == [
-            "data nodes", "data nodes: share mounted", "data nodes: Python and torch", "data port", "share",
+        assert list(found)[-6:] == [
+            "data nodes", "data nodes: share mounted", "data nodes: Python and torch", "data port",
+            "rendezvous port", "share",
         ], done.err  # fmt: skip
         assert found["data nodes"] == ("pass", "1 in node group CPUNodes, all online and healthy")
         assert found["data nodes: Python and torch"] == (

@@ -4,6 +4,7 @@ pairs."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,12 @@ from hpcjob.checks.verdicts import (
     parse_probe,
     probe_checks,
     probe_command,
+    rdzv_port_check,
     ring_pairs,
 )
 from hpcjob.job.sizes import size_table
+from hpcjob.job.spec import DEFAULT_RDZV_PORT
+from hpcjob.store.config import ClusterProfile
 
 HEALTHY = "HPCJOB_PROBE gpus=8\nHPCJOB_PROBE node=3.10.12,x86_64,2.14.1,True,8,venv\n"
 
@@ -269,3 +273,34 @@ def test_doctor_local_counts_amd_gpus_with_rocm_smi_where_nvidia_smi_is_missing(
     assert "ROCm build of torch" in wrong.fix
     monkeypatch.setenv("PATH", fake_tools(tmp_path / "none"))
     assert _local_gpus(None).result == SKIP
+
+
+# The rendezvous port: asked here where the profile's nodes are this machine (nodes_here)
+
+
+def test_doctor_says_whether_the_rendezvous_port_is_free_here() -> None:
+    assert rdzv_port_check(None, True, None).result == PASS
+    free = rdzv_port_check(30001, True, None)
+    assert (free.result, free.detail) == (PASS, "port 30001 is free on this machine, where the nodes are")
+    taken = rdzv_port_check(30001, True, "Address already in use")
+    assert taken.result == FAIL and taken.detail == (
+        "port 30001 is in use on this machine, where the nodes are: Address already in use"
+    )
+    elsewhere = rdzv_port_check(None, False, None)
+    assert elsewhere.result == INFO and elsewhere.detail.startswith(f"port {DEFAULT_RDZV_PORT} not asked: ")
+
+
+def test_doctors_rendezvous_check_binds_the_profiles_port_here() -> None:
+    from hpcjob.backends.local import free_port
+    from hpcjob.checks.cluster import _rdzv_port
+
+    port = free_port()
+    assert _rdzv_port(here_profile(nodes_here=True, rdzv_port=port)).result == PASS
+    with socket.create_server(("127.0.0.1", port)):  # one address taken: a rendezvous on all would fail
+        check = _rdzv_port(here_profile(nodes_here=True, rdzv_port=port))
+    assert check.result == FAIL and check.detail.startswith(f"port {port} is in use on this machine")
+    assert _rdzv_port(here_profile(rdzv_port=port)).result == INFO
+
+
+def here_profile(**changes: object) -> ClusterProfile:
+    return ClusterProfile(name="p", url="https://head", user="alice", **changes)  # type: ignore[arg-type]

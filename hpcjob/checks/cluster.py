@@ -16,6 +16,7 @@ from hpcjob.runner import ClusterAccess, Progress, new_run_id, profile_mount_poi
 if TYPE_CHECKING:
     from hpcjob.job.sizes import GpuSize
     from hpcjob.job.spec import JobSpec
+    from hpcjob.store.config import ClusterProfile
     from hpcjob.store.runs import RunRecord
     from hpcjob.store.share import ShareFolder
 
@@ -94,8 +95,21 @@ def checkup(
                 checks.append(
                     Check("probe", FAIL, " ".join(str(exc).split()), "see `hpcjob status` of the job")
                 )
+    checks.append(_rdzv_port(profile))
     checks.append(share_check(profile.share, _share_error(access)))
     return Checkup(profile.name, backend.kind, profile.endpoint, checks)
+
+
+def _rdzv_port(profile: ClusterProfile) -> Check:
+    """Whether the jobs' rendezvous port is free: asked here where the profile's nodes are this machine."""
+    from hpcjob.checks.verdicts import rdzv_port_check
+
+    in_use = None
+    if profile.nodes_here and profile.rdzv_port is not None:
+        from hpcjob.backends.local import port_in_use
+
+        in_use = port_in_use(profile.rdzv_port)
+    return rdzv_port_check(profile.rdzv_port, bool(profile.nodes_here), in_use)
 
 
 def _allreduce(

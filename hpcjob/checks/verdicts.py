@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hpcjob.job.results import NodeInfo, State, find_metrics
-from hpcjob.job.spec import DEFAULT_COMMAND_LIMIT
+from hpcjob.job.spec import DEFAULT_COMMAND_LIMIT, DEFAULT_RDZV_PORT
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 INFO = "info"  # a figure with no mark to judge it by
@@ -340,6 +340,31 @@ def share_check(share: str | None, error: str | None) -> Check:
         error,
         "check the share's path and rights, the SMB user and password, and that port 445 is open to this "
         "machine",
+    )
+
+
+def rdzv_port_check(port: int | None, nodes_here: bool, in_use: str | None) -> Check:
+    """Whether the jobs' rendezvous port (the profile's rdzv_port; None: none named) is free where their
+    first node listens on it. Only where the profile's nodes are this machine (`nodes_here`) is that
+    here: `in_use` says why it cannot be bound (None: free). A node's port is not asked."""
+    if nodes_here and port is None:
+        return Check(
+            "rendezvous port", PASS, "each job takes a free port of this machine at submission (nodes_here)"
+        )
+    shown = port or DEFAULT_RDZV_PORT
+    if not nodes_here:
+        return Check(
+            "rendezvous port",
+            INFO,
+            f"port {shown} not asked: checked only where the profile's nodes are this machine (nodes_here)",
+        )
+    if in_use is None:
+        return Check("rendezvous port", PASS, f"port {shown} is free on this machine, where the nodes are")
+    return Check(
+        "rendezvous port",
+        FAIL,
+        f"port {shown} is in use on this machine, where the nodes are: {in_use}",
+        "stop what listens on it, or remove rdzv_port from the profile: each job then takes a free port",
     )
 
 

@@ -143,17 +143,22 @@ PICKED_PORTS_FROM = 20000
 KEPT_CLEAR = range(29400, 29700)
 
 
+def port_in_use(port: int) -> str | None:
+    """Why TCP `port` cannot be bound on every address of this machine (None: it is free): what a
+    rendezvous listening on it would meet."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))  # "": a listener on any address (0.0.0.0 or one of them) conflicts
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def free_port() -> int:
     """A TCP port nothing is bound to, on any address, picked at random below the ephemeral range."""
     below = _ephemeral_ports_from()
     for port in random.sample(range(PICKED_PORTS_FROM, below), k=min(200, below - PICKED_PORTS_FROM)):
-        if port in KEPT_CLEAR:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("", port))  # "": a listener on any address (0.0.0.0 or one of them) conflicts
-            except OSError:
-                continue
+        if port not in KEPT_CLEAR and port_in_use(port) is None:
             return port
     with socket.socket() as sock:  # that many taken: the kernel's choice, as good as it was before
         sock.bind(("", 0))
