@@ -302,5 +302,19 @@ def test_doctors_rendezvous_check_binds_the_profiles_port_here() -> None:
     assert _rdzv_port(here_profile(rdzv_port=port)).result == INFO
 
 
+def test_an_ended_jobs_connections_on_the_rendezvous_port_are_no_bar() -> None:
+    """The rendezvous binds with SO_REUSEADDR, as torch's TCPStore does: the port's connections left in
+    TIME_WAIT by a job that ended (the side that closed first keeps them) do not make it "in use"."""
+    from hpcjob.backends.local import free_port, port_in_use
+    from hpcjob.checks.cluster import _rdzv_port
+
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)) as server, socket.create_connection(("127.0.0.1", port)):
+        accepted, _ = server.accept()
+        accepted.close()  # the listener's side closes first: its end of the connection waits (TIME_WAIT)
+    assert port_in_use(port) is not None  # a plain bind meets it
+    assert _rdzv_port(here_profile(nodes_here=True, rdzv_port=port)).result == PASS
+
+
 def here_profile(**changes: object) -> ClusterProfile:
     return ClusterProfile(name="p", url="https://head", user="alice", **changes)  # type: ignore[arg-type]

@@ -108,7 +108,7 @@ def _rdzv_port(profile: ClusterProfile) -> Check:
     if profile.nodes_here and profile.rdzv_port is not None:
         from hpcjob.backends.local import port_in_use
 
-        in_use = port_in_use(profile.rdzv_port)
+        in_use = port_in_use(profile.rdzv_port, reuse_address=True)  # an ended job's TIME_WAIT is no bar
     return rdzv_port_check(profile.rdzv_port, bool(profile.nodes_here), in_use)
 
 

@@ -143,10 +143,14 @@ PICKED_PORTS_FROM = 20000
 KEPT_CLEAR = range(29400, 29700)
 
 
-def port_in_use(port: int) -> str | None:
-    """Why TCP `port` cannot be bound on every address of this machine (None: it is free): what a
-    rendezvous listening on it would meet."""
+def port_in_use(port: int, reuse_address: bool = False) -> str | None:
+    """Why TCP `port` cannot be bound on every address of this machine (None: it is free).
+    `reuse_address`: as torch's TCPStore binds its rendezvous (SO_REUSEADDR, pytorch/pytorch
+    torch/csrc/distributed/c10d/socket.cpp SocketListenOp::tryListen, commit 056b6f38), so that only a
+    listener counts, not an ended job's connections in TIME_WAIT; without it, those count too."""
     with socket.socket() as sock:
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("", port))  # "": a listener on any address (0.0.0.0 or one of them) conflicts
         except OSError as exc:
