@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from hpcjob.backends.local.procs import (
+    LOCAL_CPUS_VAR,
     MARKER_VAR,
     TaskProcess,
     Watchdog,
@@ -173,7 +174,7 @@ class NodeAgent:
         if task.props["StdErrFilePath"]:
             variables["CCP_STDERR"] = task.props["StdErrFilePath"]
         variables[MARKER_VAR] = f"{self.token}-{task.system_id}-{task.props['RequeueCount']}"
-        env = {**self.node_env(nodes[0][0]), **variables}
+        env = {**self.node_env(nodes[0][0]), **variables, LOCAL_CPUS_VAR: node_cpus(job, nodes[0][0])}
         if variables.get("CCP_DOCKER_IMAGE"):
             run = container_start(job, task, folder, variables, nodes[0][1])
         # The wrapper's own errors (a failed cd or redirection) land in the task folder.
@@ -411,3 +412,20 @@ def read_output(task: Task, folder: str) -> str:
         with contextlib.suppress(OSError), open(os.path.join(folder, name), "rb") as f:
             parts.append(f.read(OUTPUT_LIMIT))
     return b"".join(parts).decode("utf-8", errors="replace")
+
+
+def node_cpus(job: Job, node: str) -> str:
+    """The CPUs of this machine that `node`'s tasks of `job` run on (HPCJOB_LOCAL_CPUS, which the task's
+    first process sets as its affinity): a share of their own, as separate machines' would be. A rank
+    sizes its threads by the CPUs it sees, as it should on a real node; with every emulated node on every
+    CPU, their idle OpenMP threads spun on each other's cores, and a 2-node job trained 10 times slower
+    than `run --local` of the same job. More nodes than CPUs: they take turns."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    names = [name.upper() for name in job.props["AllocatedNodes"].split(",") if name]
+    if not cpus or node.upper() not in names:
+        return ""
+    index = names.index(node.upper())
+    if len(names) >= len(cpus):
+        return str(cpus[index % len(cpus)])
+    each = len(cpus) // len(names)
+    return ",".join(str(cpu) for cpu in cpus[index * each : (index + 1) * each])

@@ -356,3 +356,23 @@ def test_requeue_and_finish_a_job(client: Client, head: HeadNode) -> None:
     assert client.wait(job_id) == "Finished"
     assert head.job_history(job_id)[-4:] == ["Queued", "Running", "Finishing", "Finished"]
     assert client.props(f"/jobs/{job_id}/tasks/1", properties="State")["State"] == "Canceled"
+
+
+def test_each_node_of_a_job_runs_on_cpus_of_its_own(client: Client, tmp_path: Path) -> None:
+    """As separate machines: a rank that sizes its threads by the CPUs it sees takes none of the other
+    node's (every node on every CPU, a 2-node job of training/run_ddp.py trained 10x slower than the
+    same job with `run --local`)."""
+    import os
+
+    (tmp_path / "logs").mkdir()
+    command = "grep Cpus_allowed_list /proc/self/status"
+    job_id = client.submit_xml(pinned_job(tmp_path, command, command))
+    assert client.wait(job_id) == "Finished"
+    seen = [(tmp_path / "logs" / f"{node}.out").read_text().split()[-1] for node in ("LOCALHOST", "GPU02")]
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:
+        assert seen[0] != seen[1], seen  # a share each, none in common
+        mine = [{int(c) for c in part.replace("-", ",").split(",")} for part in seen]
+        assert not mine[0] & mine[1]
+    else:
+        assert seen == [str(cpus[0])] * 2  # one CPU: they take turns
