@@ -919,20 +919,13 @@ def test_a_volume_in_a_folder_others_than_root_may_write_is_refused(
         shared.chmod({"group-writable": 0o775, "world-writable": 0o777, "sticky": 0o1777}[loose])
     volume = f"{shared}/data:{shared}/data"
     said = container_verdict(node, volume)
-    assert said.startswith(f"volume {mount_filter.shown(volume)}: {shared} may be written by others than"), (
-        said
-    )
+    # The job's own text is cut to SHOWN characters (a long tmp path under xdist is): the reason is whole.
+    assert said.startswith("volume ") and f": {shared} may be written by others than root" in said, said
     # The loose folder itself passes: only root may write the folder it is in, so none can swap it.
     assert container_verdict(node, f"{shared}:{shared}") == ""
     scratch.chmod(0o777)  # the allowed folder itself, when the source is below it
     said = container_verdict(node, f"{shared}:{shared}")
-    assert said.startswith(f"volume {mount_filter.shown(f'{shared}:{shared}')}: {scratch} may be written"), (
-        said
-    )
-    scratch.chmod(0o777)  # the allowed folder itself, when the source is below it
-    assert container_verdict(node, f"{shared}:{shared}").startswith(
-        f"volume {shared}:{shared}: {scratch} may be"
-    )
+    assert said.startswith("volume ") and f": {scratch} may be written by others than root" in said, said
 
 
 def test_a_link_made_after_the_check_is_what_docker_mounts(node: Node) -> None:

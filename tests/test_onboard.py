@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import click
 import pytest
 
 import hpcjob as hpcjob_package
@@ -512,9 +513,12 @@ def test_delete_removes_the_resource_group_and_the_profile(
 
 
 def test_the_cli_names_the_secret_variables_that_the_tasks_never_see() -> None:
-    from hpcjob.azure import onboard as steps
+    from hpcjob.cli import cli
 
-    assert (steps.PASSWORD_ENV, steps.KEY_ENV) == (ADMIN_PASSWORD_ENV, AUTH_KEY_ENV)
+    cluster = cli.commands["cluster"]
+    assert isinstance(cluster, click.Group)
+    defaults = {p.name: p.default for p in cluster.commands["onboard"].params}
+    assert (defaults["password_env"], defaults["key_env"]) == (ADMIN_PASSWORD_ENV, AUTH_KEY_ENV)
 
 
 def _template() -> dict[str, object]:

@@ -348,12 +348,15 @@ def test_logs_fall_back_to_the_schedulers_output_without_the_share(cluster: Clus
     )
     assert "[LOCALHOST] " in logs.stdout and "No such file or directory" in logs.stdout
     assert str(missing) in logs.stdout
+    # The first failure first, as this machine's history has it (issue 39), then every line.
+    first, nodes = logs.stdout.split("\n", 1)
+    assert first.startswith("first failure: the task on LOCALHOST, exit code 1: ") and str(missing) in first
     # A job this machine did not submit (no record here): the scheduler's copy, and why.
     cluster.env["XDG_STATE_HOME"] = str(tmp_path / "another-machine")
     elsewhere = cluster.hpcjob("logs", job_id)
     assert elsewhere.returncode == 0, elsewhere.stderr
     assert f"job {job_id} was not submitted from this machine" in elsewhere.stderr
-    assert elsewhere.stdout == logs.stdout
+    assert elsewhere.stdout == nodes  # no history there: no first failure
 
 
 def test_the_readme_flow_by_hand_runs_on_the_head_node(cluster: Cluster, tmp_path: Path) -> None:
