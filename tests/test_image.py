@@ -109,8 +109,10 @@ def test_older_nodes_get_the_gpus_through_nvidia_docker_and_more_options_from_th
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"image": "Nvcr.io/NVIDIA/pytorch:24.05"}, "is not an image reference"),
-        ({"image": "pytorch:2=3"}, "is not an image reference"),
+        ({"image": "Nvcr.io/NVIDIA/pytorch:24.05"}, "is not a well-formed image reference"),
+        ({"image": "pytorch:2=3"}, "is not a well-formed image reference"),
+        # Read as the nodes' filter reads it (one answer): Docker may take hex alone for a local image's ID.
+        ({"image": "abc123"}, "Docker may read it as the ID of an image already on the node"),
         ({"image": IMAGE, "docker_options": "--label 'a b'"}, "unquoted into `docker run`"),
         ({"image": IMAGE, "docker_gpus": "amd"}, "docker_gpus 'amd' must be one of gpus-all, nvidia-docker"),
         ({"env": (("CCP_DOCKER_START_OPTION", "--privileged"),)}, "hpcjob sets the node agent's Docker"),

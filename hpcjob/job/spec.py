@@ -14,7 +14,7 @@ from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
 from hpcjob.job.hangs import MAX_HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
-from hpcjob.node.mount_filter import user_name
+from hpcjob.node.mount_filter import image_reference, shown, user_name
 
 # HPC Pack 2008 SDK: "CommandLine is limited to 480 Unicode characters"; unverified for 2016/2019,
 # hence configurable (facts/hpcpack-jobs.md section 1).
@@ -48,13 +48,6 @@ _SYSTEM_FOLDERS = re.compile(
 # (docs/facts/hpcpack-linux-agent-docker.md section 2).
 DOCKER_GPUS = ("gpus-all", "nvidia-docker", "none")  # none: nodes without GPUs
 DEFAULT_DOCKER_GPUS = DOCKER_GPUS[0]
-# A Docker image reference: [registry[:port]/]name[:tag][@sha256:digest]. No `=`: the agent reads the
-# image back from its env file with `cut -d '=' -f 2`.
-_IMAGE = re.compile(
-    r"(?:[A-Za-z0-9.-]+(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-    r"(?:@sha256:[0-9a-f]{64})?"
-)
 _DOCKER_WORD = re.compile(r"[A-Za-z0-9._=:/,+@-]+")
 
 # Beyond any cluster; they keep a typo (a huge -n) from reaching the scheduler, or a local run.
@@ -674,10 +667,14 @@ def check_vm_size(vm_size: str | None) -> None:
 
 
 def check_docker(image: str | None, docker_gpus: str, docker_options: str) -> None:
-    if image is not None and not _IMAGE.fullmatch(image):
-        raise SpecError(
-            f"--image {image!r} is not an image reference: [REGISTRY[:PORT]/]NAME[:TAG][@sha256:DIGEST]"
-        )
+    if image is not None:
+        # As Docker reads it, and as the nodes' filter reads it (one answer: hpcjob.node.mount_filter). A
+        # reference holds no `=`, which matters: the agent reads the image back from its env file with
+        # `cut -d '=' -f 2`.
+        try:
+            image_reference(image)
+        except ValueError as why:
+            raise SpecError(f"--image {shown(image)}{why}") from None
     if docker_gpus not in DOCKER_GPUS:
         raise SpecError(f"docker_gpus {docker_gpus!r} must be one of {', '.join(DOCKER_GPUS)}")
     bad = [word for word in docker_options.split() if not _DOCKER_WORD.fullmatch(word)]
