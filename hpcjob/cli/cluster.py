@@ -38,8 +38,7 @@ from hpcjob.cli.options import (
     tag_option,
 )
 from hpcjob.extras import missing_extra
-from hpcjob.job.attempts import MAX_RETRIES
-from hpcjob.job.spec import CLUSTER_BACKENDS, WINRM_TRANSPORTS
+from hpcjob.job.spec import CLUSTER_BACKENDS, MAX_RETRIES, WINRM_TRANSPORTS
 
 if TYPE_CHECKING:
     from hpcjob.job.results import JobInfo

@@ -464,7 +464,7 @@ MAX_COST_OPTION = click.option(
 
 def retry_options(command: F) -> F:
     """A run that goes on in a new attempt when one ends for a cause outside the program (issue 33)."""
-    from hpcjob.job.attempts import MAX_RETRIES, RETRY_ON
+    from hpcjob.job.spec import MAX_RETRIES, RETRY_ON
 
     options = [
         click.option(

@@ -17,9 +17,6 @@ from dataclasses import dataclass, replace
 from hpcjob.job.hangs import HANG_EXIT_CODE
 from hpcjob.job.results import JobInfo, JobSummary, NodeInfo, RootCause, State
 
-RETRY_ON = ("outside", "any")  # --retry-on: causes outside the program (default), or any failure
-MAX_RETRIES = 100  # --retries: more is a loop, not a plan
-
 # What a rank's last words say when the fabric, not the program, failed (torch's and NCCL's own texts:
 # ncclSystemError/ncclRemoteError, DistNetworkError, the store's connection errors).
 _NETWORK = re.compile(

@@ -50,6 +50,12 @@ DOCKER_GPUS = ("gpus-all", "nvidia-docker", "none")  # none: nodes without GPUs
 DEFAULT_DOCKER_GPUS = DOCKER_GPUS[0]
 _DOCKER_WORD = re.compile(r"[A-Za-z0-9._=:/,+@-]+")
 
+# How a run goes on (hpcjob.job.attempts): --retry-on causes outside the program (the default), or any
+# failure; --retries at most MAX_RETRIES (more is a loop, not a plan). Here, so that the command line
+# defines its options without importing the attempts' rules.
+RETRY_ON = ("outside", "any")
+MAX_RETRIES = 100
+
 # Beyond any cluster; they keep a typo (a huge -n) from reaching the scheduler, or a local run.
 MAX_NODES = 10_000
 MAX_PROCS_PER_NODE = 1024

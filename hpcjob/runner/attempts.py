@@ -53,7 +53,7 @@ class Retries:
     detection_s: float = 120.0
 
     def __post_init__(self) -> None:
-        from hpcjob.job.attempts import MAX_RETRIES, RETRY_ON
+        from hpcjob.job.spec import MAX_RETRIES, RETRY_ON
 
         if not 0 <= self.retries <= MAX_RETRIES:
             raise SpecError(f"--retries {self.retries}: give 0 to {MAX_RETRIES}")

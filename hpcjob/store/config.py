@@ -263,7 +263,7 @@ class ClusterProfile:
                 f"{where}: poll_interval {self.poll_interval:g} must be between {MIN_POLL_S:g} and "
                 f"{MAX_POLL_S:g} seconds"
             )
-        from hpcjob.job.attempts import MAX_RETRIES
+        from hpcjob.job.spec import MAX_RETRIES
 
         if self.retries is not None and not 0 <= self.retries <= MAX_RETRIES:
             raise SpecError(f"{where}: retries {self.retries} must be between 0 and {MAX_RETRIES}")
