@@ -311,6 +311,55 @@ def test_what_hpcjob_s_stop_makes_the_other_nodes_print_is_one_line() -> None:
     assert tracebacks.flush(final=True) == []  # said once
 
 
+# What torch 2.14 printed on LOCAL2 when rank 1 on LOCAL1, the rendezvous host, raised (CI, a loaded
+# machine: before hpcjob stopped LOCAL2), cut short.
+STORE_LOST = """\
+[W1129 06:07:15.265500044 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=3, addr=[::ffff:127.0.0.1]:39856, remote=[::ffff:127.0.0.1]:20240): Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?
+Exception raised from recvBytes at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/Utils.hpp:790 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9d (0x7f9dc3f5e60d in libc10.so)
+<omitting python frames>
+
+W1129 06:07:15.528000 3286 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 3355 closing signal SIGTERM
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 114, in _call_store
+    return getattr(self._store, store_op)(*args, **kwargs)
+torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?
+"""  # noqa: E501
+
+
+def test_what_a_failed_rendezvous_host_makes_the_other_nodes_print_is_one_line() -> None:
+    """Rank 1 on LOCAL1 fails and takes the rendezvous store with it: what LOCAL2 prints of the lost store,
+    even before hpcjob stops it, is folded with what the stop makes it print. Without a failure shown
+    first, a lost store is news, and shown."""
+    tracebacks = TracebackFilter()
+    shown: list[tuple[str, str, str]] = []
+    failed = [
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "fail.py", line 6, in <module>',
+        "[rank1]:     raise RuntimeError('boom from rank 1')",
+        "[rank1]: RuntimeError: boom from rank 1",
+    ]
+    for line in failed:
+        shown += tracebacks.feed("LOCAL1", "stderr", line)
+    shown += tracebacks.feed("LOCAL2", "stdout", "epoch 1")  # before the loss: as it came
+    for line in STORE_LOST.splitlines():
+        shown += tracebacks.feed("LOCAL2", "stderr", line)
+    tracebacks.stopping(["LOCAL2"])  # hpcjob's stop, after
+    shown += tracebacks.flush(final=True)
+    told = [line for node, _, line in shown if node == "LOCAL1"]
+    assert told[-1] == "[rank1]: RuntimeError: boom from rank 1"
+    assert [(node, line) for node, _, line in shown if node != "LOCAL1"] == [
+        ("LOCAL2", "epoch 1"),
+        (
+            "LOCAL2",
+            "stopped by hpcjob: 10 line(s) printed as they stopped, left out (`hpcjob logs` has them)",
+        ),
+    ]
+    alone = TracebackFilter()
+    first = STORE_LOST.splitlines()[0]
+    assert alone.feed("LOCAL2", "stderr", first) == [("LOCAL2", "stderr", first)]
+
+
 @pytest.mark.slow
 def test_a_failing_rank_and_a_ctrl_c_are_told_in_a_few_lines(tmp_path: Path) -> None:
     """A 2-node run whose rank 1 raises after init_process_group: at most 25 lines, the user's error

@@ -48,6 +48,12 @@ _RULE = re.compile(r"={20,}$")
 _BOX_LINES = 500  # a box never closed stops being swallowed after this many lines
 _MOST_LINES = 5000  # a traceback longer than this is shown as it came (what is held stays bounded)
 _MOST_SEEN = 1000  # the tracebacks remembered as shown, the newest
+# torch's words (c10d's TCPStore and torchrun's rendezvous, torch 2.x) on a node whose rendezvous store
+# went away: what another node's failure makes it print when that node hosted the store.
+_STORE_LOST = re.compile(
+    r"Connection was likely closed|TCPStore\.cpp:\d+\].*(Broken pipe|Connection reset)|DistNetworkError|"
+    r"has failed to shutdown the rendezvous"
+)
 
 Shown = tuple[str, str, str]  # (node, "stdout" or "stderr", line)
 
@@ -95,11 +101,13 @@ class TracebackFilter:
         self._streams: dict[tuple[str, str], _Stream] = {}
         self._seen: dict[tuple[str, ...], str] = {}  # a traceback shown -> where it came from
         self._stopped: dict[str, int] = {}  # a node hpcjob stopped -> its lines since, left out
+        self._failed: str | None = None  # the node of the first traceback: the job's failure
 
     def stopping(self, nodes: Iterable[str]) -> None:
         """hpcjob stops `nodes` now (another node failed; an interrupt): what they print from here on is
         what the stop did to them (torchrun's SignalException, a KeyboardInterrupt in each rank, C++
-        frames), left out with what they held, and said in one line a node at the end."""
+        frames), left out with what they held, and said in one line a node at the end. A node that
+        says it lost the rendezvous store once another node's traceback began is stopping too."""
         for node in nodes:
             if node in self._stopped:
                 continue
@@ -111,6 +119,10 @@ class TracebackFilter:
             self._stopped[node] = held
 
     def feed(self, node: str, stream: str, line: str) -> list[Shown]:
+        if self._failed not in (None, node) and node not in self._stopped and _STORE_LOST.search(line):
+            # Another node failed, and this one lost the store it hosted: it is stopping, as if hpcjob
+            # had stopped it already (it will, as soon as it sees the failure).
+            self.stopping([node])
         if node in self._stopped:
             self._stopped[node] += 1
             return []
@@ -191,6 +203,7 @@ class TracebackFilter:
         # idle
         if text == HEADER:
             state.state, state.prefix, state.parts, state.raw = "body", prefix, [_Part()], [line]
+            self._failed = self._failed or node
         elif not _TORCHRUN_FAILED.search(line):
             shown.append((node, stream, line))
 
