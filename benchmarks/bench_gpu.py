@@ -157,7 +157,7 @@ def write_fashion_shaped(root: Path, samples: int) -> None:
 
 @dataclass(frozen=True)
 class JobFigures:
-    samples_per_s: float
+    samples_per_sec: float
     data_wait: float
     gpu_util: str
 
@@ -182,8 +182,8 @@ Row = tuple[object, ...]
 
 def row(name: str, job: JobFigures, limit: float, target: str) -> Row:
     """One workload's figures, said at once too: a run stopped part way still shows what it measured."""
-    ratio = job.samples_per_s / limit
-    figures = (f"{job.samples_per_s:.0f}", f"{limit:.0f}", f"{ratio:.0%}", f"{job.data_wait:.1%}")
+    ratio = job.samples_per_sec / limit
+    figures = (f"{job.samples_per_sec:.0f}", f"{limit:.0f}", f"{ratio:.0%}", f"{job.data_wait:.1%}")
     print(
         f"bench_gpu: {name}: {figures[0]}/s of {figures[1]} ({figures[2]}), data wait {figures[3]}",
         flush=True,

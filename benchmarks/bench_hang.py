@@ -40,7 +40,7 @@ def one_run(folder: Path, bound: float) -> tuple[float, float, str]:
     script = folder / "sleeper.py"
     script.write_text(SLEEPER)
     said: list[tuple[float, str]] = []
-    run = hpcjob.submit(script, nodes=2, hang_timeout_s=bound, python=sys.executable, requirements=False)
+    run = hpcjob.submit(script, nodes=2, hang_timeout_s=bound, python=sys.executable, no_env=True)
     run.wait(progress=lambda line: said.append((time.time(), line)))
     ended = time.time()
     named_at = next(at for at, line in said if " hung: " in line)

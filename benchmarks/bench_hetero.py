@@ -96,7 +96,7 @@ def run_on_hosts(
         data_nodes=1 if hetero else 0,
         data_node_names=("NODE2",) if hetero else (),
     )
-    plan = make_plan(spec, spec.node_names, run_id, data_nodes=spec.data_node_names)
+    plan = make_plan(spec, spec.node_names, run_id, data_node_names=spec.data_node_names)
     upload(TRAIN.parent, LocalFolder(bed.share_folder), spec.job_folder)
     logs = bed.share_folder / spec.job_folder / "logs" / run_id
     logs.mkdir(parents=True)
@@ -117,8 +117,8 @@ def figures_of(metrics: dict[str, Any], args: argparse.Namespace) -> dict[str, f
         "step_ms": 1000 * args.batch_size / speed,
         "data_wait": wait,
         "model_share": 1 - wait,
-        "samples_per_s": speed,
-        "data_samples_per_s": float(metrics.get("data_samples_per_sec") or 0.0),
+        "samples_per_sec": speed,
+        "data_samples_per_sec": float(metrics.get("data_samples_per_sec") or 0.0),
     }
 
 
@@ -178,7 +178,7 @@ def main() -> None:
                 results[mode].append(figures)
                 print(
                     f"bench_hetero: run {repeat} {mode}: step {figures['step_ms']:.1f} ms, data wait "
-                    f"{figures['data_wait']:.0%}, {figures['samples_per_s']:.0f} samples/s",
+                    f"{figures['data_wait']:.0%}, {figures['samples_per_sec']:.0f} samples/s",
                     file=sys.stderr,
                 )
     print()
@@ -188,7 +188,7 @@ def main() -> None:
         steps = spread([r["step_ms"] for r in runs], "{:.1f}")
         wait = statistics.median(r["data_wait"] for r in runs)
         share_ = statistics.median(r["model_share"] for r in runs)
-        speed = statistics.median(r["samples_per_s"] for r in runs)
+        speed = statistics.median(r["samples_per_sec"] for r in runs)
         print(f"{mode:<14}  {' / '.join(steps):<28}  {wait:>9.0%}  {share_:>11.0%}  {speed:.0f}")
     print(
         "(homogeneous: its loader worker shares the trainer's CPU, so most of the data work shows as a "

@@ -125,17 +125,6 @@ def submit(
     args: Sequence[str] = (),
     *,
     cluster: str | None = None,
-    nodes: int | None = None,
-    node_names: Sequence[str] = (),
-    gpus_per_node: int | None = None,
-    nproc_per_node: int | None = None,
-    env: Mapping[str, str] | None = None,
-    secrets: Sequence[str] = (),
-    requirements: str | Path | bool | None = None,
-    image: str | None = None,
-    name: str | None = None,
-    run_id: str | None = None,
-    resume_from: str | None = None,
     backend: str | None = None,
     mount_step: bool = True,
     wait: bool = False,
@@ -147,18 +136,22 @@ def submit(
     **options: Any,
 ) -> Run:
     """Submit SCRIPT (its folder is the code) with ARGS: to `cluster` (a profile's name; its backend
-    unless `backend` names another), or with cluster=None to this machine. `requirements`: a pip
-    requirements file (None: requirements.txt beside the script, if there is one; False: none).
-    `resume_from`: an earlier run of this machine's (run id or job id) whose latest checkpoint the new
-    run starts from, as `--resume-from` (None: a new run starts fresh, saving into a folder of its own).
-    `secrets`: names of this process's environment variables whose values reach the tasks in a file only
-    you may read (`--secret`), never in the job or the history; the profile's `secrets` come first.
-    More job options by their JobSpec names (node_group, env_on, runtime_s, ...). With `wait`, the
-    returned run's `summary` is set. `retries` more attempts follow one that ended for a cause outside
-    the program (`retry_on="any"`: any failure), as `--retries` [default: the cluster profile's retries,
-    else 0], while the run is followed (`wait`, or later `Run.wait()`), none once they cost more than
-    `max_cost` US dollars (a cluster's runs: a local one has no price)."""
+    unless `backend` names another), or with cluster=None to this machine. `options`: the job's, by the
+    names of hpcjob.job.options.JobOptions (the command line's, read the same way, each with its help
+    there): nodes=2, gpus_per_node=4, node_names=["GPU1", "GPU2"], env={"K": "V"}, runtime_s=5400 (or
+    "90m"), requirements="requirements.txt" (None: requirements.txt beside the script, if there is one;
+    no_env=True: none), resume_from=RUN (an earlier run of this machine's whose latest checkpoint the new
+    run starts from), secrets=["HF_TOKEN"] (names of this process's environment variables whose values
+    reach the tasks in a file only you may read, never in the job or the history; the profile's come
+    first), run_id, name, image, ... An unknown name is a SpecError that says the nearest. With `wait`,
+    the returned run's `summary` is set. `retries` more attempts follow one that ended for a cause
+    outside the program (`retry_on="any"`: any failure), as `--retries` [default: the cluster profile's
+    retries, else 0], while the run is followed (`wait`, or later `Run.wait()`), none once they cost more
+    than `max_cost` US dollars (a cluster's runs: a local one has no price)."""
+    from hpcjob.job.options import JobOptions
+
     said = progress or _quiet
+    job = JobOptions.read({"script": str(script), "script_args": tuple(args), **options})
     if max_cost is not None and cluster is None:
         raise SpecError("max_cost needs a cluster: a local run has no price")
     if retries is None and cluster is not None:
@@ -166,37 +159,15 @@ def submit(
 
         retries = get_profile(cluster).retries
     again = runner.Retries(retries or 0, retry_on, max_cost_usd=max_cost)
-    fields: dict[str, Any] = {
-        "script": str(script),
-        "script_args": tuple(args),
-        "nodes": nodes,
-        "node_names": tuple(node_names),
-        "gpus_per_node": gpus_per_node,
-        "nproc_per_node": nproc_per_node,
-        "env": tuple((env or {}).items()),
-        "secrets": tuple(secrets),
-        "requirements": runner.requirements_text(
-            Path(script),
-            None if isinstance(requirements, bool) else requirements,
-            requirements is False,
-            said,
-        ),
-        "image": image,
-        "resume_from": resume_from,
-        **({"name": name} if name else {}),
-        **options,
-    }
     command = f"hpcjob.submit({str(script)!r}, args={list(args)!r}, cluster={cluster!r})"
     if cluster is None:
-        record, plan = runner.submit_local(
-            fields, run_id, progress=said, command=command, tags=tags, retries=again
-        )
+        record, plan = runner.submit_local(job, progress=said, command=command, tags=tags, retries=again)
         run = Run(record, plan)
         if wait:
             run.wait(said)
         return run
     record, plan, summary = runner.submit_to_cluster(
-        fields, run_id, cluster, backend, mount_step=mount_step, progress=said, command=command, tags=tags,
+        job, cluster, backend, mount_step=mount_step, progress=said, command=command, tags=tags,
         wait=wait, retries=again,
     )  # fmt: skip
     run = Run(record, plan)
@@ -223,17 +194,20 @@ def render_job(
     args: Sequence[str] = (),
     *,
     node_names: Sequence[str],
-    run_id: str | None = None,
     **options: Any,
 ) -> dict[str, str]:
     """The job for SCRIPT on `node_names`, contacting nothing: {"xml": the job file, "powershell": the
     head node's submit script, "json": the plan, and with a `share` (a UNC), "clusrun": the mount step
-    and submit commands}. Job options by their JobSpec names; `owner`, whose folder on the share holds
-    the job folder, as the command line's render takes it [default: the default cluster profile's user,
-    else this machine's]."""
+    and submit commands}. Job options by the names of hpcjob.job.options.JobOptions, as `submit` takes
+    them; `owner`, whose folder on the share holds the job folder, as the command line's render takes it
+    [default: the default cluster profile's user, else this machine's]."""
+    from hpcjob.job.options import JobOptions
+
     fields = {"script": str(script), "script_args": tuple(args), "node_names": tuple(node_names), **options}
-    fields.setdefault("owner", runner.render_owner())
-    return runner.render_job(runner.job_spec(fields), run_id)
+    if "owner" not in fields:
+        fields["owner"] = runner.render_owner()
+    job = JobOptions.read(fields)
+    return runner.render_job(runner.job_spec(job), job.run_id)
 
 
 __all__ = [

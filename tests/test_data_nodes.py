@@ -38,7 +38,7 @@ CPU = ("CPUNODE001", "CPUNODE002")
 
 def plan_2plus2(**overrides: object) -> JobPlan:
     spec = cluster_spec(2, data_nodes=2, data_node_group="CPUNodes", **overrides)
-    return make_plan(spec, spec.node_names, RUN_ID, data_nodes=CPU)
+    return make_plan(spec, spec.node_names, RUN_ID, data_node_names=CPU)
 
 
 def test_the_2plus2_job_file_clusrun_and_powershell_are_the_golden_ones(
@@ -111,7 +111,10 @@ def test_hpcjob_chooses_the_data_nodes_from_their_group_and_never_a_trainer() ->
         return cluster_plan(spec, RUN_ID, lambda g: by_group[g], lambda: busy, lambda names: {}, "lab")
 
     chosen = plan(spec, {"CPUNODE001"})
-    assert chosen.nodes == ("GPUNODE001", "GPUNODE002") and chosen.data_nodes == ("CPUNODE002", "CPUNODE003")
+    assert chosen.nodes == ("GPUNODE001", "GPUNODE002") and chosen.data_node_names == (
+        "CPUNODE002",
+        "CPUNODE003",
+    )
     # With no trainer group, the trainers never come from the data nodes' group.
     assert plan(replace(spec, node_group=None)).nodes == ("GPUNODE001", "GPUNODE002")
     too_few = r"^4 data node\(s\) needed but only 3 online.* in group CPUNodes"
@@ -120,7 +123,7 @@ def test_hpcjob_chooses_the_data_nodes_from_their_group_and_never_a_trainer() ->
     with pytest.raises(SpecError, match="--data-node-group"):
         plan(replace(spec, data_node_group=None))
     named = plan(replace(spec, data_node_names=("CPUNODE003",), data_nodes=1))
-    assert named.data_nodes == ("CPUNODE003",)
+    assert named.data_node_names == ("CPUNODE003",)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +161,7 @@ def test_each_role_is_counted_at_its_own_price() -> None:
         for name in ("GPUNODE001", "GPUNODE002", "CPUNODE001")
     ]
     summary = JobSummary("job", "run", State.FINISHED, 0, 3600.0, "/j", "/j/logs", nodes=nodes, price=gpu)
-    summary.data_nodes = ["cpunode001"]
+    summary.data_node_names = ["cpunode001"]
     assert summary.cost_usd is None  # the data node's size is not known
     summary.data_price = cpu
     assert summary.cost_usd == pytest.approx(2 * 3.67 + 0.677)
@@ -238,7 +241,7 @@ def test_a_local_job_with_two_data_nodes_trains_from_them_and_ends_finished(tmp_
         ("DATA2", 0),
     ]
     metrics = summary["metrics"]
-    assert [n["node"] for n in metrics["data_nodes"]] == ["DATA1"] and metrics["data_nodes"][0][
+    assert [n["node"] for n in metrics["data_node_stats"]] == ["DATA1"] and metrics["data_node_stats"][0][
         "samples"
     ] == 1200
     assert metrics["data_samples_per_sec"] > 0 and 0 <= metrics["data_wait_fraction"] < 1
@@ -258,8 +261,8 @@ def test_a_local_job_with_two_data_nodes_trains_from_them_and_ends_finished(tmp_
             capture_output=True, text=True, timeout=60,
         ).stdout
     )  # fmt: skip
-    assert shown["data_nodes"] == ["DATA1", "DATA2"]
-    assert json.loads(out)["data_nodes"] == ["DATA1", "DATA2"]  # the summary says which nodes served
+    assert shown["data_node_names"] == ["DATA1", "DATA2"]
+    assert json.loads(out)["data_node_names"] == ["DATA1", "DATA2"]  # the summary says which nodes served
     assert shown["node_hours"] == pytest.approx(3 * shown["wall_s"] / 3600)  # every node it held
     status = json.loads(
         subprocess.run(
@@ -273,7 +276,7 @@ def test_a_local_job_with_two_data_nodes_trains_from_them_and_ends_finished(tmp_
     assert resumed.returncode == 0, err[-3000:]
     again = json.loads(out)["metrics"]
     assert (again["resumed_from_epoch"], again["epochs_trained"]) == (2, 1)
-    assert again["data_nodes"][0]["samples"] == 600  # one epoch served: the third
+    assert again["data_node_stats"][0]["samples"] == 600  # one epoch served: the third
 
 
 @pytest.mark.slow
@@ -317,7 +320,7 @@ def test_both_emulator_front_doors_run_a_2plus2_job_to_the_end(tmp_path: Path, b
         assert sorted((n["node"], n["exit_code"]) for n in summary["nodes"]) == sorted(
             [("LOCALHOST", 0), ("NODE002", 0), *((name, 0) for name in CPU)]
         )
-        served = {n["node"]: n["samples"] for n in summary["metrics"]["data_nodes"]}
+        served = {n["node"]: n["samples"] for n in summary["metrics"]["data_node_stats"]}
         assert set(served) == set(CPU) and all(samples > 0 for samples in served.values())
 
 
@@ -345,3 +348,26 @@ def test_a_cancel_stops_both_roles(tmp_path: Path) -> None:
     assert summary["state"] == "Canceled", err[-3000:]
     assert {n["node"]: n["state"] for n in summary["nodes"]} == {"LOCAL1": "Canceled", "DATA1": "Canceled"}
     assert marked_processes(f"{MARKER_VAR}=hetero-3/".encode()) == set()
+
+
+def test_a_run_history_of_an_older_hpcjob_still_names_its_data_nodes() -> None:
+    """The data nodes' names were "data_nodes" in the plan, the summary and each attempt's figures that
+    the history keeps; now "data_node_names" (data_nodes is their count, as --data-nodes): the old
+    records read the same."""
+    from hpcjob.job.render import plan_json
+    from hpcjob.job.usage import AttemptUsage
+
+    plan = plan_json(plan_2plus2())
+    old = json.loads(plan)
+    old["data_nodes"] = old.pop("data_node_names")
+    assert (
+        JobPlan.from_dict(old) == JobPlan.from_dict(json.loads(plan))
+        and len(JobPlan.from_dict(old).data_node_names) == 2
+    )
+    summary = JobSummary("t", RUN_ID, State.FINISHED, 0, 1.0, "/j", "/l", data_node_names=["CPU1"])
+    older = json.loads(summary.to_json())
+    older["data_nodes"] = older.pop("data_node_names")
+    assert JobSummary.from_json(json.dumps(older)).data_node_names == ["CPU1"]
+    usage = AttemptUsage(1, 0.0, 60.0, ("GPU1",), ("CPU1",)).to_dict()
+    usage["data_nodes"] = usage.pop("data_node_names")
+    assert AttemptUsage.from_dict(usage).data_node_names == ("CPU1",)

@@ -345,7 +345,7 @@ def test_a_rank_put_to_sleep_is_named_and_the_job_ended_within_the_bound(tmp_pat
         hang_timeout_s=TIMEOUT,
         env={"HANG_MODE": "sleep"},
         python=sys.executable,
-        requirements=False,
+        no_env=True,
     )
     run.wait(progress=lambda line: said.append((time.time(), line)))
     ended = time.time()
@@ -388,7 +388,7 @@ def test_a_stopped_rank_on_the_cluster_is_named_over_smb_and_its_job_canceled(
         env={"HANG_MODE": "stop", "HPCJOB_IFNAME": "lo"},
         python=sys.executable,
         rdzv_port=free_port(),
-        requirements=False,
+        no_env=True,
         wait=True,
     )
     assert_ended_as_hung(

@@ -82,7 +82,7 @@ def test_a_run_s_history_from_its_first_record_to_its_end() -> None:
     record_state("a-1", "Running", None)  # a late poll does not undo the summary
     [entry] = history()
     assert (entry.state, entry.exit_code, entry.wall_s) == ("Failed", 3, 1800.0)
-    assert entry.node_hours == 1.0 and entry.gpu_hours == 4.0 and entry.samples_per_s == 1234.5
+    assert entry.node_hours == 1.0 and entry.gpu_hours == 4.0 and entry.samples_per_sec == 1234.5
     assert entry.summary is not None and entry.summary.root_cause is not None
     assert find_run("17", "prod").run_id == "a-1"  # by job id too
 

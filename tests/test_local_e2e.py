@@ -113,7 +113,9 @@ def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     assert listed.returncode == 0, listed.stderr
     [entry] = json.loads(listed.stdout)
     assert (entry["run_id"], entry["job_state"], entry["exit_code"]) == (run_id, "Finished", 0)
-    assert entry["samples_per_s"] == metrics["samples_per_sec"] > 0 and entry["tags"] == {"exp": "base line"}
+    assert entry["samples_per_sec"] == metrics["samples_per_sec"] > 0 and entry["tags"] == {
+        "exp": "base line"
+    }
     assert entry["node_hours"] == pytest.approx(2 * summary["wall_time_s"] / 3600)
     assert "--tag 'exp=base line'" in entry["command"] and entry["plan"]["run_id"] == run_id
     shown = subprocess.run(

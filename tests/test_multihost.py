@@ -149,5 +149,5 @@ def test_a_trainer_reads_its_batches_from_a_data_node_on_another_host(bed: TestB
     assert codes == [0, 0], logs
     assert f"data node NODE2: serving ranks 0 at {bed['node2'].address}:29600" in logs["NODE2"]
     metrics = next(line for line in logs["NODE1"].splitlines() if line.startswith("HPCJOB_METRICS "))
-    served = json.loads(metrics.removeprefix("HPCJOB_METRICS "))["data_nodes"]
+    served = json.loads(metrics.removeprefix("HPCJOB_METRICS "))["data_node_stats"]
     assert [(s["node"], s["samples"]) for s in served] == [("NODE2", 2048)]

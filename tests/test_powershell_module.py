@@ -380,7 +380,7 @@ SETS = [
         "Submit-HpcTorchJob",
         {"Script": "train.py", "ArgumentList": ["--epochs", "5", "--lr=0.1"], "Nodes": 2, "Wait": True,
          "Node": ["GPU001", "GPU002"], "Environment": {"NCCL_DEBUG": "INFO"}, "NoMountStep": True},
-        {"nodes": 2, "wait": True, "node_names": ("GPU001", "GPU002"), "env_items": ("NCCL_DEBUG=INFO",),
+        {"nodes": 2, "wait": True, "node_names": ("GPU001", "GPU002"), "env": ("NCCL_DEBUG=INFO",),
          "mount_step": False, "script": "train.py", "script_args": ("--epochs", "5", "--lr=0.1"),
          "as_json": True, "dry_run": False},
     ),
@@ -442,3 +442,37 @@ def test_scripts_onboard_is_the_module_s_command() -> None:
     script = (ROOT / "scripts" / "Onboard.ps1").read_text(encoding="utf-8")
     assert "powershell\\HpcTorch\\HpcTorch.psd1" in script and "New-HpcTorchCluster @args" in script
     assert "if ($failed) { exit 1 }" in script
+
+
+@pytest.mark.parametrize("function_name", ["Submit-HpcTorchJob", "Invoke-HpcTorchJob"])
+def test_each_job_option_of_the_table_is_a_parameter_that_takes_what_the_option_takes(
+    function_name: str,
+) -> None:
+    """hpcjob.job.options is the one table of the job's options: each with a flag is a parameter of both
+    job commands, named from it, mapped to that flag in $script:JobOptions, and as strict as the option
+    (the same range, set, switch or list): a value PowerShell lets through, hpcjob takes."""
+    from hpcjob.job.options import CHOICE, COUNT, NAMES, PAIRS, SWITCH, job_options
+
+    function = function_of(function_name)
+    mapped = MOD.cli[function_name]["Options"]
+    int32_max = 2**31 - 1
+    for _, how in job_options():
+        if how.flag is None:
+            continue
+        name = how.parameter
+        assert name is not None and name in function.parameters, f"{function_name} lacks -{name} ({how.flag})"
+        assert mapped[name] == how.flag, f"-{name} maps to {mapped[name]}, not {how.flag}"
+        parameter = function.parameters[name]
+        if how.kind == COUNT:
+            wanted = (float(how.low or 0), float(how.high or int32_max))
+            assert parameter.valid_range == wanted, f"-{name}: ValidateRange{wanted}, as {how.flag}"
+        elif how.kind == CHOICE:
+            assert parameter.valid_set == list(how.choices), f"-{name}: ValidateSet{how.choices}"
+        elif how.kind == SWITCH:
+            assert parameter.type == "switch", f"-{name} is a switch, as {how.flag}"
+        elif how.kind == NAMES:
+            assert parameter.type == "string[]", f"-{name} takes names, as {how.flag} repeats"
+        elif how.kind == PAIRS:
+            assert parameter.type == "hashtable", f"-{name} takes NAME=VALUE pairs"
+        else:
+            assert parameter.type == "string", f"-{name} takes the text {how.flag} reads"

@@ -19,6 +19,7 @@ from hpcjob.backends.local import KEPT_CLEAR, PICKED_PORTS_FROM
 from hpcjob.emulator import HeadNode
 from hpcjob.emulator.cli import profile_command
 from hpcjob.emulator.tls import make_certificate
+from hpcjob.job.options import JobOptions
 from hpcjob.job.spec import DEFAULT_RDZV_PORT
 from hpcjob.runner import with_profile
 from hpcjob.store.config import ClusterProfile, get_profile, load_config
@@ -131,7 +132,7 @@ def picked(port: object) -> bool:
 
 
 def test_a_job_on_nodes_here_without_a_port_gets_a_free_one() -> None:
-    port = with_profile({}, profile(nodes_here=True))["rdzv_port"]
+    port = with_profile(JobOptions("x.py"), profile(nodes_here=True)).rdzv_port
     assert picked(port) and port != DEFAULT_RDZV_PORT
     with socket.socket() as sock:
         sock.bind(("", port))  # free when picked
@@ -149,7 +150,7 @@ def test_a_job_on_nodes_here_without_a_port_gets_a_free_one() -> None:
 def test_a_port_given_and_a_profile_without_nodes_here_are_kept(
     options: dict[str, object], changes: dict[str, object], port: int | None
 ) -> None:
-    assert with_profile(options, profile(**changes)).get("rdzv_port") == port
+    assert with_profile(JobOptions("x.py", **options), profile(**changes)).rdzv_port == port  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 
 from hpcjob.backends.rest import RestClient, RestError, submit_job
 from hpcjob.emulator import HeadNode
+from hpcjob.job.options import JobOptions
 from hpcjob.job.results import Submission
 from hpcjob.store.runs import RunRecord, find_run, save_run
 
@@ -197,8 +198,7 @@ def test_ctrl_c_during_the_mount_step_ends_the_run_failed(
 
     with pytest.raises(KeyboardInterrupt):
         submit_to_cluster(
-            {"script": script, "nodes": 1},
-            "exp-1",
+            JobOptions(script, nodes=1, run_id="exp-1"),
             "emu",
             None,
             mount_step=True,

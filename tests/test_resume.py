@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from hpcjob.cli import cli
 from hpcjob.cli.tables import format_summary
+from hpcjob.job.options import JobOptions
 from hpcjob.job.plan import CHECKPOINT_VAR, RESUME_VAR, JobPlan, make_plan
 from hpcjob.job.render import plan_json
 from hpcjob.job.results import JobSummary, NodeResult, State, trained_nothing
@@ -57,7 +58,7 @@ def test_each_run_has_its_own_checkpoint_folder_and_resumes_only_when_asked(tmp_
     assert RESUME_VAR not in first and RESUME_VAR not in second  # a new run starts fresh
 
     # Asked: the earlier run's folder, found through the history, as the new run's tasks get it.
-    spec = job_spec({"script": str(TRAIN), "share": None, "resume_from": "first-1"}, local=True)
+    spec = job_spec(JobOptions(str(TRAIN), resume_from="first-1"), local=True)
     assert spec.resume_dir == first[CHECKPOINT_VAR]
     env = dict(make_plan(spec, ["LOCAL1"], "third-1", mount_point=str(tmp_path)).env)
     assert env[RESUME_VAR] == first[CHECKPOINT_VAR]
@@ -73,7 +74,10 @@ def test_a_cluster_run_resumes_a_run_of_the_same_share_where_its_nodes_mount_it(
     # The same share, mounted elsewhere by this run's nodes (a user's own folder of /app, say).
     found = resume_dir("7", local=False, share=UNC, mount_point="/app/alice")
     assert found == f"/app/alice/hpcjob/run_ddp/checkpoints/{RUN_ID}"
-    spec = job_spec({"script": str(TRAIN), "share": UNC, "mount_point": "/mnt/x", "resume_from": RUN_ID})
+    options = JobOptions.read(
+        {"script": str(TRAIN), "share": UNC, "mount_point": "/mnt/x", "resume_from": RUN_ID}
+    )
+    spec = job_spec(options)
     assert spec.resume_dir == f"/mnt/x/hpcjob/run_ddp/checkpoints/{RUN_ID}"
     with pytest.raises(
         SpecError, match=r"on //HEADNODE/CcpSpoolDir/app, and this one's on //OTHER/s: a run "
@@ -122,7 +126,7 @@ def test_where_an_older_or_a_redirected_run_kept_its_checkpoints(tmp_path: Path)
 
 def test_a_run_that_saved_no_checkpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
     source = local_run(tmp_path, "empty-1")
-    spec = job_spec({"script": str(TRAIN), "share": None, "resume_from": "empty-1"}, local=True)
+    spec = job_spec(JobOptions(str(TRAIN), resume_from="empty-1"), local=True)
     plan = make_plan(spec, ["LOCAL1"], "next-1", mount_point=str(tmp_path))
     folder = Path(dict(source.env)[CHECKPOINT_VAR])
     with pytest.raises(SpecError) as missing:
@@ -200,10 +204,10 @@ def test_a_run_that_trained_nothing_says_so_and_records_no_throughput() -> None:
     for run_id, metrics in (("t-1", TRAINED), ("n-1", NOTHING), ("c-1", COPIED)):
         save_run(RunRecord(run_id, "run_ddp", "local", "hpcjob/run_ddp", ("LOCAL1", "LOCAL2")))
         record_end(summary(run_id, metrics))
-    throughput = {entry.record.run_id: entry.samples_per_s for entry in history()}
+    throughput = {entry.record.run_id: entry.samples_per_sec for entry in history()}
     assert throughput == {"t-1": 6700.0, "n-1": None, "c-1": None}
     listed = CliRunner().invoke(cli, ["runs", "--json"])
-    assert {e["run_id"]: e["samples_per_s"] for e in json.loads(listed.output)} == throughput
+    assert {e["run_id"]: e["samples_per_sec"] for e in json.loads(listed.output)} == throughput
     table = CliRunner().invoke(cli, ["runs"]).output.splitlines()
     column = table[0].index("SAMPLES/S")
     assert {line.split()[0]: line[column:].split()[0] for line in table[1:]} == {
@@ -250,4 +254,4 @@ def test_a_second_run_trains_and_a_resumed_one_that_has_nothing_left_says_so(tmp
     shown = CliRunner().invoke(cli, ["runs", "show", "e2e-third-1"]).output
     assert "trained nothing: the checkpoint it resumed already covered 1 of 1 epoch(s); no samples/s" in shown
     [entry] = [e for e in history() if e.record.run_id == "e2e-third-1"]
-    assert entry.samples_per_s is None
+    assert entry.samples_per_sec is None

@@ -7,6 +7,7 @@ that hold a secret's usual words are refused too. Each refusal names what it mat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from hpcjob.backends.local import free_port
+from hpcjob.job.options import JobOptions
 from hpcjob.job.spec import HpcjobError, JobSpec, SpecError, check_requirements
 
 from .conftest import empty_script, stand_in_python
@@ -550,13 +552,14 @@ def test_a_profile_s_secrets_come_first_and_bad_ones_are_refused_in_one_line(
     script = empty_script(tmp_path)
     monkeypatch.setenv("WANDB_API_KEY", "a")
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    fields = {"script": str(script), "node_names": ("N1",), "secrets": ("MINE", "HF_TOKEN")}
+    options = JobOptions(str(script), node_names=("N1",), secrets=("MINE", "HF_TOKEN"))
     with pytest.raises(SpecError, match=r"^--secret HF_TOKEN: no environment variable"):
-        job_spec(fields, profile)  # a job to run: its values are read before anything else
+        job_spec(options, profile)  # a job to run: its values are read before anything else
     monkeypatch.setenv("HF_TOKEN", "b")
     monkeypatch.setenv("MINE", "c")
-    assert job_spec(fields, profile).secrets == ("WANDB_API_KEY", "HF_TOKEN", "MINE")
-    assert job_spec({**fields, "secrets": ("NOT_HERE_FOR_RENDER",)}).secrets == ("NOT_HERE_FOR_RENDER",)
+    assert job_spec(options, profile).secrets == ("WANDB_API_KEY", "HF_TOKEN", "MINE")
+    unread = dataclasses.replace(options, secrets=("NOT_HERE_FOR_RENDER",))
+    assert job_spec(unread).secrets == ("NOT_HERE_FOR_RENDER",)
 
 
 def test_the_python_api_takes_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,15 +133,16 @@ def test_gpus_per_node_come_from_the_command_line_then_the_profile_then_the_size
 
 
 def test_a_cluster_job_gets_its_size_s_gpus_where_the_profile_says_none() -> None:
+    from hpcjob.job.options import JobOptions
     from hpcjob.runner import with_profile
     from hpcjob.store.config import ClusterProfile
 
     profile = ClusterProfile("gpu", "https://head", "alice", vm_size=GB200)
-    assert with_profile({"script": "x.py"}, profile)["gpus_per_node"] == 4
-    assert with_profile({"script": "x.py", "gpus_per_node": 2}, profile)["gpus_per_node"] == 2
-    assert with_profile({"script": "x.py", "nproc_per_node": 1}, profile).get("gpus_per_node") is None
+    assert with_profile(JobOptions("x.py"), profile).gpus_per_node == 4
+    assert with_profile(JobOptions("x.py", gpus_per_node=2), profile).gpus_per_node == 2
+    assert with_profile(JobOptions("x.py", nproc_per_node=1), profile).gpus_per_node is None
     both = dataclasses.replace(profile, gpus_per_node=3)
-    assert with_profile({"script": "x.py"}, both)["gpus_per_node"] == 3
+    assert with_profile(JobOptions("x.py"), both).gpus_per_node == 3
 
 
 def test_render_says_where_the_gpus_per_node_come_from(

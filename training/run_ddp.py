@@ -699,7 +699,7 @@ def data_node_metrics(served: Sequence[dict[str, object] | None]) -> dict[str, o
         if node not in nodes or _count(figures) >= _count(nodes[node]):
             nodes[node] = figures
     rates = [r for f in nodes.values() if isinstance(r := f.get("samples_per_sec"), int | float)]
-    return {"data_nodes": list(nodes.values()), "data_samples_per_sec": sum(rates) if rates else None}
+    return {"data_node_stats": list(nodes.values()), "data_samples_per_sec": sum(rates) if rates else None}
 
 
 def _count(figures: dict[str, object]) -> int:

@@ -175,7 +175,7 @@ def cluster_plan(
         kept_for_data = [n.name for n in nodes(data_group)] if group is None and data_group else []
         keep_out = (*keep_out, *data, *kept_for_data)
     chosen = spec.node_names or choose_nodes(nodes(group), spec.node_count, taken, group, keep_out)
-    plan = make_plan(spec, chosen, run_id, attempt=attempt, data_nodes=data)
+    plan = make_plan(spec, chosen, run_id, attempt=attempt, data_node_names=data)
     names = run_job_names(plan.job_name, plan.mount is not None)
     refuse_taken_names(names, find(names), cluster)
     return plan
@@ -283,7 +283,7 @@ def job_summary(
         metrics=find_metrics(lines),
         job_id=info.job_id,
         events=events,
-        data_nodes=list(plan.data_nodes),
+        data_node_names=list(plan.data_node_names),
     )
 
 

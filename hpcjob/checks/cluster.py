@@ -249,28 +249,22 @@ def _allreduce_spec(
 ) -> JobSpec:
     """The all-reduce probe (hpcjob/checks/probes/allreduce.py) on `nodes`, as a job of the profile's is: its
     share and folder, environment and containers' settings, one process per node."""
-    from hpcjob.job.spec import JobSpec, parse_share
+    from dataclasses import replace
+
+    from hpcjob.job.options import JobOptions
+    from hpcjob.job.spec import JobSpec
     from hpcjob.runner import with_profile
 
-    fields = with_profile({"mount_point": mount_point, "nproc_per_node": 1}, access.profile)
+    probe = str(Path(__file__).resolve().parent / "probes" / "allreduce.py")
+    asked = JobOptions(probe, name=name, node_names=nodes, mount_point=mount_point, image=image)
+    # Its environment alone: no secret of the profile's, one process per node whatever their GPUs.
+    options = replace(
+        with_profile(asked, access.profile), secrets=(), gpus_per_node=None, nproc_per_node=1, env=env
+    )
     return JobSpec(
-        script=str(Path(__file__).resolve().parent / "probes" / "allreduce.py"),
-        name=name,
-        node_names=nodes,
-        node_group=fields.get("node_group"),
-        share=parse_share(fields["share"]) if fields.get("share") else None,
-        mount_point=fields["mount_point"],
-        owner=fields["owner"],
-        nproc_per_node=1,
+        **options.spec_fields(),
         runtime_s=600 if requirements or image else 300,  # building the environment takes its time
-        env=env,
         requirements=requirements[1] if requirements else None,
-        image=image,
-        **{
-            key: fields[key]
-            for key in ("env_on", "node_env_dir", "docker_gpus", "docker_options", "rdzv_port", "vm_size")
-            if key in fields
-        },
     )
 
 
@@ -510,14 +504,17 @@ def _local_allreduce(backend: str, progress: Progress, share_root: Path | None) 
     from hpcjob.runner import LocalOptions, run_local
 
     probe = Path(__file__).resolve().parent / "probes" / "allreduce.py"
-    fields = {"script": str(probe), "nodes": 2, "nproc_per_node": 1, "name": "doctor-local"}
+    from hpcjob.job.options import JobOptions
+
+    run_id = new_run_id("doctor-local")
+    options = JobOptions(str(probe), nodes=2, nproc_per_node=1, name="doctor-local", run_id=run_id)
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     if backend == "gloo":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the probe takes NCCL wherever it sees CUDA
     try:
         with tempfile.TemporaryDirectory(prefix="hpcjob-doctor-") as scratch:
             summary = run_local(
-                fields, new_run_id("doctor-local"), LocalOptions(share_root or Path(scratch)),
+                options, LocalOptions(share_root or Path(scratch)),
                 progress=lambda line: None, command="hpcjob doctor --local",
             )  # fmt: skip
     finally:

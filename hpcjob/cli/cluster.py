@@ -20,14 +20,13 @@ from hpcjob.cli.options import (
     MAX_COST_OPTION,
     OUTPUT,
     PASS_THROUGH,
-    SHARE,
     TEXT,
     THE_CLUSTER,
     backend_option,
     cluster_option,
     headed,
-    job_fields,
     job_options,
+    job_spec_of,
     named_or_newest,
     pull_after,
     pull_options,
@@ -38,6 +37,7 @@ from hpcjob.cli.options import (
     tag_option,
 )
 from hpcjob.extras import missing_extra
+from hpcjob.job.options import SHARE
 from hpcjob.job.spec import CLUSTER_BACKENDS, MAX_RETRIES, WINRM_TRANSPORTS
 
 if TYPE_CHECKING:
@@ -352,7 +352,6 @@ def submit(
     from hpcjob.runner import (
         ClusterAccess,
         StoppedWaiting,
-        job_spec,
         new_run_id,
         pull_target,
         smb_access,
@@ -368,7 +367,7 @@ def submit(
     if pull_to is not None:  # a file in its place is refused before the run, not after it
         pull_target(pull_to, "", "--pull-to")
     profile = get_profile(cluster_name)
-    spec = job_spec(job_fields(params), profile)
+    spec = job_spec_of(params, profile)
     retries = retries_of(params, profile)  # its mistakes before anything is sent
     run_id = params["run_id"] or new_run_id(spec.name)
     check_new_run_id(run_id)
@@ -381,7 +380,7 @@ def submit(
     def progress(line: str) -> None:
         click.echo(line, err=as_json)
 
-    smb = smb_access(params, profile)
+    smb = smb_access(params["smb_user"], params["smb_server"], params["smb_port"], profile)
     try:
         record, _, summary = submit_and_follow(
             cluster,

@@ -12,16 +12,12 @@ import click
 
 from hpcjob.cli.app import cli
 from hpcjob.cli.options import (
-    FAILURE,
-    NODES,
     OUTPUT,
     PASS_THROUGH,
-    SHARE,
     TEXT,
     Seconds,
-    build_spec,
-    job_fields,
     job_options,
+    job_options_of,
     local_folder,
     named_or_newest,
     pull_after,
@@ -32,6 +28,7 @@ from hpcjob.cli.options import (
     started_command,
     tag_option,
 )
+from hpcjob.job.options import FAILURE, NODES, SHARE
 
 
 @cli.command(
@@ -76,11 +73,14 @@ def render(fmt: str, upload_code: bool, copy_to: str | None, **params: Any) -> N
     --upload and --copy-to start a new run (they stage its code), --run-id names one.
     """
     from hpcjob.job.spec import SpecError
-    from hpcjob.runner import gpus_for_nodes, open_smb, render_owner, render_run
+    from hpcjob.runner import gpus_for_nodes, job_spec, open_smb, render_owner, render_run
     from hpcjob.store.share import LocalFolder, ShareFolder
 
-    gpus, told = gpus_for_nodes(params, None)  # render reads no profile: --gpus-per-node, else --vm-size's
-    spec = build_spec({**params, "owner": render_owner(), **({"gpus_per_node": gpus} if told else {})})
+    options = dataclasses.replace(job_options_of(params), owner=render_owner())
+    gpus, told = gpus_for_nodes(options, None)  # render reads no profile: --gpus-per-node, else --vm-size's
+    if told:
+        options = dataclasses.replace(options, gpus_per_node=gpus)
+    spec = job_spec(options, progress=lambda line: click.echo(line, err=True))
     if upload_code and spec.share is None:
         raise SpecError("--upload needs --share //HEADNODE/CcpSpoolDir[/folder]")
     if upload_code and copy_to is not None:
@@ -202,8 +202,7 @@ def run(
             click.echo(line, err=as_json)
 
     summary = run_local(
-        job_fields(params),
-        params["run_id"],
+        job_options_of(params),
         LocalOptions(share_root, grace_period, echo_output=not quiet),
         progress=progress,
         command=started_command(),

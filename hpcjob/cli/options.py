@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from hpcjob.job.spec import CLUSTER_BACKENDS, ENV_PLACES, PRIORITIES
+from hpcjob.job.options import DATA, FAILURE, NODES, SHAPE, SHARE, SOFTWARE
+from hpcjob.job.options import job_options as table
+from hpcjob.job.spec import CLUSTER_BACKENDS
 
 if TYPE_CHECKING:
+    from hpcjob.job.options import JobOptions, Option
     from hpcjob.job.results import JobSummary
     from hpcjob.job.spec import JobSpec
     from hpcjob.runner import Retries
@@ -67,18 +70,13 @@ class Seconds(_SecondsType):
 TEXT = Text()
 PORT = click.IntRange(1, 65535)
 
-# The headings a command's --help lists its options under, in this order (HelpCommand).
+# The headings a command's --help lists its options under, in this order (HelpCommand); the job options'
+# own are the table's (hpcjob.job.options).
 THE_CLUSTER = "The cluster"
 AZURE = "Azure resources"
 CREDENTIALS = "Credentials and TLS"
-SHAPE = "Job shape"
-NODES = "Nodes and cluster"
-SHARE = "Share"
 FILTER = "Execution filter (HPC administrators, with --install)"
-SOFTWARE = "Software"
 OUTPUT = "Output"
-FAILURE = "Failure handling"
-DATA = "CPU data nodes"
 OTHER = "Other options"
 HEADINGS = (
     THE_CLUSTER,
@@ -102,21 +100,14 @@ def headed(names: dict[str, str]) -> dict[str, str]:
     return {name: heading for heading, listed in names.items() for name in listed.split()}
 
 
-# The heading of each option this module defines (and of --json), by parameter name, in the
-# order --help lists them; a command gives its own options' headings (HelpCommand's `groups`).
-GROUPS = headed(
-    {
-        SHAPE: "nodes nproc_per_node gpus_per_node runtime name run_id",
-        NODES: "cluster_name backend_kind node_names exclude_nodes node_group vm_size priority job_template "
-        "rdzv_port command_limit",
-        DATA: "data_nodes data_node_names data_node_group data_port data_wait",
-        SHARE: "share mount_point mount_options job_folder smb_user smb_server smb_port",
-        SOFTWARE: "requirements wheelhouse no_env env_on image python env_items secrets",
-        OUTPUT: "as_json tag_items pull pull_to",
-        FAILURE: "retries retry_on node_wait max_cost hang_timeout max_restarts min_nodes resume_from "
-        "rdzv_timeout rdzv_last_call rdzv_keep_alive",
-    }
-)
+# The heading of each option this module defines (and of --json), by parameter name, in the order
+# --help lists them under each heading: the job options' in the table's order (hpcjob.job.options); a
+# command gives its own options' headings (HelpCommand's `groups`).
+GROUPS = {
+    **headed({NODES: "cluster_name backend_kind", FAILURE: "retries retry_on node_wait max_cost"}),
+    **{name: how.heading for name, how in table() if how.flag is not None},
+    **headed({SHARE: "smb_user smb_server smb_port", OUTPUT: "as_json tag_items pull pull_to"}),
+}
 
 
 class _Examples(click.Command):
@@ -172,247 +163,10 @@ class HelpGroup(click.Group, _Examples):
 
 
 def job_options(command: F) -> F:
-    """The options that describe a job, shared by every command that builds one."""
-    options = [
-        click.option(
-            "-n",
-            "--nodes",
-            type=click.IntRange(1),
-            metavar="N",
-            help="Number of nodes [default: the number of --node names].",
-        ),
-        click.option(
-            "--nproc-per-node",
-            type=click.IntRange(1),
-            metavar="N",
-            help="Processes per node, one per GPU [default: --gpus-per-node, else 1].",
-        ),
-        click.option(
-            "--gpus-per-node",
-            type=click.IntRange(1),
-            metavar="N",
-            help="GPUs per node, to check --nproc-per-node against [default: the profile's gpus_per_node, "
-            "else the size table's for the nodes' --vm-size].",
-        ),
-        click.option(
-            "--node",
-            "node_names",
-            multiple=True,
-            metavar="NAME",
-            help="An HPC Pack node to run on, repeatable, in order; the first hosts the rendezvous.",
-        ),
-        click.option(
-            "--node-group",
-            type=TEXT,
-            metavar="GROUP",
-            help="HPC Pack node group the nodes belong to (GPU nodes).",
-        ),
-        click.option(
-            "--data-nodes",
-            type=click.IntRange(1),
-            metavar="M",
-            help="CPU data nodes beside the -n trainers: the script's data service runs there and feeds "
-            "them (docs/data-nodes.md).",
-        ),
-        click.option(
-            "--data-node",
-            "data_node_names",
-            multiple=True,
-            metavar="NAME",
-            help="A data node to use, repeatable; never a trainer.",
-        ),
-        click.option(
-            "--data-node-group",
-            type=TEXT,
-            metavar="GROUP",
-            help="HPC Pack node group the data nodes come from [default: the profile's data_node_group].",
-        ),
-        click.option(
-            "--data-port",
-            type=PORT,
-            metavar="PORT",
-            help="Port of the data service on the data nodes [default: 29600].",
-        ),
-        click.option(
-            "--data-wait",
-            type=TEXT,
-            metavar="DURATION",
-            help="How long a trainer waits for a data node to come up before it fails [default: 5m].",
-        ),
-        click.option(
-            "--name",
-            type=TEXT,
-            metavar="NAME",
-            help="Job name: its folder's and the run id's start [default: the script's name].",
-        ),
-        click.option(
-            "--share",
-            type=TEXT,
-            metavar="UNC",
-            help="Share folder mounted on the nodes, e.g. //HEADNODE/CcpSpoolDir/app.",
-        ),
-        click.option(
-            "--mount-point",
-            type=TEXT,
-            metavar="PATH",
-            help="Where the nodes mount the share [default: /app/USER, render's /app]; --local: the "
-            "folder standing in for it.",
-        ),
-        click.option(
-            "--mount-options",
-            type=TEXT,
-            metavar="OPTS",
-            help="mount.cifs options; credentials come from a file on the nodes, never a password.",
-        ),
-        click.option(
-            "--job-folder",
-            type=TEXT,
-            metavar="PATH",
-            help="The job's folder on the share, in hpcjob/USER/ [default: hpcjob/USER/NAME].",
-        ),
-        click.option(
-            "--rdzv-port",
-            type=PORT,
-            metavar="PORT",
-            help="Rendezvous port on the first node [default: 29400].",
-        ),
-        click.option(
-            "--rdzv-timeout",
-            type=click.IntRange(1),
-            metavar="SECONDS",
-            help="How long torchrun waits for all nodes to join [default: torchrun's, 900].",
-        ),
-        click.option(
-            "--rdzv-last-call",
-            type=click.IntRange(1),
-            metavar="SECONDS",
-            help="Elastic job: wait for more nodes once --min-nodes joined [default: 30].",
-        ),
-        click.option(
-            "--rdzv-keep-alive",
-            type=click.IntRange(1),
-            metavar="SECONDS",
-            help="Seconds between heartbeats; a lost node is dropped after three [default: 5].",
-        ),
-        click.option(
-            "--env", "env_items", multiple=True, metavar="K=V", help="Job environment variable, repeatable."
-        ),
-        click.option(
-            "--secret",
-            "secrets",
-            multiple=True,
-            metavar="NAME",
-            help="Hand the value of this machine's environment variable NAME to the tasks as NAME, "
-            "repeatable: in a file in the job folder only you may read, removed when the attempt ends; "
-            "never in the job, the history or a log (--local: in the tasks' environment).",
-        ),
-        click.option(
-            "--max-restarts",
-            type=click.IntRange(0),
-            metavar="N",
-            default=0,
-            show_default=True,
-            help="torchrun restarts of the worker group after a failure.",
-        ),
-        click.option(
-            "--min-nodes",
-            type=click.IntRange(1),
-            metavar="N",
-            help="Elastic job: go on while N nodes remain, from the last checkpoint (with --max-restarts).",
-        ),
-        click.option(
-            "--python",
-            type=TEXT,
-            default="python3",
-            show_default=True,
-            metavar="PYTHON",
-            help="Python on the nodes.",
-        ),
-        click.option(
-            "--command-limit",
-            type=click.IntRange(1),
-            metavar="CHARS",
-            help="The scheduler's CommandLine length limit [default: 480].",
-        ),
-        click.option(
-            "--run-id",
-            type=TEXT,
-            metavar="RUN",
-            help="Unique id of this run: HPC Pack job name, rendezvous id, log folder [default: generated].",
-        ),
-        click.option(
-            "--resume-from",
-            type=TEXT,
-            metavar="RUN",
-            help="Start from the latest checkpoint of an earlier run (run or job id) [default: fresh].",
-        ),
-        click.option(
-            "--runtime",
-            type=TEXT,
-            metavar="DURATION",
-            help="Run-time limit (90m, 12h, 1d12h, DD:HH:MM), canceled past it [default: the cluster's].",
-        ),
-        click.option(
-            "--hang-timeout",
-            type=TEXT,
-            metavar="DURATION",
-            help="End the job when no collective moved on this long (120, 10m): the rank and the "
-            "collective named, the flight recorders dumped (while hpcjob follows the job).",
-        ),
-        click.option(
-            "--priority",
-            type=click.Choice(PRIORITIES),
-            metavar="PRIORITY",
-            help=f"Job priority: {', '.join(PRIORITIES[:-1])} or {PRIORITIES[-1]} [default: the cluster's, "
-            "Normal].",
-        ),
-        click.option(
-            "--job-template",
-            type=TEXT,
-            metavar="NAME",
-            help="HPC Pack job template [default: the cluster's].",
-        ),
-        click.option(
-            "--exclude-node",
-            "exclude_nodes",
-            multiple=True,
-            metavar="NAME",
-            help="Never choose this node, repeatable (when hpcjob chooses the nodes).",
-        ),
-        click.option(
-            "--requirements",
-            type=click.Path(dir_okay=False),
-            metavar="FILE",
-            help="pip requirements, installed once into the job's environment [default: "
-            "requirements.txt beside SCRIPT].",
-        ),
-        click.option(
-            "--wheelhouse",
-            metavar="PYTHON[:PLATFORM]",
-            help="Nodes without an index: the wheels downloaded here for their Python (3.10, "
-            "3.10:manylinux2014_x86_64), installed from the share.",
-        ),
-        click.option(
-            "--no-env",
-            is_flag=True,
-            help="Run with the nodes' Python as it is, even with a requirements.txt beside SCRIPT.",
-        ),
-        click.option(
-            "--image",
-            metavar="IMAGE",
-            help="Run each task in a container of IMAGE (its own Python), with the GPUs and the share.",
-        ),
-        click.option(
-            "--env-on",
-            type=click.Choice(ENV_PLACES),
-            help="The environment on each node's disk (fast imports) or the share [default: node-local].",
-        ),
-        click.option(
-            "--vm-size",
-            type=TEXT,
-            metavar="SIZE",
-            help="The nodes' Azure VM size, for NCCL's settings on it [default: the profile's vm_size].",
-        ),
+    """The options that describe a job, shared by every command that builds one: one each of the job
+    options' table that has a flag (hpcjob.job.options.JobOptions), then SCRIPT and its arguments."""
+    options = [_click_option(name, how) for name, how in table() if how.flag is not None]
+    options += [
         click.argument("script", type=click.Path(dir_okay=False)),
         click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -421,21 +175,46 @@ def job_options(command: F) -> F:
     return command
 
 
-def requirements_text(script: Path, given: str | None, no_env: bool) -> str | None:
-    """The job's requirements (hpcjob.runner.requirements_text), the file beside the script said here."""
-    from hpcjob.runner import requirements_text as text_of
+def _click_option(name: str, how: Option) -> Callable[[F], F]:
+    """The click option of one job option: its flag, bounds or choices, help and metavar from the table;
+    the value stays as given (text, a number) for JobOptions.read."""
+    from hpcjob.job.options import CHOICE, COUNT, NAMES, PAIRS, SWITCH
 
-    return text_of(script, given, no_env, lambda line: click.echo(line, err=True))
+    assert how.flag is not None
+    flags = (how.short, how.flag) if how.short else (how.flag,)
+    kind: dict[str, Any] = {"metavar": how.metavar}
+    if how.kind == SWITCH:
+        kind = {"is_flag": True}
+    elif how.kind == COUNT:
+        kind["type"] = click.IntRange(how.low, how.high)
+    elif how.kind == CHOICE:
+        kind["type"] = click.Choice(how.choices)
+    elif how.kind in (NAMES, PAIRS):
+        kind["multiple"] = True
+    else:
+        kind["type"] = TEXT
+    return click.option(*flags, name, help=how.help, **kind)
 
 
-def wheelhouse_target(value: str | None) -> tuple[str, str] | None:
-    """`--wheelhouse 3.10[:PLATFORM]` as (Python, platform); JobSpec checks both."""
-    from hpcjob.job.spec import DEFAULT_NODE_PLATFORM
+def job_options_of(params: dict[str, Any]) -> JobOptions:
+    """The job's options as the command line gave them (the job options' parameters, SCRIPT and its
+    arguments); a word before SCRIPT that is no option is said to be one (a typo)."""
+    from hpcjob.job.options import JobOptions
+    from hpcjob.job.spec import SpecError
 
-    if value is None:
-        return None
-    python, _, platform = value.partition(":")
-    return python, platform or DEFAULT_NODE_PLATFORM
+    script = params["script"]
+    if not Path(script).is_file() and script.startswith("-"):  # before SCRIPT, every word is hpcjob's
+        raise SpecError(unknown_option(script))
+    names = ("script", "script_args", *(name for name, how in table() if how.flag is not None))
+    return JobOptions.read({name: params[name] for name in names})
+
+
+def job_spec_of(params: dict[str, Any], profile: ClusterProfile | None = None) -> JobSpec:
+    """The JobSpec of the command line's job options, the cluster `profile` filling in (if any); the
+    requirements file it takes said on stderr."""
+    from hpcjob.runner import job_spec
+
+    return job_spec(job_options_of(params), profile, progress=lambda line: click.echo(line, err=True))
 
 
 class Dollars(_SecondsType):
@@ -588,29 +367,14 @@ def local_folder(path: str, option: str) -> Path:
 def unknown_option(word: str) -> str:
     """An option the command does not have, in one line, with the nearest one it has (the words after
     the script's name are the script's: only a word before it gets here)."""
+    from hpcjob.job.options import did_you_mean
+
     context = click.get_current_context()
     known = [
         o for p in context.command.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)
     ]
     name = word.split("=", 1)[0]
-    # Fewest edits (two letters swapped is one), then the same length: --nodse is --nodes, not --node.
-    (edits, _), nearest = min(((_edits(name, o), abs(len(o) - len(name))), o) for o in known)
-    hint = f" (did you mean {nearest}?)" if edits <= max(1, len(name) // 4) else ""
-    return f"no such option {name}{hint}: see hpcjob {context.info_name} --help"
-
-
-def _edits(a: str, b: str) -> int:
-    """Letters to insert, delete, change or swap with their neighbour to make `a` into `b`."""
-    before: list[int] = []
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        current = [i]
-        for j, y in enumerate(b, 1):
-            current.append(min(row[j] + 1, current[j - 1] + 1, row[j - 1] + (x != y)))
-            if i > 1 and j > 1 and x == b[j - 2] and a[i - 2] == y:
-                current[j] = min(current[j], before[j - 2] + 1)
-        before, row = row, current
-    return row[-1]
+    return f"no such option {name}{did_you_mean(name, known)}: see hpcjob {context.info_name} --help"
 
 
 def named_or_newest(run: str | None) -> str:
@@ -622,82 +386,6 @@ def named_or_newest(run: str | None) -> str:
     newest = newest_run().run_id
     click.echo(f"hpcjob: run {newest}, the newest of this machine", err=True)
     return newest
-
-
-def build_spec(params: dict[str, Any]) -> JobSpec:
-    """The JobSpec from the job options; checks that the script exists."""
-    from hpcjob.runner import job_spec
-
-    return job_spec(job_fields(params))
-
-
-def job_fields(params: dict[str, Any]) -> dict[str, Any]:
-    """The job options by their JobSpec names, parsed (the share stays a UNC)."""
-    from hpcjob.job.spec import (
-        DEFAULT_COMMAND_LIMIT,
-        DEFAULT_MOUNT_OPTIONS,
-        SpecError,
-        parse_duration,
-        parse_env,
-        parse_hang_timeout,
-    )
-
-    script = Path(params["script"])
-    if not script.is_file():  # before its requirements.txt is looked for beside it
-        if params["script"].startswith("-"):  # before the script, every word is hpcjob's: a typo
-            raise SpecError(unknown_option(params["script"]))
-        raise SpecError(f"script {params['script']} does not exist")
-    fields: dict[str, Any] = {
-        "script": str(script),
-        "script_args": tuple(params["script_args"]),
-        "name": params["name"] or "",  # TEXT: never an empty string, only None
-        "nodes": params["nodes"],
-        "node_names": tuple(params["node_names"]),
-        "node_group": params["node_group"],
-        "nproc_per_node": params["nproc_per_node"],
-        "gpus_per_node": params["gpus_per_node"],
-        "share": params["share"],
-        "mount_options": DEFAULT_MOUNT_OPTIONS
-        if params["mount_options"] is None
-        else params["mount_options"],
-        "job_folder": params["job_folder"] or "",
-        "rdzv_join_timeout": params["rdzv_timeout"],
-        "rdzv_last_call": params["rdzv_last_call"],
-        "rdzv_keep_alive": params["rdzv_keep_alive"],
-        "max_restarts": params["max_restarts"],
-        "min_nodes": params["min_nodes"],
-        "env": parse_env(params["env_items"]),
-        "secrets": tuple(params["secrets"]),
-        "python": params["python"],
-        "command_limit": DEFAULT_COMMAND_LIMIT
-        if params["command_limit"] is None
-        else params["command_limit"],
-        "runtime_s": parse_duration(params["runtime"]) if params["runtime"] else None,
-        "hang_timeout_s": parse_hang_timeout(params["hang_timeout"]) if params["hang_timeout"] else None,
-        "priority": params["priority"],
-        "job_template": params["job_template"],
-        "exclude_nodes": tuple(params["exclude_nodes"]),
-        "requirements": requirements_text(script, params["requirements"], params["no_env"]),
-        "wheelhouse": wheelhouse_target(params["wheelhouse"]),
-        "resume_from": params["resume_from"],
-        "data_nodes": params["data_nodes"] or len(params["data_node_names"]),
-        "data_node_names": tuple(params["data_node_names"]),
-        "data_node_group": params["data_node_group"],
-    }
-    if params["data_port"] is not None:
-        fields["data_port"] = params["data_port"]
-    if params["data_wait"]:
-        fields["data_wait_s"] = float(parse_duration(params["data_wait"], "--data-wait"))
-    for key in ("env_on", "node_env_dir", "image", "docker_gpus", "docker_options", "vm_size"):  # or profile
-        if params.get(key):
-            fields[key] = params[key]
-    if params["mount_point"]:
-        fields["mount_point"] = params["mount_point"]
-    if params.get("owner"):  # a cluster user's (hpcjob.runner.with_profile, render_owner)
-        fields["owner"] = params["owner"]
-    if params["rdzv_port"] is not None:
-        fields["rdzv_port"] = params["rdzv_port"]
-    return fields
 
 
 tag_option = click.option(

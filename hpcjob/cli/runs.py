@@ -106,16 +106,16 @@ def runs(
             e.record.name,
             e.record.cluster or e.record.backend,
             (f"{len(e.record.nodes)}x{e.gpus_per_node}" if e.gpus_per_node else str(len(e.record.nodes)))
-            + (f"+{len(e.data_nodes)} data" if e.data_nodes else ""),
+            + (f"+{len(e.data_node_names)} data" if e.data_node_names else ""),
             e.state or e.record.state,
             time.strftime("%Y-%m-%d %H:%M", time.localtime(e.started)),
             None if e.wall_s is None else duration(e.wall_s),
             hours(e.node_hours),
             hours(e.gpu_hours),
             money(e.cost_usd),
-            None if e.samples_per_s is None else number(e.samples_per_s),
+            None if e.samples_per_sec is None else number(e.samples_per_sec),
             None if e.data_wait is None else f"{e.data_wait:.0%}",
-            None if e.data_samples_per_s is None else number(e.data_samples_per_s),
+            None if e.data_samples_per_sec is None else number(e.data_samples_per_sec),
             " ".join(f"{k}={v}" for k, v in e.tags.items()) or None,
         )
         for e in entries
@@ -220,7 +220,7 @@ def describe(entry: HistoryEntry) -> list[str]:
         figures = {a.attempt: a for a in usage.attempts} if usage is not None else {}
         for attempt in entry.attempts:
             used = figures.get(attempt.attempt) or attempt.usage(entry.gpus_per_node)
-            data = f" and data node(s) {', '.join(used.data_nodes)}" if used.data_nodes else ""
+            data = f" and data node(s) {', '.join(used.data_node_names)}" if used.data_node_names else ""
             cost = "no price" if not used.priced else money(used.cost_usd or 0.0)
             then = "; retried" if attempt.retried else ""
             lines.append(
@@ -267,7 +267,7 @@ def runs_plot(run_ids: tuple[str, ...], out: str) -> None:
         record = entry.record
         if entry.cost_usd is not None:
             costs.append(
-                RunCost(record.run_id, entry.cost_usd, entry.samples_per_s, entry.cost_per_1000_samples)
+                RunCost(record.run_id, entry.cost_usd, entry.samples_per_sec, entry.cost_per_1000_samples)
             )
         starts[record.run_id] = entry.started
         folder = run_folder(record)

@@ -132,10 +132,10 @@ def next_attempt_exclusions(excluded: Iterable[str], cause: Cause) -> tuple[str,
 
 
 def attempt_line(
-    attempt: int, job_id: str | None, nodes: Sequence[str], data_nodes: Sequence[str], said: str
+    attempt: int, job_id: str | None, nodes: Sequence[str], data_node_names: Sequence[str], said: str
 ) -> str:
     """How an attempt ended, in the run's summary: its job, its nodes (data nodes too) and why."""
-    data = f" and data node(s) {', '.join(data_nodes)}" if data_nodes else ""
+    data = f" and data node(s) {', '.join(data_node_names)}" if data_node_names else ""
     return f"attempt {attempt} (job {job_id} on {', '.join(nodes)}{data}): {said}"
 
 

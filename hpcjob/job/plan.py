@@ -337,7 +337,7 @@ class JobPlan:
     # Which attempt of the run this job is (1: the first).
     attempt: int = 1
     # The CPU data nodes that feed the trainers (`nodes`), each with a data task of its own.
-    data_nodes: tuple[str, ...] = ()
+    data_node_names: tuple[str, ...] = ()
     # `--secret`: the names, and the attempt's secrets file relative to the share's root (secrets_file;
     # None: none, or a run on this machine, whose tasks inherit the values).
     secret_names: tuple[str, ...] = ()
@@ -346,7 +346,7 @@ class JobPlan:
     @property
     def all_nodes(self) -> tuple[str, ...]:
         """Every node of the job: its trainers, then its data nodes."""
-        return (*self.nodes, *self.data_nodes)
+        return (*self.nodes, *self.data_node_names)
 
     @property
     def job_name(self) -> str:
@@ -370,7 +370,8 @@ class JobPlan:
         env = data.get("env") or {}
         values["env"] = tuple(env.items()) if isinstance(env, Mapping) else tuple(map(tuple, env))
         values["nodes"] = tuple(data["nodes"])
-        values["data_nodes"] = tuple(data.get("data_nodes") or ())
+        # "data_nodes": an older hpcjob's name for them, in the run history
+        values["data_node_names"] = tuple(data.get("data_node_names") or data.get("data_nodes") or ())
         values["secret_names"] = tuple(data.get("secret_names") or ())
         values["tasks"] = tuple(
             TaskPlan(**{**task, "env": tuple(map(tuple, task.get("env") or ()))}) for task in data["tasks"]
@@ -389,9 +390,9 @@ def make_plan(
     rdzv_host: str | None = None,
     mount_point: str | None = None,
     attempt: int = 1,
-    data_nodes: Sequence[str] = (),
+    data_node_names: Sequence[str] = (),
 ) -> JobPlan:
-    """Build the job for `nodes`, in order: the first hosts the rendezvous; `data_nodes` run the
+    """Build the job for `nodes`, in order: the first hosts the rendezvous; `data_node_names` run the
     script's data service for them.
 
     `rdzv_host` replaces the first node's name in the endpoint where the backend knows better (the
@@ -402,10 +403,10 @@ def make_plan(
     nodes = parse_node_names(nodes)
     if len(nodes) != spec.node_count:
         raise SpecError(f"{len(nodes)} node(s) chosen for a job of {spec.node_count} node(s)")
-    data_nodes = parse_node_names(data_nodes)
-    if len(data_nodes) != spec.data_nodes:
-        raise SpecError(f"{len(data_nodes)} data node(s) chosen for a job of {spec.data_nodes}")
-    if both := {n.upper() for n in nodes} & {n.upper() for n in data_nodes}:
+    data_node_names = parse_node_names(data_node_names)
+    if len(data_node_names) != spec.data_nodes:
+        raise SpecError(f"{len(data_node_names)} data node(s) chosen for a job of {spec.data_nodes}")
+    if both := {n.upper() for n in nodes} & {n.upper() for n in data_node_names}:
         raise SpecError(f"node {sorted(both)[0]} chosen as both a trainer and a data node")
     check_run_id(run_id)
     if attempt < 1:
@@ -439,7 +440,7 @@ def make_plan(
             f"{spec.command_limit}: shorten the script arguments (or raise the limit if your cluster "
             "allows more)"
         )
-    if data_nodes and len(data_line) > spec.command_limit:
+    if data_node_names and len(data_line) > spec.command_limit:
         raise SpecError(
             f"the data task command line is {len(data_line)} characters, more than the scheduler's limit "
             f"of {spec.command_limit}: shorten the script arguments"
@@ -453,7 +454,7 @@ def make_plan(
     data_env = _data_task_env(spec, root)
     tasks = (
         *(task("torchrun", node, line) for node in nodes),
-        *(task("data", node, data_line, data_env) for node in data_nodes),
+        *(task("data", node, data_line, data_env) for node in data_node_names),
     )
     mount = None
     given = {name for name, _ in spec.env}  # the job's own --env wins over the size's and hpcjob's settings
@@ -467,11 +468,11 @@ def make_plan(
         (ATTEMPT_VAR, str(attempt)),
     )
     env = (*((name, value) for name, value in defaults if name not in given), *spec.env)
-    if data_nodes:
+    if data_node_names:
         data_dir = f"{job_dir}/{NODE_DIR}/data/{attempt_log_folder(run_id, attempt)}"
         env = (
             *env,
-            (DATA_NODES_VAR, ",".join(data_nodes)),
+            (DATA_NODES_VAR, ",".join(data_node_names)),
             (DATA_PORT_VAR, str(spec.data_port)),
             (DATA_WAIT_VAR, f"{spec.data_wait_s:g}"),
             (DATA_DIR_VAR, data_dir),
@@ -502,7 +503,7 @@ def make_plan(
     if secrets is not None:
         env = (*env, (SECRETS_VAR, f"{root.rstrip('/')}/{secrets}"))
     if spec.share is not None:
-        mount = mount_step(spec.share.unc, root, spec.mount_options, (*nodes, *data_nodes), log_dir)
+        mount = mount_step(spec.share.unc, root, spec.mount_options, (*nodes, *data_node_names), log_dir)
         if len(mount.command) > spec.command_limit:
             raise SpecError(
                 f"the mount command is {len(mount.command)} characters, more than the scheduler's limit of "
@@ -530,7 +531,7 @@ def make_plan(
         files=files,
         hang_timeout_s=spec.hang_timeout_s,
         attempt=attempt,
-        data_nodes=data_nodes,
+        data_node_names=data_node_names,
         secret_names=spec.secrets,
         secrets_file=secrets,
     )

@@ -260,12 +260,12 @@ def cost_of(usages: Sequence[Usage]) -> float:
     return sum(usage.cost for usage in usages)
 
 
-def cost_per_1000_samples(usd_per_hour: float, samples_per_s: float) -> float | None:
+def cost_per_1000_samples(usd_per_hour: float, samples_per_sec: float) -> float | None:
     """What 1,000 samples cost at a throughput: the nodes' price a second (`usd_per_hour`: all of them)
     over the samples a second they trained (None without any)."""
-    if samples_per_s <= 0:
+    if samples_per_sec <= 0:
         return None
-    return usd_per_hour * HOURS_PER_SECOND / samples_per_s * 1000
+    return usd_per_hour * HOURS_PER_SECOND / samples_per_sec * 1000
 
 
 def money(usd: float | None) -> str | None:

@@ -216,14 +216,14 @@ class JobSummary:
     price: Price | None = None
     # The CPU data nodes of a job with data nodes, and the price they are counted at (the profile's
     # data_vm_size): each role at its own price.
-    data_nodes: list[str] = field(default_factory=list)
+    data_node_names: list[str] = field(default_factory=list)
     data_price: Price | None = None
     # A run of several attempts, at its end: each attempt's own figures (hpcjob.job.usage); the summary's
     # wall time and cost are then the run's, their sums. Empty for the summary of one attempt.
     run_attempts: list[AttemptUsage] = field(default_factory=list)
 
     def is_data_node(self, node: str) -> bool:
-        return node.upper() in {name.upper() for name in self.data_nodes}
+        return node.upper() in {name.upper() for name in self.data_node_names}
 
     def _price_of(self, node: str) -> Price | None:
         return self.data_price if self.is_data_node(node) else self.price
@@ -295,7 +295,10 @@ class JobSummary:
     @classmethod
     def from_json(cls, text: str) -> JobSummary:
         # Fields of a newer hpcjob are left out (gpu_use and trained_nothing are derived from the metrics).
-        data = _known(cls, json.loads(text))
+        raw = json.loads(text)
+        data = _known(cls, raw)
+        if "data_nodes" in raw and "data_node_names" not in raw:  # an older hpcjob's name for them
+            data["data_node_names"] = raw["data_nodes"]
         data["state"] = State(data["state"])
         data["nodes"] = [
             NodeResult(**{**_known(NodeResult, n), "state": State(n["state"])}) for n in data.get("nodes", [])

@@ -25,7 +25,7 @@ class AttemptUsage:
     started: float | None
     wall_s: float
     nodes: tuple[str, ...]
-    data_nodes: tuple[str, ...] = ()
+    data_node_names: tuple[str, ...] = ()
     gpus_per_node: int | None = None
     cost_usd: float | None = None
     ran: bool = True
@@ -37,7 +37,7 @@ class AttemptUsage:
     @property
     def node_hours(self) -> float:
         """Every node the attempt held, trainers and data nodes, for its wall time."""
-        return (len(self.nodes) + len(self.data_nodes)) * self.wall_s / 3600 if self.ran else 0.0
+        return (len(self.nodes) + len(self.data_node_names)) * self.wall_s / 3600 if self.ran else 0.0
 
     @property
     def gpu_hours(self) -> float | None:
@@ -57,7 +57,7 @@ class AttemptUsage:
             "ended": self.ended,
             "wall_s": self.wall_s,
             "nodes": list(self.nodes),
-            "data_nodes": list(self.data_nodes),
+            "data_node_names": list(self.data_node_names),
             "gpus_per_node": self.gpus_per_node,
             "node_hours": self.node_hours,
             "gpu_hours": self.gpu_hours,
@@ -93,7 +93,7 @@ class AttemptUsage:
             number("started"),
             number("wall_s") or 0.0,
             names("nodes"),
-            names("data_nodes"),
+            names("data_node_names") or names("data_nodes"),  # an older hpcjob's name for them
             gpus,
             number("cost_usd"),
             bool(data.get("ran", True)),

@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # the names handed on, and their rooms: read by __getattr__ b
         submit_preview,
     )
     from hpcjob.runner.submit import (
-        SMB_OPTIONS,
         job_spec,
         locked_wheels,
         read_requirements,
@@ -71,7 +70,6 @@ if TYPE_CHECKING:  # the names handed on, and their rooms: read by __getattr__ b
 
 __all__ = [
     "RENDERERS",
-    "SMB_OPTIONS",
     "ClusterAccess",
     "HpcjobWarning",
     "LocalOptions",

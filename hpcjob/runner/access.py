@@ -8,7 +8,7 @@ import re
 import secrets
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ from hpcjob.job.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
     from hpcjob.backends import Backend
+    from hpcjob.job.options import JobOptions
     from hpcjob.job.results import JobInfo
     from hpcjob.job.spec import Share
     from hpcjob.store.config import ClusterProfile
@@ -83,55 +84,41 @@ def render_owner() -> str:
         ) from None
 
 
-def with_profile(options: dict[str, Any], profile: ClusterProfile) -> dict[str, Any]:
-    """Job options (the CLI's names; the share as UNC text) with the profile filling in what they do not
-    say: the share, node group and mount point (by default the job owner's folder of /app, where
-    hpcjob's execution filter mounts the share for them), the environment's and containers' settings,
-    the rendezvous port (a free port of this machine's, picked now, where the profile's nodes are this
-    machine and none is given), the nodes' VM size, and one process per GPU of the cluster's size."""
-    filled = dict(options)
-    filled["mount_point"] = filled.get("mount_point") or profile_mount_point(profile)
-    filled["owner"] = profile.user
-    for key, value in (
-        ("share", profile.share),
-        ("node_group", profile.node_group),
-        ("data_node_group", profile.data_node_group),
-        ("smb_server", profile.smb_server),
-        ("env_on", profile.env_on),
-        ("node_env_dir", profile.node_env_dir),
-        ("docker_gpus", profile.docker_gpus),
-        ("docker_options", profile.docker_options),
-        ("rdzv_port", profile.rdzv_port),
-        ("vm_size", profile.vm_size),
-    ):
-        if not filled.get(key) and value:
-            filled[key] = value
-    if profile.nodes_here and not filled.get("rdzv_port"):
+def with_profile(options: JobOptions, profile: ClusterProfile) -> JobOptions:
+    """The job's options with the profile filling in what they do not say: each option the table marks
+    as the profile's (hpcjob.job.options.profile_keys), the mount point by default the job owner's folder
+    of /app (where hpcjob's execution filter mounts the share for them), the profile's secrets before the
+    job's own, the rendezvous port (a free port of this machine's, picked now, where the profile's nodes
+    are this machine and none is given), and one process per GPU of the cluster's size. The job is the
+    profile user's: their folder on the share holds it."""
+    from hpcjob.job.options import profile_keys
+
+    taken = ("mount_point", "gpus_per_node", "secrets")  # each below, in its own way
+    defaults: dict[str, Any] = {key: getattr(profile, key) for key in profile_keys() if key not in taken}
+    defaults["mount_point"] = profile_mount_point(profile)
+    filled = options.filled({key: value for key, value in defaults.items() if value})
+    filled = replace(filled, owner=profile.user)
+    if profile.secrets:  # the profile's names, then the job's own
+        filled = replace(filled, secrets=tuple(dict.fromkeys((*profile.secrets, *filled.secrets))))
+    if profile.nodes_here and not filled.rdzv_port:
         # Every job here would take 29400 and the second would fail: one free port each, as run --local.
         from hpcjob.backends.local import free_port
 
-        filled["rdzv_port"] = free_port()
-    if filled.get("smb_port", 445) == 445 and profile.smb_port != 445:
-        filled["smb_port"] = profile.smb_port
+        filled = replace(filled, rdzv_port=free_port())
     gpus, _ = gpus_for_nodes(filled, profile)
-    if gpus is not None:
-        filled["gpus_per_node"] = gpus
-    return filled
+    return filled if gpus is None else replace(filled, gpus_per_node=gpus)
 
 
-def gpus_for_nodes(
-    fields: Mapping[str, Any], profile: ClusterProfile | None
-) -> tuple[int | None, str | None]:
-    """Each node's GPUs for a job of `fields` (options by JobSpec's names) and where that comes from:
-    the command line, else the profile's gpus_per_node, else the size table's GPUs of the nodes' VM size
-    (the options' or the profile's); (None, None) where --nproc-per-node alone is given or nothing says."""
+def gpus_for_nodes(options: JobOptions, profile: ClusterProfile | None) -> tuple[int | None, str | None]:
+    """Each node's GPUs for a job of `options` and where that comes from: the options, else the
+    profile's gpus_per_node, else the size table's GPUs of the nodes' VM size (the options' or the
+    profile's); (None, None) where --nproc-per-node alone is given or nothing says."""
     from hpcjob.job.sizes import gpus_per_node
 
-    given = fields.get("gpus_per_node")
-    if given is None and fields.get("nproc_per_node") is not None:
+    if options.gpus_per_node is None and options.nproc_per_node is not None:
         return None, None
-    vm_size = fields.get("vm_size") or (profile.vm_size if profile else None)
-    return gpus_per_node(given, profile.gpus_per_node if profile else None, vm_size)
+    vm_size = options.vm_size or (profile.vm_size if profile else None)
+    return gpus_per_node(options.gpus_per_node, profile.gpus_per_node if profile else None, vm_size)
 
 
 def open_smb(share: Share, user: str | None, server: str | None, port: int) -> ShareFolder:

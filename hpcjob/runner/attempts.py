@@ -103,7 +103,7 @@ def follow_attempts(
     if backend.kind == "local":  # this machine's nodes are judged at once: no head node to hear from
         retries = replace(retries, settle_s=0.0, detection_s=0.0)
     told = [  # the attempts judged before this follower (its own, when it was interrupted)
-        attempt_line(a.attempt, a.job_id, a.nodes, a.usage(None).data_nodes, a.said or a.cause or "")
+        attempt_line(a.attempt, a.job_id, a.nodes, a.usage(None).data_node_names, a.said or a.cause or "")
         if a.ran
         else f"attempt {a.attempt}: {a.said}"
         for a in _attempts_kept(record)
@@ -145,7 +145,7 @@ def follow_attempts(
         goes_on = cause.retried and not last and over is None
         said = cause.said + ("" if cause.kind == "canceled" else _in_epoch(open_folder, record))
         _keep(record_attempt_end, record, summary, cause.kind, said, goes_on)
-        told.append(attempt_line(record.attempt, record.job_id, plan.nodes, plan.data_nodes, said))
+        told.append(attempt_line(record.attempt, record.job_id, plan.nodes, plan.data_node_names, said))
         if not cause.retried:
             return record, _run_summary(record, summary, told)
         if last:

@@ -16,18 +16,18 @@ if TYPE_CHECKING:
     from hpcjob.store.prices import Found
 
 
-def node_price(profile: ClusterProfile, progress: Progress, *, data_nodes: bool = False) -> Price | None:
+def node_price(profile: ClusterProfile, progress: Progress, *, for_data_nodes: bool = False) -> Price | None:
     """The price of the profile's compute nodes (Linux; Spot where the profile says so), or with
-    `data_nodes` of its CPU data nodes (data_vm_size, Linux), or None, with a warning to `progress` when
+    `for_data_nodes` of its CPU data nodes (data_vm_size, Linux), or None, with a warning to `progress` when
     the profile names a size and region and still no price is found (hpcjob.store.prices's answer)."""
-    price, why = _price_or_why(profile, progress, data_nodes=data_nodes)
+    price, why = _price_or_why(profile, progress, for_data_nodes=for_data_nodes)
     if why is not None:
         progress(f"hpcjob: warning: the run's cost is not counted: {why}")
     return price
 
 
 def _price_or_why(
-    profile: ClusterProfile, progress: Progress, *, data_nodes: bool = False
+    profile: ClusterProfile, progress: Progress, *, for_data_nodes: bool = False
 ) -> tuple[Price | None, str | None]:
     """The nodes' price, or why there is none (None as well when the profile names no size or region:
     a cluster hpcjob knows no price of, and says nothing of). Where the prices came from, if not the API
@@ -35,15 +35,15 @@ def _price_or_why(
     from hpcjob.job.prices import LINUX, SPOT
     from hpcjob.store.prices import hourly_price
 
-    size = profile.data_vm_size if data_nodes else profile.vm_size
-    if data_nodes and profile.vm_size and profile.region and not size:
+    size = profile.data_vm_size if for_data_nodes else profile.vm_size
+    if for_data_nodes and profile.vm_size and profile.region and not size:
         return None, (
             "its data nodes' size is not known (`hpcjob cluster add --data-vm-size`), and they are not GPU "
             "nodes"
         )
     if not size or not profile.region:
         return None, None
-    spot = bool(profile.spot) and not data_nodes
+    spot = bool(profile.spot) and not for_data_nodes
     answer = hourly_price(size, profile.region, SPOT if spot else LINUX)
     if answer.warning:
         progress(f"hpcjob: warning: {answer.warning}")
@@ -51,12 +51,14 @@ def _price_or_why(
     return price, None if price is not None else answer.unknown
 
 
-def unbounded_cost(profile: ClusterProfile, progress: Progress, *, data_nodes: bool = False) -> str | None:
+def unbounded_cost(
+    profile: ClusterProfile, progress: Progress, *, for_data_nodes: bool = False
+) -> str | None:
     """Why `--max-cost` cannot bound a run on the profile's cluster (its nodes, or its data nodes, have
     no price), in a few words; None when it can. Said before the first attempt."""
     prices = [_price_or_why(profile, progress)]
-    if data_nodes:
-        prices.append(_price_or_why(profile, progress, data_nodes=True))
+    if for_data_nodes:
+        prices.append(_price_or_why(profile, progress, for_data_nodes=True))
     why = [reason for price, reason in prices if price is None]
     if not why:
         return None
@@ -64,10 +66,10 @@ def unbounded_cost(profile: ClusterProfile, progress: Progress, *, data_nodes: b
 
 
 def run_price(
-    cluster: str | None, progress: Progress, *, data_nodes: bool = False
+    cluster: str | None, progress: Progress, *, for_data_nodes: bool = False
 ) -> tuple[Price | None, Price | None]:
     """The prices a run on `cluster` (None: a local run) is counted at: its GPU nodes', and with
-    `data_nodes` its data nodes' (None where the run has none)."""
+    `for_data_nodes` its data nodes' (None where the run has none)."""
     from hpcjob.store.config import get_profile
 
     if cluster is None:
@@ -77,7 +79,7 @@ def run_price(
     except SpecError:
         return None, None  # the profile is gone or broken: the run's end matters more
     gpus = node_price(profile, progress)
-    return gpus, node_price(profile, progress, data_nodes=True) if data_nodes else None
+    return gpus, node_price(profile, progress, for_data_nodes=True) if for_data_nodes else None
 
 
 def price_rows(

@@ -78,7 +78,7 @@ def follow_run(
         if hang is not None:
             summary = hung_summary(summary, hang)
         summary.price, summary.data_price = run_price(
-            record.cluster, progress, data_nodes=bool(plan.data_nodes)
+            record.cluster, progress, for_data_nodes=bool(plan.data_node_names)
         )
         with contextlib.suppress(HpcjobError):  # the job's end matters more than its history
             record_end(summary)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpcjob.job.spec import HpcjobError, SpecError
 from hpcjob.runner.access import Progress, StoppedWaiting, keep_open, new_run_id, run_folder_opener
@@ -17,6 +17,7 @@ from hpcjob.runner.submit import job_spec, submit_run
 
 if TYPE_CHECKING:
     from hpcjob.backends import Backend
+    from hpcjob.job.options import JobOptions
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobSummary
     from hpcjob.job.spec import JobSpec
@@ -35,8 +36,7 @@ class LocalOptions:
 
 
 def start_local(
-    fields: Mapping[str, Any],
-    run_id: str | None,
+    options: JobOptions,
     local: LocalOptions,
     *,
     progress: Progress,
@@ -45,11 +45,11 @@ def start_local(
     attached: bool = False,
     retries: Retries | None = None,
 ) -> tuple[Backend, JobSpec, RunRecord, JobPlan]:
-    """Start a job on this machine (options by their JobSpec names; a share or mount point they name
-    does not apply), in a process of its own, through the local backend as the registry opens it: its
-    nodes are local processes, its share a local folder, its rendezvous on a free port of loopback unless
-    the options name one. `attached`: the job is canceled when this process ends; `retries`: recorded, as a
-    cluster run's. The backend, the spec, the run's record and its plan."""
+    """Start a job on this machine (a share or mount point its options name does not apply), in a
+    process of its own, through the local backend as the registry opens it: its nodes are local
+    processes, its share a local folder, its rendezvous on a free port of loopback unless the options name
+    one. `attached`: the job is canceled when this process ends; `retries`: recorded, as a cluster run's.
+    The backend, the spec, the run's record and its plan."""
     import importlib.util
     import os
     import sys
@@ -61,13 +61,12 @@ def start_local(
 
     if sys.platform == "win32":  # its nodes are bash and torchrun processes in POSIX process groups
         raise SpecError("a local run needs Linux: on Windows, run it in WSL")
-    values = {**fields, "share": None}
-    values.pop("mount_point", None)  # the local folder stands in for the share: the plan puts it there
-    values["rdzv_port"] = values.get("rdzv_port") or free_port()
-    spec = job_spec(values, local=True)
+    # The local folder stands in for the share: the plan puts it there.
+    values = replace(options, share=None, mount_point=None, rdzv_port=options.rdzv_port or free_port())
+    spec = job_spec(values, local=True, progress=progress)
     if importlib.util.find_spec("torch") is None:
         raise SpecError(f"a local run needs torch in {sys.executable}: pip install 'hpcjob[train]'")
-    if fields.get("nproc_per_node") is None and fields.get("gpus_per_node") is None:
+    if options.nproc_per_node is None and options.gpus_per_node is None:
         # As on a cluster node: one process per GPU the node gets.
         spec = replace(spec, nproc_per_node=default_procs_per_node(visible_gpus(os.environ), spec.node_count))
     # Each local node's GPUs, as the backend's plan shares them out (none: the CPU), for the history.
@@ -84,7 +83,7 @@ def start_local(
     record, plan = submit_run(
         backend,
         spec,
-        run_id or new_run_id(spec.name),
+        options.run_id or new_run_id(spec.name),
         open_folder=lambda plan: LocalFolder(Path(root(plan))),
         where=lambda plan: {"local_root": root(plan)},
         mount_step=False,
@@ -98,8 +97,7 @@ def start_local(
 
 
 def submit_local(
-    fields: Mapping[str, Any],
-    run_id: str | None,
+    options: JobOptions,
     *,
     progress: Progress,
     command: str,
@@ -110,14 +108,13 @@ def submit_local(
     status, wait, logs and cancel find it from anywhere; its `retries` start while someone follows it
     (`hpcjob wait`, Run.wait())."""
     _, _, record, plan = start_local(
-        fields, run_id, LocalOptions(), progress=progress, command=command, tags=tags, retries=retries
+        options, LocalOptions(), progress=progress, command=command, tags=tags, retries=retries
     )
     return record, plan
 
 
 def run_local(
-    fields: Mapping[str, Any],
-    run_id: str | None,
+    options: JobOptions,
     local: LocalOptions,
     *,
     progress: Progress,
@@ -142,7 +139,7 @@ def run_local(
     started = time.monotonic()
     try:
         backend, spec, record, plan = start_local(
-            fields, run_id, local, progress=progress, command=command, tags=tags, attached=True,
+            options, local, progress=progress, command=command, tags=tags, attached=True,
             retries=retries,
         )  # fmt: skip
         interrupted = False

@@ -41,7 +41,7 @@ def named_plan(spec: JobSpec, run_id: str, no_nodes: str) -> JobPlan:
         raise SpecError(
             "name the data nodes too, each with --data-node: nothing here asks a cluster for them"
         )
-    return make_plan(spec, spec.node_names, run_id, data_nodes=spec.data_node_names)
+    return make_plan(spec, spec.node_names, run_id, data_node_names=spec.data_node_names)
 
 
 def render_job(spec: JobSpec, run_id: str | None = None) -> dict[str, str]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from hpcjob.job.spec import SpecError
 
 if TYPE_CHECKING:
+    from hpcjob.job.options import JobOptions
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.spec import JobSpec
     from hpcjob.store.runs import HistoryEntry
@@ -98,20 +99,17 @@ def resume_dir(run: str, *, local: bool, share: str | None, mount_point: str) ->
     return f"{mount_point.rstrip('/')}/{folder}"
 
 
-def resolve(fields: Mapping[str, Any], *, local: bool) -> dict[str, Any]:
-    """Job options with `resume_from` (a run) turned into the JobSpec's `resume_dir`: from the history
-    alone (render contacts nothing); `check_resume` looks at the folder once the share is open."""
-    from hpcjob.job.spec import DEFAULT_MOUNT_POINT, parse_share
+def resolve(options: JobOptions, *, local: bool) -> str | None:
+    """The checkpoint folder the job's `resume_from` (a run) names, as JobSpec's `resume_dir` (None: a
+    fresh start): from the history alone (render contacts nothing); `check_resume` looks at the folder
+    once the share is open."""
+    from hpcjob.job.spec import DEFAULT_MOUNT_POINT
 
-    values = dict(fields)
-    run = values.pop("resume_from", None)
-    if not run:
-        return values
-    share = values.get("share")
-    unc = (parse_share(share) if isinstance(share, str) else share).unc if share else None
-    mount_point = values.get("mount_point") or DEFAULT_MOUNT_POINT
-    values["resume_dir"] = resume_dir(str(run), local=local, share=unc, mount_point=mount_point)
-    return values
+    if not options.resume_from:
+        return None
+    unc = options.share.unc if options.share else None
+    mount_point = options.mount_point or DEFAULT_MOUNT_POINT
+    return resume_dir(options.resume_from, local=local, share=unc, mount_point=mount_point)
 
 
 def check_resume(spec: JobSpec, plan: JobPlan, folder: ShareFolder, *, local: bool) -> None:

@@ -24,6 +24,7 @@ from hpcjob.runner.follow import follow_run
 
 if TYPE_CHECKING:
     from hpcjob.backends import Backend
+    from hpcjob.job.options import JobOptions
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobSummary, Submission
     from hpcjob.job.spec import JobSpec
@@ -109,7 +110,7 @@ def _submit_and_follow(
     if wait and retries is not None and retries.retries and retries.max_cost_usd is not None:
         from hpcjob.runner.cost import unbounded_cost
 
-        if (why := unbounded_cost(profile, progress, data_nodes=bool(spec.data_nodes))) is not None:
+        if (why := unbounded_cost(profile, progress, for_data_nodes=bool(spec.data_nodes))) is not None:
             progress(  # before the first attempt, not after it
                 f"hpcjob: warning: --max-cost {retries.max_cost_usd:g} cannot bound run {run_id}: {why}; its "
                 "attempts go on as --retries says"
@@ -275,50 +276,52 @@ def submit_run(
     return latest, plan
 
 
-# Options every front door may pass with the job's that say how to reach the share, not what the job is.
-SMB_OPTIONS = ("smb_user", "smb_server", "smb_port")
-
-
 def job_spec(
-    fields: Mapping[str, Any], profile: ClusterProfile | None = None, *, local: bool = False
+    options: JobOptions,
+    profile: ClusterProfile | None = None,
+    *,
+    local: bool = False,
+    progress: Progress | None = None,
 ) -> JobSpec:
-    """The one way from a front door's options to a JobSpec (the command line's, hpcjob.submit's,
-    hpcjob.render_job's): options by JobSpec's names, the share as a UNC or a Share, a cluster `profile`
-    filling in what they do not say (with_profile). Checks that the script exists. The SMB options are
-    not the job's: smb_access reads them. `resume_from`, a run to start from, becomes the folder of its
-    checkpoints (hpcjob.runner.resume; `local`: as a local run reads it). A job to run (`profile` or
-    `local`) finds its `--secret` values in this machine's environment, or stops here in one line."""
-    from hpcjob.job.spec import JobSpec, check_data_service, parse_share
+    """The one way from a front door's options (the command line's, hpcjob.submit's, hpcjob.render_job's)
+    to a JobSpec, a cluster `profile` filling in what they do not say (with_profile). Checks that the
+    script exists, then reads its requirements (the file given, else requirements.txt beside it, said to
+    `progress`). `resume_from`, a run to start from, becomes the folder of its checkpoints
+    (hpcjob.runner.resume; `local`: as a local run reads it). A job to run (`profile` or `local`) finds its
+    `--secret` values in this machine's environment, or stops here in one line."""
+    from hpcjob.job.spec import JobSpec, check_data_service
     from hpcjob.runner.resume import resolve
     from hpcjob.store.secrets import secret_values
 
-    values = with_profile(dict(fields), profile) if profile is not None else dict(fields)
-    if profile is not None and profile.secrets:  # the profile's names, then the options' own
-        values["secrets"] = tuple(dict.fromkeys((*profile.secrets, *values.get("secrets", ()))))
-    values = resolve(values, local=local)
-    for key in SMB_OPTIONS:
-        values.pop(key, None)
-    if isinstance(values.get("share"), str):
-        values["share"] = parse_share(values["share"])
-    if not Path(values["script"]).is_file():
-        raise SpecError(f"script {values['script']} does not exist")
-    spec = JobSpec(**values)
+    if profile is not None:
+        options = with_profile(options, profile)
+    script = Path(options.script)
+    if not script.is_file():  # before its requirements.txt is looked for beside it
+        raise SpecError(f"script {options.script} does not exist")
+    requirements = requirements_text(script, options.requirements, options.no_env, progress or _unsaid)
+    resume_dir = resolve(options, local=local)
+    spec = JobSpec(**options.spec_fields(), requirements=requirements, resume_dir=resume_dir)
     if spec.data_nodes:
-        check_data_service(spec.script, Path(spec.script).read_text(encoding="utf-8", errors="replace"))
+        check_data_service(spec.script, script.read_text(encoding="utf-8", errors="replace"))
     if profile is not None or local:  # a job to run, not to render: its secrets' values are here
         secret_values(spec.secrets)
     return spec
 
 
-def smb_access(fields: Mapping[str, Any], profile: ClusterProfile) -> tuple[str | None, str | None, int]:
-    """How the upload reaches the share: the options' SMB user, server and port, the profile filling in."""
-    filled = with_profile(dict(fields), profile)
-    return filled.get("smb_user"), filled.get("smb_server"), filled.get("smb_port", 445)
+def _unsaid(line: str) -> None:
+    """Progress nobody asked to see."""
+
+
+def smb_access(
+    user: str | None, server: str | None, port: int, profile: ClusterProfile
+) -> tuple[str | None, str | None, int]:
+    """How the upload reaches the share: the SMB user, server and port given, the profile's server and
+    port where they are not."""
+    return user, server or profile.smb_server, profile.smb_port if port == 445 else port
 
 
 def submit_to_cluster(
-    fields: Mapping[str, Any],
-    run_id: str | None,
+    options: JobOptions,
     cluster_name: str,
     backend_kind: str | None,
     *,
@@ -329,16 +332,16 @@ def submit_to_cluster(
     wait: bool = False,
     retries: Retries | None = None,
 ) -> tuple[RunRecord, JobPlan, JobSummary | None]:
-    """Submit a job (options by their JobSpec names, and smb_user, smb_server and smb_port) to the
-    cluster of profile `cluster_name`, the profile filling in what the options do not say; with `wait`,
-    follow it (its attempts, with `retries`) to its summary."""
+    """Submit a job to the cluster of profile `cluster_name` (its share reached as the profile says), the
+    profile filling in what the options do not say; with `wait`, follow it (its attempts, with
+    `retries`) to its summary."""
     cluster = ClusterAccess(cluster_name, backend_kind)
-    spec = job_spec(fields, cluster.profile)
-    smb = smb_access(fields, cluster.profile)
+    spec = job_spec(options, cluster.profile, progress=progress)
+    smb = smb_access(None, None, 445, cluster.profile)
     return submit_and_follow(
         cluster,
         spec,
-        run_id or new_run_id(spec.name),
+        options.run_id or new_run_id(spec.name),
         smb,
         mount_step=mount_step,
         wait=wait,

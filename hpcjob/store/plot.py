@@ -35,7 +35,7 @@ class RunCost:
 
     run_id: str
     cost_usd: float
-    samples_per_s: float | None = None
+    samples_per_sec: float | None = None
     per_1000_samples: float | None = None
 
 
@@ -83,7 +83,7 @@ def plot_runs(
     except ImportError:
         raise missing_extra("plot", "runs plot") from None
     runs = {run: series(lines) for run, lines in timelines.items()}
-    priced = [cost for cost in costs if cost.samples_per_s is not None]
+    priced = [cost for cost in costs if cost.samples_per_sec is not None]
     per_1000 = [cost for cost in costs if cost.per_1000_samples is not None]
     if not any(runs.values()) and not priced and not per_1000:
         raise SpecError(
@@ -128,9 +128,9 @@ def plot_runs(
         axis.set_xlabel("samples/s")
         axis.set_ylabel("USD")
         for cost in priced:
-            assert cost.samples_per_s is not None
-            axis.plot([cost.samples_per_s], [cost.cost_usd], "o")
-            axis.annotate(cost.run_id, (cost.samples_per_s, cost.cost_usd), fontsize="small")
+            assert cost.samples_per_sec is not None
+            axis.plot([cost.samples_per_sec], [cost.cost_usd], "o")
+            axis.annotate(cost.run_id, (cost.samples_per_sec, cost.cost_usd), fontsize="small")
         axis.grid(alpha=0.3)
         drawn.panels[COST_AGAINST_SPEED] = [cost.run_id for cost in priced]
         index += 1

@@ -559,24 +559,22 @@ class HistoryEntry:
         samples a second they trained (start-up and evaluation are in the run's cost, not here)."""
         from hpcjob.job.prices import cost_per_1000_samples
 
-        summary, speed = self.summary, self.samples_per_s
+        summary, speed = self.summary, self.samples_per_sec
         if summary is None or summary.price is None or not summary.usage or speed is None:
             return None
         return cost_per_1000_samples(summary.price.usd_per_hour * len(summary.usage), speed)
 
     @property
-    def samples_per_s(self) -> float | None:
+    def samples_per_sec(self) -> float | None:
         """The run's own throughput; None where it measured none (a run that trained nothing: an older
         training program copied the checkpoint's)."""
-        if self.summary is None or self.summary.trained_nothing:
-            return None
-        value = (self.summary.metrics or {}).get("samples_per_sec")
-        return float(value) if isinstance(value, int | float) else None
+        return self._metric("samples_per_sec")
 
     @property
-    def data_nodes(self) -> tuple[str, ...]:
+    def data_node_names(self) -> tuple[str, ...]:
         """The CPU data nodes of the run's newest attempt (its plan's), if it had any."""
-        return tuple(str(node) for node in (self.plan or {}).get("data_nodes") or ())
+        plan = self.plan or {}
+        return tuple(str(node) for node in plan.get("data_node_names") or plan.get("data_nodes") or ())
 
     def _metric(self, key: str) -> float | None:
         if self.summary is None or self.summary.trained_nothing:
@@ -590,7 +588,7 @@ class HistoryEntry:
         return self._metric("data_wait_fraction")
 
     @property
-    def data_samples_per_s(self) -> float | None:
+    def data_samples_per_sec(self) -> float | None:
         """The data nodes' samples a second together, as the trainers drew them (a run with data nodes)."""
         return self._metric("data_samples_per_sec")
 
@@ -605,10 +603,10 @@ class HistoryEntry:
             "gpus_per_node": self.gpus_per_node,
             "node_hours": self.node_hours,
             "gpu_hours": self.gpu_hours,
-            "samples_per_s": self.samples_per_s,
-            "data_nodes": list(self.data_nodes),
+            "samples_per_sec": self.samples_per_sec,
+            "data_node_names": list(self.data_node_names),
             "data_wait": self.data_wait,
-            "data_samples_per_s": self.data_samples_per_s,
+            "data_samples_per_sec": self.data_samples_per_sec,
             "cost_usd": self.cost_usd,
             "cost_per_1000_samples_usd": self.cost_per_1000_samples,
             "price": asdict(self.summary.price) if self.summary and self.summary.price else None,

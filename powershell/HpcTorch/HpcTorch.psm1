@@ -8,7 +8,8 @@
 
 Set-StrictMode -Version 3.0
 
-# The options every job command shares (hpcjob's job options, cli/options.py).
+# The options every job command shares: hpcjob's job options, one table (hpcjob/job/options.py), each
+# parameter named and checked from it by tests/test_powershell_module.py.
 $script:JobOptions = @{
     Nodes        = '--nodes'
     NprocPerNode = '--nproc-per-node'
@@ -375,7 +376,7 @@ function Submit-HpcTorchJob {
         [Parameter(Position = 1, ValueFromRemainingArguments = $true)][string[]]$ArgumentList,
         [string]$Cluster,
         [ValidateSet('rest', 'winrm')][string]$Backend,
-        [ValidateRange(1, 100000)][int]$Nodes,
+        [ValidateRange(1, 10000)][int]$Nodes,
         [ValidateRange(1, 1024)][int]$NprocPerNode,
         [ValidateRange(1, 1024)][int]$GpusPerNode,
         [string[]]$Node,
@@ -390,7 +391,7 @@ function Submit-HpcTorchJob {
         [hashtable]$Environment,
         [string[]]$Secret,
         [ValidateRange(0, 1000)][int]$MaxRestarts,
-        [ValidateRange(1, 100000)][int]$MinNodes,
+        [ValidateRange(1, 10000)][int]$MinNodes,
         [ValidateRange(1, 2147483647)][int]$RdzvLastCall,
         [ValidateRange(1, 2147483647)][int]$RdzvKeepAlive,
         [string]$Python,
@@ -408,7 +409,7 @@ function Submit-HpcTorchJob {
         [ValidateSet('node-local', 'share')][string]$EnvOn,
         [string]$Image,
         [string]$VmSize,
-        [ValidateRange(1, 100000)][int]$DataNodes,
+        [ValidateRange(1, 10000)][int]$DataNodes,
         [string[]]$DataNode,
         [string]$DataNodeGroup,
         [ValidateRange(1, 65535)][int]$DataPort,
@@ -464,7 +465,7 @@ function Invoke-HpcTorchJob {
     param(
         [Parameter(Mandatory = $true, Position = 0)][ValidateNotNullOrEmpty()][string]$Script,
         [Parameter(Position = 1, ValueFromRemainingArguments = $true)][string[]]$ArgumentList,
-        [ValidateRange(1, 100000)][int]$Nodes,
+        [ValidateRange(1, 10000)][int]$Nodes,
         [ValidateRange(1, 1024)][int]$NprocPerNode,
         [ValidateRange(1, 1024)][int]$GpusPerNode,
         [string[]]$Node,
@@ -479,7 +480,7 @@ function Invoke-HpcTorchJob {
         [hashtable]$Environment,
         [string[]]$Secret,
         [ValidateRange(0, 1000)][int]$MaxRestarts,
-        [ValidateRange(1, 100000)][int]$MinNodes,
+        [ValidateRange(1, 10000)][int]$MinNodes,
         [ValidateRange(1, 2147483647)][int]$RdzvLastCall,
         [ValidateRange(1, 2147483647)][int]$RdzvKeepAlive,
         [string]$Python,
@@ -497,7 +498,7 @@ function Invoke-HpcTorchJob {
         [ValidateSet('node-local', 'share')][string]$EnvOn,
         [string]$Image,
         [string]$VmSize,
-        [ValidateRange(1, 100000)][int]$DataNodes,
+        [ValidateRange(1, 10000)][int]$DataNodes,
         [string[]]$DataNode,
         [string]$DataNodeGroup,
         [ValidateRange(1, 65535)][int]$DataPort,

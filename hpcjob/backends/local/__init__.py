@@ -106,23 +106,26 @@ TRAINER_CPUS_VAR = "HPCJOB_LOCAL_TRAINER_CPUS"
 
 
 def local_cpus(
-    cpus: Sequence[int], trainers: Sequence[str], data_nodes: Sequence[str], trainer_cpus: int | None = None
+    cpus: Sequence[int],
+    trainers: Sequence[str],
+    data_node_names: Sequence[str],
+    trainer_cpus: int | None = None,
 ) -> dict[str, str]:
     """Each local node's CPUs in a job with data nodes (HPCJOB_LOCAL_CPUS, as the task's first process
     sets its affinity): the trainers share the first `trainer_cpus` [default: N of N+M of them, at least
     one], the data nodes split the rest (sharing one each where there are fewer). {} without data nodes,
     or with one CPU: all share it."""
-    if not data_nodes or len(cpus) < 2:
+    if not data_node_names or len(cpus) < 2:
         return {}
-    share = round(len(cpus) * len(trainers) / (len(trainers) + len(data_nodes)))
+    share = round(len(cpus) * len(trainers) / (len(trainers) + len(data_node_names)))
     count = min(len(cpus) - 1, max(1, trainer_cpus if trainer_cpus is not None else share))
     ordered = sorted(cpus)
     theirs, rest = ordered[:count], ordered[count:]
     placement = {name: ",".join(map(str, theirs)) for name in trainers}
-    for index, name in enumerate(data_nodes):
-        if len(rest) >= len(data_nodes):
-            each = len(rest) // len(data_nodes)
-            mine = rest[index * each : (index + 1) * each if index < len(data_nodes) - 1 else None]
+    for index, name in enumerate(data_node_names):
+        if len(rest) >= len(data_node_names):
+            each = len(rest) // len(data_node_names)
+            mine = rest[index * each : (index + 1) * each if index < len(data_node_names) - 1 else None]
         else:
             mine = [rest[index % len(rest)]]
         placement[name] = ",".join(map(str, mine))
@@ -277,7 +280,13 @@ class LocalBackend:
         names = local_node_names(spec)
         data = local_data_node_names(spec)
         plan = make_plan(
-            spec, names, run_id, rdzv_host=LOOPBACK, mount_point=str(root), attempt=attempt, data_nodes=data
+            spec,
+            names,
+            run_id,
+            rdzv_host=LOOPBACK,
+            mount_point=str(root),
+            attempt=attempt,
+            data_node_names=data,
         )
         self._known_nodes.update(dict.fromkeys((*names, *data)))
         engine = container_engine(dict(plan.env))
@@ -457,7 +466,7 @@ class LocalBackend:
         self._cpus = local_cpus(
             sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
             plan.nodes,
-            plan.data_nodes,
+            plan.data_node_names,
             int(trainer_cpus) if trainer_cpus.isdigit() else None,
         )
         start = time.monotonic()
@@ -562,7 +571,7 @@ class LocalBackend:
         variables = {**dict(plan.env), **dict(task.env)}  # the task's own, as a node gets them
         if index < len(self.gpu_devices) and self.gpu_devices[index] is not None:
             variables["CUDA_VISIBLE_DEVICES"] = str(self.gpu_devices[index])  # this node's own GPUs
-        if task.node in plan.data_nodes:  # a CPU node (its data service finds a free port if it must)
+        if task.node in plan.data_node_names:  # a CPU node (its data service finds a free port if it must)
             variables["CUDA_VISIBLE_DEVICES"] = ""
         if task.node in self._cpus:
             variables[LOCAL_CPUS_VAR] = self._cpus[task.node]
@@ -690,7 +699,7 @@ class LocalBackend:
             root_cause=root_cause,
             metrics=find_metrics(lines),
             events=events,
-            data_nodes=list(plan.data_nodes),
+            data_node_names=list(plan.data_node_names),
         )
 
 

@@ -44,7 +44,7 @@ class JobShape:
         """The plan's: with data nodes, every node of both roles and no node group, for a group's default
         Intersect would leave the other role's nodes out and the job would never start (the job's
         RequestedNodes alone are its candidates: docs/facts/ and the team's two-roles fact sheet §A.2)."""
-        group = None if plan.data_nodes else plan.node_group
+        group = None if plan.data_node_names else plan.node_group
         return cls(plan.all_nodes, group, plan.job_template, plan.priority)
 
 
