@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+import hpctorch
 from hpcjob.job.plan import CONTAINER_OPTIONS, AllowedShare, ContainerPolicy, user_mount_point
 from hpcjob.job.render.text import CHAINED_SUFFIX, filter_config, filter_install_command
 from hpcjob.job.spec import SpecError
@@ -552,11 +553,17 @@ def test_an_owner_name_the_agent_would_not_strip_to_a_plain_account_is_refused(o
         user_mount_point("/app", owner)
 
 
-@pytest.mark.parametrize("name", ["mount_filter.py", "env.py", "worker.py"])
-def test_what_runs_on_the_nodes_python_is_python_3_6(name: str) -> None:
+NODE_PYTHON_FILES = [
+    *(Path(mount_filter.__file__).parent / name for name in ("mount_filter.py", "env.py", "worker.py")),
+    *sorted(Path(hpctorch.__file__).parent.glob("*.py")),  # the library scripts import
+]
+
+
+@pytest.mark.parametrize("path", NODE_PYTHON_FILES, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_what_runs_on_the_nodes_python_is_python_3_6(path: Path) -> None:
     """Nodes run CentOS 7 and Ubuntu 18.04 (Python 3.6) and later: no syntax past 3.6, nothing they call
     newer (worker.py's `int | None` failed on 3.9 before)."""
-    source = (Path(mount_filter.__file__).parent / name).read_text()
+    source = path.read_text()
     tree = ast.parse(source, feature_version=(3, 6))
     newer = {"capture_output", "text", "removeprefix", "removesuffix", "fromisoformat", "monotonic_ns",
              "isascii", "annotations", "cached_property", "unlink_missing_ok"}  # fmt: skip

@@ -56,6 +56,9 @@ HPCJOB_BEAT_DIR="$HPCJOB_LOG_DIR/.hpcjob-beats"
 export HPCJOB_NODE HPCJOB_IS_HOST HPCJOB_IFNAME HPCJOB_ADDR HPCJOB_LOG_DIR HPCJOB_EXIT_DIR HPCJOB_BEAT_DIR GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME HPCJOB_TASK_START
 unset hpcjob_store
 [ -z "$HPCJOB_CHECKPOINT_DIR" ] || mkdir -p "$HPCJOB_CHECKPOINT_DIR" 2>/dev/null
+# The library hpcjob ships with the job (hpctorch), first, the task's own PYTHONPATH after it: trainers and
+# data tasks import it alike, in any Python the job runs with.
+export PYTHONPATH="$PWD/.hpcjob/lib${PYTHONPATH:+:$PYTHONPATH}"
 [ -z "$HPCJOB_OUTPUT_DIR" ] || mkdir -p "$HPCJOB_OUTPUT_DIR" 2>/dev/null
 
 hpcjob_exit() {

@@ -39,6 +39,7 @@ DEFAULT_IGNORE = (
     "*.ckpt",
 )
 NODE_FILES = ("node.sh", "worker.py", "env.py")
+NODE_LIBRARY = "hpctorch"  # the package a training script imports, shipped with every job
 MANIFEST = f"{NODE_DIR}/manifest.json"
 MANIFEST_LIMIT = 64 << 20  # bytes: one line per file of the code
 
@@ -98,10 +99,15 @@ def code_files(code_dir: Path) -> Iterator[CodeFile]:
 
 
 def node_files() -> Iterator[tuple[PurePosixPath, bytes]]:
-    """The helper and worker shim every task uses, as they go into `<job folder>/.hpcjob/`."""
+    """The helper and worker shim every task uses, as they go into `<job folder>/.hpcjob/`, and the
+    library a script imports (hpctorch), into `.hpcjob/lib/`, which node.sh puts on PYTHONPATH."""
     package = resources.files("hpcjob") / "node"
     for name in NODE_FILES:
         yield PurePosixPath(NODE_DIR) / name, (package / name).read_bytes()
+    library = resources.files(NODE_LIBRARY)
+    for entry in sorted(library.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".py") and entry.is_file():
+            yield PurePosixPath(NODE_DIR) / "lib" / NODE_LIBRARY / entry.name, entry.read_bytes()
 
 
 def stage_run(

@@ -1,0 +1,152 @@
+"""hpctorch, the library a user's script imports: shipped with every job, importable on the nodes without
+hpcjob, and its figures read by hpcjob as the example's are (issue 40)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import hpctorch
+from hpcjob.job.results import METRICS_PREFIX, find_metrics
+from hpcjob.store.logs import timeline_line
+from hpcjob.store.staging import node_files
+from hpctorch import Metrics
+
+from .conftest import stand_in_python
+from .test_rest_e2e import (
+    Cluster,
+    cluster,  # noqa: F401 - the fixture: the emulated head node, a real smbd
+)
+
+
+def lines_of(folder: Path) -> list[dict[str, object]]:
+    """Every timeline line as hpcjob reads it (hpcjob.store.logs.timeline_line)."""
+    read = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            clean = timeline_line(json.loads(line))
+            assert clean is not None, line
+            read.append(clean)
+    return read
+
+
+def test_a_script_s_steps_become_the_timeline_and_the_metrics_line_hpcjob_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HPCJOB_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.setenv("HPCJOB_NODE", "GPU1")
+    monkeypatch.setenv("HPCJOB_TASK_START", str(time.time() - 3))
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
+    metrics = Metrics(every_s=0.05)
+    for step in range(6):
+        time.sleep(0.02)
+        metrics.step(samples=32, loss=1.0 / (step + 1), data_wait_s=0.005, epoch=0, lr=0.1, note=object())
+    metrics.epoch(0, accuracy=0.5, test_loss=0.7)
+    said = metrics.summary(accuracy=0.5)
+    out = capsys.readouterr().out
+    assert METRICS_PREFIX == hpctorch.METRICS_PREFIX  # the library's is hpcjob's
+    assert find_metrics(out.splitlines()) == said  # the one line hpcjob takes as the run's metrics
+    assert said["steps"] == 6 and said["samples"] == 192 and said["world_size"] == 1
+    assert 0 < float(said["data_wait_fraction"]) < 1 and float(said["samples_per_sec"]) > 0
+    timeline = lines_of(tmp_path / "logs" / "metrics")
+    events = [line["event"] for line in timeline]
+    assert events[:2] == ["start", "first_step"] and events[-1] == "epoch" and "step" in events
+    assert 2.5 < float(timeline[1]["after_start_s"]) < 60  # from the task's start, as node.sh says it
+    step = next(line for line in timeline if line["event"] == "step")
+    assert {"loss", "samples_per_sec", "data_wait_fraction", "lr", "epoch", "step"} <= set(step)
+    assert "note" not in step and step["node"] == "GPU1"  # not a figure: left out
+    assert (tmp_path / "logs" / "metrics" / "GPU1-0.jsonl").is_file()
+
+
+def test_without_hpcjob_rank_0_says_its_steps_on_the_console(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("HPCJOB_LOG_DIR", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    metrics = Metrics(every_s=0)
+    metrics.step(samples=10, loss=0.25)
+    assert capsys.readouterr().out.startswith("step 1: data_wait_fraction 0, loss 0.25, samples_per_sec ")
+    monkeypatch.setenv("RANK", "1")
+    Metrics(every_s=0).step(samples=10, loss=0.25)
+    assert capsys.readouterr().out == ""  # the other ranks say nothing
+
+
+def test_every_job_ships_the_library_in_its_node_folder() -> None:
+    shipped = {str(path): data for path, data in node_files()}
+    for source in sorted(Path(hpctorch.__file__).parent.glob("*.py")):
+        assert shipped[f".hpcjob/lib/hpctorch/{source.name}"] == source.read_bytes()
+
+
+def test_a_script_on_a_node_without_hpcjob_imports_the_library_and_shows_in_runs(
+    cluster: Cluster,  # noqa: F811 - the fixture of that name
+    tmp_path: Path,
+) -> None:
+    """On the emulated cluster, the task's Python started with -S: no site-packages, so neither hpcjob nor
+    an installed hpctorch; the script imports the job's own copy from .hpcjob/lib, and its figures reach
+    `hpcjob runs` as the example's do."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(
+        "import sys, time\n"
+        "assert 'hpcjob' not in sys.modules\n"
+        "import hpctorch\n"
+        "print('hpctorch from', hpctorch.__file__, flush=True)\n"
+        "metrics = hpctorch.Metrics(every_s=0.01)\n"
+        "for step in range(20):\n"
+        "    time.sleep(0.01)\n"
+        "    metrics.step(samples=64, loss=1.0 / (step + 1), data_wait_s=0.001)\n"
+        "metrics.summary(accuracy=0.9)\n"
+    )
+    # Whatever torchrun line the task has, the node's Python runs the script, without its site-packages.
+    python = stand_in_python(tmp_path, f"exec {sys.executable} -S train.py")
+    done = cluster.submit(
+        "--wait", "-n", "1", "--run-id", "own-1", "--python", str(python), str(code / "train.py")
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    logs = cluster.hpcjob("logs", "own-1").stdout
+    assert "/.hpcjob/lib/hpctorch/__init__.py" in logs, logs
+    listed = json.loads(cluster.hpcjob("runs", "--json").stdout)
+    mine = next(run for run in listed if run["run_id"] == "own-1")
+    assert mine["samples_per_sec"] > 0 and mine["data_wait"] is not None, mine
+    assert mine["summary"]["metrics"]["accuracy"] == 0.9 and mine["summary"]["metrics"]["steps"] == 20
+
+
+@pytest.mark.slow
+def test_a_two_rank_script_sums_its_ranks_as_the_example_does(tmp_path: Path) -> None:
+    """A real 2-node local run (gloo): the metrics line holds both ranks' samples, the history its
+    samples/s, each rank's timeline is there for `runs plot`."""
+    import subprocess
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(
+        "import time\nimport torch.distributed as dist\nimport hpctorch\n"
+        "dist.init_process_group('gloo')\n"
+        "metrics = hpctorch.Metrics(every_s=0.01)\n"
+        "for step in range(10 + 5 * dist.get_rank()):\n"
+        "    time.sleep(0.01)\n"
+        "    metrics.step(samples=8, loss=0.5, data_wait_s=0.002)\n"
+        "metrics.summary(accuracy=0.75)\n"
+        "dist.destroy_process_group()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2", "--json", "--run-id", "two-1",
+         "--mount-point", str(tmp_path / "share"), str(code / "train.py")],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads(done.stdout)["metrics"]
+    assert metrics["samples"] == 8 * (10 + 15) and metrics["world_size"] == 2 and metrics["accuracy"] == 0.75
+    listed = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "runs", "show", "two-1", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(listed.stdout)["samples_per_sec"] == metrics["samples_per_sec"] > 0
+    timelines = sorted(p.name for p in (tmp_path / "share").rglob("metrics/*.jsonl"))
+    assert timelines == ["LOCAL1-0.jsonl", "LOCAL2-0.jsonl"]
