@@ -150,3 +150,33 @@ def test_a_two_rank_script_sums_its_ranks_as_the_example_does(tmp_path: Path) ->
     assert json.loads(listed.stdout)["samples_per_sec"] == metrics["samples_per_sec"] > 0
     timelines = sorted(p.name for p in (tmp_path / "share").rglob("metrics/*.jsonl"))
     assert timelines == ["LOCAL1-0.jsonl", "LOCAL2-0.jsonl"]
+
+
+@pytest.mark.slow
+def test_the_script_of_the_own_script_page_runs_as_it_stands(tmp_path: Path) -> None:
+    """docs/own-script.md's first Python block, as a reader copies it: a 2-node local run that finishes,
+    its metrics the run's (3 epochs of 4096 samples over both ranks), its samples/s in the history."""
+    import re
+    import subprocess
+
+    page = (Path(__file__).parents[1] / "docs" / "own-script.md").read_text()
+    block = re.search(r"```python\n(.*?)```", page, re.S)
+    assert block is not None and len(block[1].splitlines()) <= 80
+    script = tmp_path / "code" / "own.py"
+    script.parent.mkdir()
+    script.write_text(block[1])
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2", "--json", "--run-id", "own-page-1",
+         "--mount-point", str(tmp_path / "share"), str(script)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["metrics"]["samples"] == 3 * 4096 and summary["metrics"]["accuracy"] > 0.8
+    assert "epoch 2: accuracy " in done.stderr
+    shown = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "runs", "show", "own-page-1", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(shown.stdout)["samples_per_sec"] == summary["metrics"]["samples_per_sec"] > 0
