@@ -14,10 +14,17 @@ hpcjob: under plain torchrun its figures go to the console.
         metrics.step(samples=len(x), loss=loss.item())
     metrics.summary(accuracy=0.97)               # every rank: the HPCJOB_METRICS line, on rank 0
 
+    checkpoints = Checkpoints(every_steps=500)   # the run's own folder, asynchronous DCP saves
+    start = checkpoints.resume(model, optimizer) # a retried attempt, or --resume-from: the newest save
+    ...
+    checkpoints.step(step, model, optimizer)     # after each step: a save when one is due
+    checkpoints.close(step, model, optimizer)    # the last step saved, every save marked
+
 `hpcjob runs`, `runs plot`, `status` and the run's summary then show the script as they show the
 example (samples/s, data wait, its figures over time).
 """
 
+from hpctorch.checkpoint import CheckpointError, Checkpoints
 from hpctorch.metrics import METRICS_PREFIX, Metrics
 
-__all__ = ["METRICS_PREFIX", "Metrics"]
+__all__ = ["METRICS_PREFIX", "CheckpointError", "Checkpoints", "Metrics"]

@@ -17,21 +17,14 @@ import contextlib
 import json
 import math
 import os
-import socket
 import sys
 import time
 from typing import IO, Any, Dict, Optional
 
+from hpctorch.process import env_int, timeline_line, timeline_path
+
 # What hpcjob looks for in a task's output (hpcjob.job.results.METRICS_PREFIX; a test keeps them one).
 METRICS_PREFIX = "HPCJOB_METRICS "
-TIMELINE_FOLDER = "metrics"
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 def _figures(figures: Dict[str, Any]) -> Dict[str, Any]:
@@ -51,20 +44,13 @@ class Metrics:
     seconds."""
 
     def __init__(self, folder: Optional[str] = None, every_s: float = 10.0) -> None:
-        self.rank = _env_int("RANK", 0)
-        self.local_rank = _env_int("LOCAL_RANK", 0)
-        self.world_size = _env_int("WORLD_SIZE", 1)
-        self.restart = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
-        self.node = (os.environ.get("HPCJOB_NODE") or socket.gethostname()).split(".")[0]
+        self.rank = env_int("RANK", 0)
+        self.world_size = env_int("WORLD_SIZE", 1)
         self.every_s = every_s
-        log_dir = os.environ.get("HPCJOB_LOG_DIR")
-        if folder is None and log_dir:
-            folder = os.path.join(log_dir, TIMELINE_FOLDER)
+        path = timeline_path(folder)
         self.file: Optional[IO[str]] = None
-        if folder is not None:
-            os.makedirs(folder, exist_ok=True)
-            name = "{}-{}.jsonl".format(self.node, self.local_rank)
-            self.file = open(os.path.join(folder, name), "a", encoding="utf-8")  # noqa: SIM115 - until close
+        if path is not None:
+            self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - until close
         self.began = time.perf_counter()  # the loop's time counts from here
         self.steps = 0
         self.samples = 0
@@ -77,10 +63,7 @@ class Metrics:
     def _write(self, event: str, **fields: Any) -> None:
         if self.file is None:
             return
-        line = {"t": round(time.time(), 3), "event": event, "node": self.node, "rank": self.rank,
-                "world_size": self.world_size, "restart": self.restart}  # fmt: skip
-        line.update(fields)
-        self.file.write(json.dumps(line) + "\n")
+        self.file.write(timeline_line(event, fields))
         self.file.flush()
 
     def step(

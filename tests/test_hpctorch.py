@@ -4,6 +4,8 @@ hpcjob, and its figures read by hpcjob as the example's are (issue 40)."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -120,8 +122,6 @@ def test_a_script_on_a_node_without_hpcjob_imports_the_library_and_shows_in_runs
 def test_a_two_rank_script_sums_its_ranks_as_the_example_does(tmp_path: Path) -> None:
     """A real 2-node local run (gloo): the metrics line holds both ranks' samples, the history its
     samples/s, each rank's timeline is there for `runs plot`."""
-    import subprocess
-
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text(
@@ -152,12 +152,9 @@ def test_a_two_rank_script_sums_its_ranks_as_the_example_does(tmp_path: Path) ->
     assert timelines == ["LOCAL1-0.jsonl", "LOCAL2-0.jsonl"]
 
 
-@pytest.mark.slow
-def test_the_script_of_the_own_script_page_runs_as_it_stands(tmp_path: Path) -> None:
-    """docs/own-script.md's first Python block, as a reader copies it: a 2-node local run that finishes,
-    its metrics the run's (3 epochs of 4096 samples over both ranks), its samples/s in the history."""
+def page_script(tmp_path: Path) -> Path:
+    """docs/own-script.md's first Python block, as a reader copies it."""
     import re
-    import subprocess
 
     page = (Path(__file__).parents[1] / "docs" / "own-script.md").read_text()
     block = re.search(r"```python\n(.*?)```", page, re.S)
@@ -165,18 +162,130 @@ def test_the_script_of_the_own_script_page_runs_as_it_stands(tmp_path: Path) -> 
     script = tmp_path / "code" / "own.py"
     script.parent.mkdir()
     script.write_text(block[1])
-    done = subprocess.run(
-        [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2", "--json", "--run-id", "own-page-1",
-         "--mount-point", str(tmp_path / "share"), str(script)],
-        capture_output=True, text=True, timeout=240,
+    return script
+
+
+def run_page(tmp_path: Path, run_id: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2", "--retries", "1", "--json",
+         "--run-id", run_id, "--mount-point", str(tmp_path / "share"), str(page_script(tmp_path)), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_the_script_of_the_own_script_page_runs_as_it_stands(tmp_path: Path) -> None:
+    """As the page says to run it: a 2-node local run that finishes, its metrics the run's (3 epochs of
+    4096 samples over both ranks), its samples/s in the history, its saves complete and marked."""
+    job = run_page(tmp_path, "own-page-1")
+    out, err = job.communicate(timeout=240)
+    assert job.returncode == 0, err[-3000:]
+    summary = json.loads(out)
     assert summary["metrics"]["samples"] == 3 * 4096 and summary["metrics"]["accuracy"] > 0.8
-    assert "epoch 2: accuracy " in done.stderr
+    assert "epoch 2: accuracy " in err and "hpctorch: saved step 96 (training held " in err
     shown = subprocess.run(
         [sys.executable, "-m", "hpcjob.cli", "runs", "show", "own-page-1", "--json"],
         capture_output=True,
         text=True,
     )
     assert json.loads(shown.stdout)["samples_per_sec"] == summary["metrics"]["samples_per_sec"] > 0
+    saves = sorted(
+        p.parent.name for p in (tmp_path / "share").rglob("checkpoints/own-page-1/*/.hpcjob-complete")
+    )
+    assert saves == ["step-000000096"]  # every 100 steps, and the last one at close; keep=2
+
+
+@pytest.mark.slow
+def test_the_page_s_script_survives_a_lost_node_and_resumes_from_its_save(tmp_path: Path) -> None:
+    """A node killed after the first complete save: the run is Finished in 2 attempts, the second
+    resumed from that save (its steps not trained again)."""
+    import os
+    import signal
+
+    from hpcjob.backends.local.procs import MARKER_VAR, marked_processes
+
+    run_id = "own-page-2"
+    job = run_page(tmp_path, run_id, "--epochs", "40")
+    try:
+        deadline = time.monotonic() + 180
+        while not list((tmp_path / "share").rglob(f"checkpoints/{run_id}/*/.hpcjob-complete")):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.05)
+        for pid, _ in marked_processes(f"{MARKER_VAR}={run_id}/2\0".encode()):
+            os.kill(pid, signal.SIGKILL)
+        out, err = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["state"] == "Finished" and summary["events"][0].startswith("attempt 1 ("), summary[
+        "events"
+    ]
+    assert "attempt 2 of 2" in err and "hpctorch: resumed from step " in err
+    resumed = summary["metrics"]["resumed_at_step"]
+    assert resumed >= 100 and summary["metrics"]["steps"] == 40 * 32 - resumed  # nothing trained twice
+
+
+def test_saves_are_marked_kept_and_resumed_and_a_torn_one_is_never_chosen(tmp_path: Path) -> None:
+    """One process, no process group: a save every 2 steps, the newest 2 kept, the last step saved at
+    close; a later save cut short (no marker) is passed over; a resume loads the newest marked one."""
+    import torch
+
+    from hpctorch import Checkpoints
+    from hpctorch.checkpoint import MARKER, complete_saves
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    saving = Checkpoints(folder=str(tmp_path), every_steps=2, keep=2)
+    assert saving.resume(model, optimizer) == 0  # nothing there: a fresh start
+    for step in range(1, 8):
+        model.weight.data += 1.0
+        saving.step(step, model, optimizer)
+    saving.close(7, model, optimizer)
+    assert [step for step, _ in complete_saves(str(tmp_path))] == [6, 7]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000006", "step-000000007"]
+    torn = tmp_path / "step-000000009"
+    torn.mkdir()
+    (torn / "__0_0.distcp").write_bytes(b"cut short")
+    fresh = torch.nn.Linear(4, 2)
+    resumed = Checkpoints(folder=str(tmp_path))
+    assert resumed.resume(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1)) == 7
+    assert torch.equal(fresh.weight, model.weight) and not (torn / MARKER).exists()
+
+
+def test_a_checkpoint_that_cannot_be_saved_or_resumed_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from hpctorch import CheckpointError, Checkpoints
+
+    monkeypatch.delenv("HPCJOB_CHECKPOINT_DIR", raising=False)
+    with pytest.raises(CheckpointError, match=r"^hpctorch: no checkpoint folder: run under hpcjob"):
+        Checkpoints()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(
+        CheckpointError, match=r"^hpctorch: checkpoint folder .*/file/ck cannot be written on "
+    ):
+        Checkpoints(folder=str(blocked / "ck"))
+    empty = tmp_path / "earlier"
+    empty.mkdir()
+    monkeypatch.setenv("HPCJOB_RESUME_FROM", str(empty))
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(
+        CheckpointError, match=r"earlier holds no complete save \(a folder with .hpcjob-complete\)"
+    ):
+        Checkpoints(folder=str(tmp_path / "mine")).resume(model)
+    monkeypatch.delenv("HPCJOB_RESUME_FROM")
+    saved = Checkpoints(folder=str(tmp_path / "mine"))
+    saved.close(1, model)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3))  # another model: its keys are not the save's
+    with pytest.raises(CheckpointError) as info:
+        Checkpoints(folder=str(tmp_path / "mine")).resume(other)
+    assert re.fullmatch(
+        r"hpctorch: cannot resume from .*step-000000001: RuntimeError: Missing key in checkpoint state_dict: "
+        r"model\.0\.weight\.",
+        str(info.value),
+    ), str(info.value)
