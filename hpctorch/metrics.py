@@ -72,11 +72,13 @@ class Metrics:
         loss: Optional[float] = None,
         data_wait_s: float = 0.0,
         epoch: Optional[int] = None,
+        step: Optional[int] = None,
         **figures: Any,
     ) -> None:
         """One training step done: `samples` this rank trained on, their mean `loss`, the seconds it
-        waited for its data (`data_wait_s`), the `epoch`, and figures of the script's own (numbers; the
-        newest of each is shown)."""
+        waited for its data (`data_wait_s`), the `epoch`, the script's own count of steps (`step`, the one
+        its checkpoints go by: what a later attempt redoes is counted in it; default: the steps of this
+        process), and figures of the script's own (numbers; the newest of each is shown)."""
         now = time.perf_counter()
         self.steps += 1
         self.samples += samples
@@ -100,7 +102,7 @@ class Metrics:
         if seconds < self.every_s or count <= 0:
             return
         line: Dict[str, Any] = {
-            "step": self.steps,
+            "step": self.steps if step is None else step,
             "samples_per_sec": count / seconds,
             "data_wait_fraction": min(1.0, waited / seconds),
         }

@@ -3,6 +3,7 @@ hpcjob, and its figures read by hpcjob as the example's are (issue 40)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -195,6 +196,17 @@ def test_the_script_of_the_own_script_page_runs_as_it_stands(tmp_path: Path) -> 
     assert saves == ["step-000000096"]  # every 100 steps, and the last one at close; keep=2
 
 
+def past_save(share: Path, run_id: str, step: int) -> bool:
+    """Whether the run's first attempt reported a step past `step` in its timeline."""
+    for timeline in share.rglob(f"logs/{run_id}/metrics/*.jsonl"):
+        for text in timeline.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                line = json.loads(text)
+                if line.get("event") == "step" and line.get("step", 0) > step:
+                    return True
+    return False
+
+
 @pytest.mark.slow
 def test_the_page_s_script_survives_a_lost_node_and_resumes_from_its_save(tmp_path: Path) -> None:
     """A node killed after the first complete save: the run is Finished in 2 attempts, the second
@@ -207,8 +219,11 @@ def test_the_page_s_script_survives_a_lost_node_and_resumes_from_its_save(tmp_pa
     run_id = "own-page-2"
     job = run_page(tmp_path, run_id, "--epochs", "40")
     try:
+        # Once a save is complete and a step line past it is in the timeline: the work to redo is known.
         deadline = time.monotonic() + 180
-        while not list((tmp_path / "share").rglob(f"checkpoints/{run_id}/*/.hpcjob-complete")):
+        while not (
+            saved := list((tmp_path / "share").rglob(f"checkpoints/{run_id}/*/.hpcjob-complete"))
+        ) or not (past_save(tmp_path / "share", run_id, int(saved[0].parent.name.removeprefix("step-")))):
             assert job.poll() is None and time.monotonic() < deadline, job.communicate()
             time.sleep(0.05)
         for pid, _ in marked_processes(f"{MARKER_VAR}={run_id}/2\0".encode()):
@@ -225,6 +240,39 @@ def test_the_page_s_script_survives_a_lost_node_and_resumes_from_its_save(tmp_pa
     assert "attempt 2 of 2" in err and "hpctorch: resumed from step " in err
     resumed = summary["metrics"]["resumed_at_step"]
     assert resumed >= 100 and summary["metrics"]["steps"] == 40 * 32 - resumed  # nothing trained twice
+    said = next(e for e in summary["events"] if e.startswith("attempt 2 resumed at step "))
+    assert re.fullmatch(
+        rf"attempt 2 resumed at step {resumed:,} \(\d[\d,]* step\(s\), [\d,]+ s redone\)", said
+    )
+    shown = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "runs", "show", run_id, "--json"], capture_output=True, text=True
+    )
+    attempts = json.loads(shown.stdout)["attempts"]
+    assert attempts[0]["resumed"] is None and attempts[1]["resumed"]["step"] == resumed
+
+
+def test_an_attempt_s_redone_work_is_what_the_one_before_did_past_the_save() -> None:
+    """From the timelines: the step the attempt resumed (its resume line), the last step the attempt
+    before reported, and the seconds between it being at the resumed step (between its lines, in
+    proportion) and that last line."""
+    from hpcjob.job.attempts import Resumed, resumed_of
+
+    def line(event: str, step: int, t: float) -> dict[str, object]:
+        return {"event": event, "step": step, "t": t}
+
+    before = [
+        line("step", 50, 100.0),
+        line("step", 150, 110.0),
+        line("checkpoint", 100, 111.0),
+        line("step", 250, 120.0),
+    ]
+    assert resumed_of(before, [line("resume", 100, 200.0)]) == Resumed(100, 150, 15.0)
+    assert Resumed(100, 150, 15.0).line(2) == "attempt 2 resumed at step 100 (150 step(s), 15 s redone)"
+    assert resumed_of(before, [line("step", 1, 200.0)]) is None  # a fresh start: nothing resumed
+    assert resumed_of([], [line("resume", 100, 200.0)]) == Resumed(100)  # no steps reported before
+    assert "the work redone unknown" in Resumed(100).line(3)
+    assert resumed_of([line("step", 90, 5.0)], [line("resume", 100, 9.0)]) == Resumed(100, 0, 0.0)
+    assert Resumed.from_dict(Resumed(1200, 80, 40.5).to_dict()) == Resumed(1200, 80, 40.5)
 
 
 def test_saves_are_marked_kept_and_resumed_and_a_torn_one_is_never_chosen(tmp_path: Path) -> None:

@@ -147,3 +147,71 @@ def past_max_cost(spent: float, max_cost_usd: float) -> str | None:
         return None
     bound = money(max_cost_usd)
     return f"no other attempt: the run's attempts cost {money(spent)}, more than --max-cost {bound}"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where an attempt went on from: the step of the save it resumed (hpctorch.Checkpoints says it in
+    its timeline), and the work the attempt before it had done past that step, done again: its steps and
+    their seconds (None where that attempt's timeline reports no steps)."""
+
+    step: int
+    redone_steps: int | None = None
+    redone_s: float | None = None
+
+    def line(self, attempt: int) -> str:
+        """`attempt 2 resumed at step 1,200 (80 step(s), 40 s redone)`."""
+        if self.redone_steps is None or self.redone_s is None:
+            work = "the work redone unknown: the attempt before reported no steps"
+        else:
+            work = f"{self.redone_steps:,} step(s), {self.redone_s:,.0f} s redone"
+        return f"attempt {attempt} resumed at step {self.step:,} ({work})"
+
+    def to_dict(self) -> dict[str, int | float | None]:
+        return {"step": self.step, "redone_steps": self.redone_steps, "redone_s": self.redone_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Resumed | None:
+        """From to_dict's form; None where it is not one."""
+        step, steps, seconds = data.get("step"), data.get("redone_steps"), data.get("redone_s")
+        if not isinstance(step, int) or isinstance(step, bool):
+            return None
+        return cls(
+            step,
+            steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
+            float(seconds) if isinstance(seconds, int | float) and not isinstance(seconds, bool) else None,
+        )
+
+
+def resumed_of(
+    previous: Sequence[Mapping[str, object]], current: Sequence[Mapping[str, object]]
+) -> Resumed | None:
+    """Where the `current` attempt resumed, from its timeline's `resume` line, and what the `previous`
+    attempt's step lines say it did past that step (the last step it reported, and the time from when it
+    was at the resumed step to that one); None where the attempt resumed nothing."""
+    starts = [e["step"] for e in current if e.get("event") == "resume" and _whole(e.get("step"))]
+    if not starts:
+        return None
+    step = int(str(starts[0]))
+    reported = sorted(
+        (int(str(e["step"])), float(str(e["t"])))
+        for e in previous
+        if e.get("event") == "step" and _whole(e.get("step"))
+    )
+    if not reported:
+        return Resumed(step)
+    last, last_t = reported[-1]
+    if last <= step:
+        return Resumed(step, 0, 0.0)
+    # When the attempt was at the resumed step: between its lines on either side, in proportion.
+    before = [(s, t) for s, t in reported if s < step]
+    after_s, after_t = next((s, t) for s, t in reported if s >= step)
+    at = after_t
+    if before and after_s > before[-1][0]:
+        before_s, before_t = before[-1]
+        at = before_t + (after_t - before_t) * (step - before_s) / (after_s - before_s)
+    return Resumed(step, last - step, max(0.0, last_t - at))
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

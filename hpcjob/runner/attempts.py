@@ -26,7 +26,7 @@ from hpcjob.runner.follow import follow_run
 
 if TYPE_CHECKING:
     from hpcjob.backends import Backend
-    from hpcjob.job.attempts import Cause
+    from hpcjob.job.attempts import Cause, Resumed
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobInfo, JobSummary, Submission
     from hpcjob.job.spec import JobSpec
@@ -103,11 +103,15 @@ def follow_attempts(
     if backend.kind == "local":  # this machine's nodes are judged at once: no head node to hear from
         retries = replace(retries, settle_s=0.0, detection_s=0.0)
     told = [  # the attempts judged before this follower (its own, when it was interrupted)
-        attempt_line(a.attempt, a.job_id, a.nodes, a.usage(None).data_node_names, a.said or a.cause or "")
-        if a.ran
-        else f"attempt {a.attempt}: {a.said}"
+        line
         for a in _attempts_kept(record)
         if a.attempt < record.attempt
+        for line in [
+            *([a.resumed.line(a.attempt)] if a.resumed else []),
+            attempt_line(a.attempt, a.job_id, a.nodes, a.usage(None).data_node_names, a.said or a.cause or "")
+            if a.ran
+            else f"attempt {a.attempt}: {a.said}",
+        ]
     ]
     total = retries.retries + 1
     unpriced_said = False
@@ -120,7 +124,9 @@ def follow_attempts(
             summary = follow_run(backend, record, plan, open_folder, started, progress)
         if summary.state is State.FINISHED or retries.retries == 0:
             if record.attempt > 1:
-                _keep(record_attempt_end, record, summary, "finished", "finished", False)
+                resumed = _resumed(open_folder, record)
+                told += [resumed.line(record.attempt)] if resumed else []
+                _keep(record_attempt_end, record, summary, "finished", "finished", False, resumed)
             return record, _run_summary(record, summary, told)
         info = _final(backend, record, retries, progress)
         if info is None:  # HPC Pack requeued the job itself: the same attempt goes on
@@ -144,7 +150,9 @@ def follow_attempts(
                 over = past_max_cost(spent, retries.max_cost_usd)
         goes_on = cause.retried and not last and over is None
         said = cause.said + ("" if cause.kind == "canceled" else _in_epoch(open_folder, record))
-        _keep(record_attempt_end, record, summary, cause.kind, said, goes_on)
+        resumed = _resumed(open_folder, record) if record.attempt > 1 else None
+        _keep(record_attempt_end, record, summary, cause.kind, said, goes_on, resumed)
+        told += [resumed.line(record.attempt)] if resumed else []
         told.append(attempt_line(record.attempt, record.job_id, plan.nodes, plan.data_node_names, said))
         if not cause.retried:
             return record, _run_summary(record, summary, told)
@@ -206,6 +214,30 @@ def _cause(
         time.sleep(min(retries.poll_s, max(0.0, deadline - time.monotonic())))
         cause = judged()
     return cause
+
+
+def _resumed(open_folder: Callable[[], ShareFolder | None], record: RunRecord) -> Resumed | None:
+    """Where the record's attempt went on from and the work done again, from its timeline and the
+    attempt before it's (hpcjob.job.attempts.resumed_of); None where none says (or the share is away)."""
+    from hpcjob.job.attempts import resumed_of
+    from hpcjob.job.plan import attempt_log_folder
+    from hpcjob.store.logs import RunLogs
+
+    try:
+        folder = open_folder()
+    except HpcjobError:
+        return None
+    if folder is None:
+        return None
+    before = f"{record.job_folder}/logs/{attempt_log_folder(record.run_id, record.attempt - 1)}"
+    try:
+        current = RunLogs(folder, record.log_folder, record.nodes).timeline()
+        previous = RunLogs(folder, before, record.nodes).timeline()
+    except (HpcjobError, OSError):  # the attempt is told without it
+        return None
+    finally:
+        folder.close()
+    return resumed_of(previous, current)
 
 
 def _in_epoch(open_folder: Callable[[], ShareFolder | None], record: RunRecord) -> str:

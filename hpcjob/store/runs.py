@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from hpcjob.job.spec import HpcjobError, SpecError
 
 if TYPE_CHECKING:
+    from hpcjob.job.attempts import Resumed
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.results import JobSummary, Submission
     from hpcjob.job.usage import AttemptUsage, RunUsage
@@ -149,6 +150,10 @@ MIGRATIONS = (
     """
     ALTER TABLE runs ADD COLUMN attempt_started REAL;  -- unix time the newest attempt's submission began
     ALTER TABLE attempts ADD COLUMN started REAL;      -- unix time its submission began
+    """,
+    # Issue 40: where a later attempt went on from, and the work done again (hpcjob.job.attempts.Resumed).
+    """
+    ALTER TABLE attempts ADD COLUMN resumed TEXT;  -- as JSON: step, redone_steps, redone_s
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -334,6 +339,7 @@ class AttemptEntry:
     ended: float | None  # when its end was judged, on this machine's clock
     summary: JobSummary | None
     started: float | None = None  # when its submission began, on this machine's clock
+    resumed: Resumed | None = None  # the save it went on from, and the work done again
 
     @property
     def ran(self) -> bool:
@@ -360,43 +366,53 @@ class AttemptEntry:
             "retried": self.retried,
             "judged": self.ended,
             "state": self.summary.state.value if self.summary else None,
+            "resumed": self.resumed.to_dict() if self.resumed else None,
         }
 
 
 def record_attempt_end(
-    record: RunRecord, summary: JobSummary | None, cause: str, said: str, retried: bool
+    record: RunRecord,
+    summary: JobSummary | None,
+    cause: str,
+    said: str,
+    retried: bool,
+    resumed: Resumed | None = None,
 ) -> None:
     """How the record's attempt ended, kept beside the run (its row holds the newest attempt); no
-    summary for an attempt whose job never ran (its submission was cut short)."""
+    summary for an attempt whose job never ran (its submission was cut short); `resumed`: where it went
+    on from."""
     with _history() as connection:
         # Its start is the run's record of it (its first attempt's: the run's own start); judged again
         # (not retried after all), its first judgement's time stays.
         connection.execute(
             """
             INSERT INTO attempts (run_id, attempt, job_id, nodes, cause, said, retried, ended, summary,
-                                  started)
+                                  started, resumed)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, (SELECT COALESCE(attempt_started, started) FROM runs
-                                                WHERE run_id = ?))
+                                                WHERE run_id = ?), ?)
             ON CONFLICT (run_id, attempt) DO UPDATE SET
                 job_id = excluded.job_id, nodes = excluded.nodes, cause = excluded.cause,
                 said = excluded.said, retried = excluded.retried,
-                summary = COALESCE(excluded.summary, attempts.summary)
+                summary = COALESCE(excluded.summary, attempts.summary),
+                resumed = COALESCE(excluded.resumed, attempts.resumed)
             """,
             (
                 record.run_id, record.attempt, record.job_id, json.dumps(list(record.nodes)), cause, said,
                 int(retried), time.time(), summary.to_json() if summary is not None else None, record.run_id,
+                json.dumps(resumed.to_dict()) if resumed is not None else None,
             ),
         )  # fmt: skip
 
 
-_ATTEMPT_COLUMNS = "attempt, job_id, nodes, cause, said, retried, ended, summary, started"
+_ATTEMPT_COLUMNS = "attempt, job_id, nodes, cause, said, retried, ended, summary, started, resumed"
 
 
 def _attempt_of(row: Sequence[Any]) -> AttemptEntry:
     """A row of _ATTEMPT_COLUMNS; a summary or node list that cannot be read is shown as missing."""
+    from hpcjob.job.attempts import Resumed
     from hpcjob.job.results import JobSummary
 
-    attempt, job_id, nodes, cause, said, retried, ended, summary, started = row
+    attempt, job_id, nodes, cause, said, retried, ended, summary, started, resumed = row
     try:
         ended_summary = JobSummary.from_json(summary) if summary else None
     except (ValueError, TypeError, KeyError):
@@ -405,7 +421,13 @@ def _attempt_of(row: Sequence[Any]) -> AttemptEntry:
         names = tuple(str(n) for n in json.loads(nodes))
     except ValueError:
         names = ()
-    return AttemptEntry(attempt, job_id, names, cause, said, bool(retried), ended, ended_summary, started)
+    try:
+        went_on = Resumed.from_dict(json.loads(resumed)) if resumed else None
+    except (ValueError, AttributeError):
+        went_on = None
+    return AttemptEntry(
+        attempt, job_id, names, cause, said, bool(retried), ended, ended_summary, started, went_on
+    )
 
 
 def record_cancel(run_id: str) -> None:
