@@ -84,6 +84,8 @@ class Checkpoints:
         # The save in flight: (step, path, future, when it began, seconds training was held).
         self._pending: Optional[Tuple[int, str, Any, float, float]] = None
         self._group: Any = None
+        # Each save's figures once marked: step, the seconds training was held, the seconds to write it.
+        self.saved: List[Dict[str, Any]] = []
         try:
             os.makedirs(folder, exist_ok=True)
             probe = os.path.join(folder, ".hpcjob-probe-{}-{}".format(node_name(), os.getpid()))
@@ -237,6 +239,7 @@ class Checkpoints:
             with open(os.path.join(path, MARKER), "w", encoding="utf-8") as out:
                 json.dump(marker, out)
             self._prune()
+        self.saved.append({"step": step, "held_s": held, "written_s": written})
         self._say("saved step {} (training held {:.2f} s, written in {:.1f} s)".format(step, held, written))
         _tell_timeline("checkpoint", step=step, held_s=round(held, 3), written_s=round(written, 3))
 
