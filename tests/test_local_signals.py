@@ -46,7 +46,13 @@ def start(
     marks = tmp_path / "marks"
     marks.mkdir()
     python = [] if real else ["--python", str(stand_in_python(tmp_path, WAITING_STAND_IN))]
-    options = ["-n", "2", "--grace-period", "3", *python]
+    options = [
+        "-n",
+        "2",
+        "--grace-period",
+        "10",
+        *python,
+    ]  # 3 s was not enough for torchrun on a loaded CI machine
     process = subprocess.Popen(
         [*hpcjob_run(tmp_path / "share", run_id, *options, str(code / "wait.py")), str(marks)],
         stdout=subprocess.PIPE,

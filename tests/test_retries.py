@@ -74,12 +74,13 @@ def test_a_lost_node_is_left_out_and_the_run_goes_on_from_its_checkpoint(cluster
     assert shown.returncode == 0 and "Finished" in shown.stdout, shown.stderr
     attempts = shown.stdout.split("  attempts:\n")[1].splitlines()[:2]
     assert attempts[0].startswith("    1. job ") and attempts[0].endswith("; retried")
-    # Where its ranks were, as their timelines say: lost as attempt 1's first checkpoint was made.
+    # Where its ranks were, as their timelines say: lost once attempt 1's first checkpoint was made (in
+    # epoch 1 or 2; later on a loaded machine, where the loss comes seconds after the checkpoint).
     # Each with its own figures (issue 38): wall time, node-hours, cost (none: the profile has no price).
     figures = r"\d+\.\d s, \d+\.\d\d node-hours, no price"
     assert re.search(
-        rf" on LOCALHOST, NODE002, {figures}: NODE002 was lost (in|after) epoch [12];", attempts[0]
-    )
+        rf" on LOCALHOST, NODE002, {figures}: NODE002 was lost (in|after) epoch [1-4];", attempts[0]
+    ), attempts[0]
     assert attempts[1].startswith("    2. job ")
     assert re.search(rf" on LOCALHOST, NODE003, {figures}: finished$", attempts[1]), attempts[1]
     entry = json.loads(cluster.hpcjob("runs", "show", run_id, "--json").stdout)
