@@ -56,7 +56,8 @@ class Metrics:
         self.samples = 0
         self.data_wait_s = 0.0
         self.last_step_at = self.began
-        # Since the last step line: when it was written, samples, their loss summed, data wait.
+        # Since the last step line: when it was written, samples, their loss summed, data wait, samples
+        # with a loss.
         self._since = (self.began, 0, 0.0, 0.0, 0)
         self._write("start")
 
