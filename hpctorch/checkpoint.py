@@ -13,6 +13,7 @@ HPCJOB_RESUME_FROM (`--resume-from RUN`); DCP reshards on load, so a run of fewe
 more. Python 3.6 syntax and the standard library at import: torch is imported by the calls.
 """
 
+import atexit
 import json
 import os
 import re
@@ -86,6 +87,7 @@ class Checkpoints:
         self._group: Any = None
         # Each save's figures once marked: step, the seconds training was held, the seconds to write it.
         self.saved: List[Dict[str, Any]] = []
+        atexit.register(self._at_exit)  # a script that ends without close(): its save said, not lost
         try:
             os.makedirs(folder, exist_ok=True)
             probe = os.path.join(folder, ".hpcjob-probe-{}-{}".format(node_name(), os.getpid()))
@@ -209,6 +211,23 @@ class Checkpoints:
         if step is not None and model is not None and step > self._last_step:
             self.save(step, model, optimizer)
         self._finish(wait=True)
+
+    def _at_exit(self) -> None:
+        """The script ended with a save in flight (no close): Python has waited for DCP's writer thread
+        before this runs; the save is marked, or left unmarked (never resumed) where it failed (its
+        process group gone first, say), said in one line."""
+        if self._pending is None:
+            return
+        step = self._pending[0]
+        try:
+            self._finish(wait=True)
+        except CheckpointError as exc:
+            print(
+                "hpctorch: the save of step {} was in flight when the script ended, and is left unmarked "
+                "(never resumed): {}".format(step, str(exc).replace("hpctorch: ", "", 1)),
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _finish(self, wait: bool) -> None:
         if self._pending is None:

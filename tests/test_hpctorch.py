@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -337,3 +338,60 @@ def test_a_checkpoint_that_cannot_be_saved_or_resumed_is_one_line(
         r"model\.0\.weight\.",
         str(info.value),
     ), str(info.value)
+
+
+def test_a_script_that_ends_with_a_save_in_flight_has_it_finished_and_marked(tmp_path: Path) -> None:
+    """No close(): at the script's end the save in flight is finished (Python waits for DCP's writer)
+    and marked, and said once."""
+    script = tmp_path / "ends.py"
+    script.write_text(
+        "import sys, torch\nfrom hpctorch import Checkpoints\n"
+        "Checkpoints(folder=sys.argv[1]).save(1, torch.nn.Linear(2048, 2048))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(hpctorch.__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ck")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("hpctorch: saved step 1 (training held ") == 1, done.stdout + done.stderr
+    assert (tmp_path / "ck" / "step-000000001" / ".hpcjob-complete").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_of_fewer_nodes_resumes_a_save_of_more(tmp_path: Path) -> None:
+    """DCP reshards on load: a 1-node run with --resume-from goes on from a 2-node run's newest save."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(
+        "import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel\n"
+        "from hpctorch import Checkpoints\n"
+        "dist.init_process_group('gloo')\ntorch.manual_seed(0)\n"
+        "model = DistributedDataParallel(torch.nn.Linear(16, 4))\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "checkpoints = Checkpoints(every_steps=5)\n"
+        "done = checkpoints.resume(model, optimizer)\n"
+        "for step in range(done + 1, done + 13):\n"
+        "    loss = model(torch.randn(8, 16)).pow(2).mean()\n"
+        "    optimizer.zero_grad(); loss.backward(); optimizer.step()\n"
+        "    checkpoints.step(step, model, optimizer)\n"
+        "checkpoints.close(step, model, optimizer)\n"
+        "print('weight sum', float(model.module.weight.sum()), 'from', done, flush=True)\n"
+        "dist.destroy_process_group()\n"
+    )
+
+    def run(run_id: str, nodes: str, *more: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", nodes, "--run-id", run_id,
+             "--mount-point", str(tmp_path / "share"), *more, str(code / "train.py")],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    assert "from 0" in run("more-1", "2")
+    fewer = run("fewer-1", "1", "--resume-from", "more-1")
+    assert "hpctorch: resumed from step 12 (" in fewer and "from 12" in fewer
