@@ -14,6 +14,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+import hpctorch
 from hpcjob.job.render import JOB_NAMESPACE
 
 from .conftest import REPO
@@ -302,14 +303,18 @@ def test_render_copy_to_puts_code_and_node_files_in_the_job_folder(script: Path,
     result = hpcjob("render", "--node", "A", "--copy-to", str(mounted), str(script))
     assert result.returncode == 0, result.stderr
     job_dir = mounted / "hpcjob" / getpass.getuser() / "train"
-    assert sorted(p.relative_to(job_dir).as_posix() for p in job_dir.rglob("*") if p.is_file()) == [
-        ".hpcjob/env.py",
-        ".hpcjob/manifest.json",
-        ".hpcjob/node.sh",
-        ".hpcjob/worker.py",
-        "train.py",
-    ]
-    assert "sent 4 file(s)" in result.stderr
+    library = [f".hpcjob/lib/hpctorch/{p.name}" for p in Path(hpctorch.__file__).parent.glob("*.py")]
+    assert sorted(p.relative_to(job_dir).as_posix() for p in job_dir.rglob("*") if p.is_file()) == sorted(
+        [
+            ".hpcjob/env.py",
+            ".hpcjob/manifest.json",
+            ".hpcjob/node.sh",
+            ".hpcjob/worker.py",
+            "train.py",
+            *library,
+        ]
+    )
+    assert f"sent {4 + len(library)} file(s)" in result.stderr
 
 
 def test_renders_of_one_job_folder_share_its_run_id_and_staging_starts_a_new_one(

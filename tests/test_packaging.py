@@ -101,7 +101,8 @@ def _source(root: Path) -> Path:
     """A copy of what the build reads: building in the checkout would write build/ and *.egg-info there,
     and a build/ left from an earlier build could hand the wheel files the package data no longer lists."""
     source = root / "source"
-    shutil.copytree(REPO / "hpcjob", source / "hpcjob", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("hpcjob", "hpctorch"):  # hpctorch: the library each job ships to its nodes
+        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, source / name)
     return source
@@ -141,7 +142,8 @@ def test_the_wheel_holds_every_module_and_every_file_the_code_reads(built: tuple
     data_dirs = [REPO / folder for folder in DATA_DIRS]
     wanted = {
         path.relative_to(REPO).as_posix()
-        for path in (REPO / "hpcjob").rglob("*")
+        for package in ("hpcjob", "hpctorch")
+        for path in (REPO / package).rglob("*")
         if path.is_file()
         and "__pycache__" not in path.parts
         and (path.suffix == ".py" or (path.name != "README.md" and any(map(path.is_relative_to, data_dirs))))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
+import hpctorch
 from hpcjob.store.share import LocalFolder
 from hpcjob.store.staging import IGNORE_FILE, code_files, is_ignored, parse_ignore, upload
 
@@ -68,10 +69,13 @@ def test_sync_sends_only_what_changed(tmp_path: Path) -> None:
     folder = LocalFolder(tmp_path / "share")
     requirements = ((".hpcjob/requirements-abc.txt", "tiny==1.0\n"),)  # a plan's file
     first = upload(code, folder, "hpcjob/job", requirements)
-    assert first.files_sent == 6 and first.files_unchanged == 0  # 2 code files, 3 node files, 1 of the plan
+    library = sorted(p.name for p in Path(hpctorch.__file__).parent.glob("*.py"))  # .hpcjob/lib/hpctorch
+    # 2 code files, 3 node files and the library's, 1 of the plan
+    assert first.files_sent == 6 + len(library) and first.files_unchanged == 0
     assert sorted(p.name for p in (share / ".hpcjob").iterdir()) == [
-        "env.py", "manifest.json", "node.sh", "requirements-abc.txt", "worker.py"
+        "env.py", "lib", "manifest.json", "node.sh", "requirements-abc.txt", "worker.py"
     ]  # fmt: skip
+    assert sorted(p.name for p in (share / ".hpcjob" / "lib" / "hpctorch").iterdir()) == library
     assert (share / ".hpcjob" / "requirements-abc.txt").read_text() == "tiny==1.0\n"
     again = upload(code, folder, "hpcjob/job", requirements)
     assert (again.files_sent, again.bytes_sent, again.files_unchanged) == (0, 0, 2)
