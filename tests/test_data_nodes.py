@@ -172,6 +172,8 @@ def test_each_role_is_counted_at_its_own_price() -> None:
 def test_a_script_without_a_data_service_mode_is_refused() -> None:
     check_data_service("train.py", "role = os.environ.get('HPCJOB_ROLE', 'trainer')\n")
     check_data_service("train.py", "from data_service import feed\n")
+    check_data_service("train.py", "from hpctorch.data import RemoteBatches, serve\n")
+    check_data_service("train.py", "from hpctorch import Metrics, data\n")
     with pytest.raises(SpecError, match=r"train\.py has no data-service mode"):
         check_data_service("train.py", "import torch\n")
 

@@ -61,9 +61,9 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+from hpctorch import data as data_service
 from torch.nn.parallel import DistributedDataParallel
 
-import data_service
 from gpu_monitor import GpuMonitor, open_monitor
 from images import default_workers, node_cpus, processes_on_node
 from neural_network import MODELS, build_model, input_shape

@@ -635,9 +635,11 @@ def check_secret_names(names: Iterable[str], env_names: Iterable[str] = ()) -> t
     return names
 
 
-# A script with a data-service mode reads its role (HPCJOB_ROLE), itself or through a data_service module
-# such as the training program's (docs/data-nodes.md).
-_DATA_SERVICE = re.compile(r"HPCJOB_ROLE|\bdata_service\b")
+# A script with a data-service mode reads its role (HPCJOB_ROLE), itself or through hpctorch's data service
+# (hpctorch.data, which hpcjob ships with each job), or a data_service module of its own (docs/data-nodes.md).
+_DATA_SERVICE = re.compile(
+    r"HPCJOB_ROLE|\bdata_service\b|\bhpctorch\.data\b|\bfrom\s+hpctorch\s+import\b.*\bdata\b"
+)
 
 
 def check_data_service(script: str, text: str) -> None:
@@ -645,8 +647,8 @@ def check_data_service(script: str, text: str) -> None:
     would train, or do nothing, and the trainers would wait for them in vain."""
     if not _DATA_SERVICE.search(text):
         raise SpecError(
-            f"--data-nodes: {script} has no data-service mode (it never reads HPCJOB_ROLE nor imports a "
-            "data_service module): see docs/data-nodes.md"
+            f"--data-nodes: {script} has no data-service mode (it never reads HPCJOB_ROLE nor imports "
+            "hpctorch.data): see docs/data-nodes.md"
         )
 
 

@@ -12,9 +12,7 @@ from typing import Any
 import pytest
 import torch
 from hpcjob.backends.local import free_port
-from torch.utils.data import Dataset, DistributedSampler
-
-from data_service import (  # type: ignore[import-not-found]
+from hpctorch.data import (
     DataServiceError,
     Layout,
     RemoteBatches,
@@ -24,6 +22,7 @@ from data_service import (  # type: ignore[import-not-found]
     tensors_of,
     wait_for_endpoint,
 )
+from torch.utils.data import Dataset, DistributedSampler
 
 pytest.importorskip("zmq")
 
@@ -179,3 +178,78 @@ def test_a_data_node_that_never_comes_up_is_one_line_after_the_wait(tmp_path: Pa
     message = str(raised.value)
     assert message.startswith("data node CPUNODE007 did not come up within 0.5 s (--data-wait)")
     assert "\n" not in message
+
+
+def test_a_keyed_client_s_malformed_requests_are_refused_and_the_node_serves_on(tmp_path: Path) -> None:
+    """Whoever holds the attempt's key (the job's own trainer gone wrong, or a copy of its file) sends
+    what a trainer never does: each is refused (or, past ZeroMQ's limit, dropped unread), the data node
+    does not crash, and the trainer is served after them; a trainer of another seed is refused."""
+    import zmq
+
+    layout = Layout(("DATA1",), 0, 10.0, tmp_path / "data", 1)
+    threads = start_data_nodes(layout, Numbered(8), batch_size=4)
+    endpoint = wait_for_endpoint(layout.folder, "DATA1", 10.0)
+    context = zmq.Context()
+    keyed = context.socket(zmq.DEALER)
+    keyed.linger = 0
+    keyed.curve_secretkey, keyed.curve_publickey = endpoint.client_secret, endpoint.client_public
+    keyed.curve_serverkey = endpoint.server_public
+    keyed.connect(f"tcp://{endpoint.address}:{endpoint.port}")
+    epoch = b'"op": "epoch", "epoch": 0, "world_size": 1, "batch_size": 4, "seed": 7'
+    bad = {
+        "two frames": [b'{"op": "next", "rank": 0}', b"more"],
+        "an infinite number": [b'{"op": "epoch", "rank": 1e999, ' + epoch[1:] + b"}"],
+        "NaN": [b'{"op": "done", "rank": NaN}'],
+        "a huge number": [b'{"op": "done", "rank": ' + b"9" * 4000 + b"}"],
+        "deep JSON": [b"[" * 30000 + b"]" * 30000],
+        "not JSON": [b"\xff\xfe"],
+        "another seed": [b'{"rank": 0, ' + epoch.replace(b'"seed": 7', b'"seed": 8') + b"}"],
+    }
+    try:
+        for what, frames in bad.items():
+            keyed.send_multipart(frames)
+            assert keyed.poll(5000), f"{what}: no answer"
+            [answer] = keyed.recv_multipart()
+            assert b'"refused"' in answer, (what, answer)
+            if what == "another seed":
+                assert b"seed 8 is not this data node's, 7" in answer
+        keyed.send(b"{" + b" " * (200 << 20) + b"}")  # 200 MiB: past the limit, its connection dropped
+        assert keyed.poll(1500) == 0
+    finally:
+        keyed.close()
+        context.term()
+    trainer = RemoteBatches(layout, 0, batch_size=4, seed=7)
+    trainer.set_epoch(0)
+    assert sum(len(labels) for _, labels in trainer) == 8
+    served = trainer.close()
+    assert served is not None and served["refused"] == len(bad)
+    threads[0].join(timeout=20)
+    assert not threads[0].is_alive()
+
+
+@pytest.mark.parametrize(
+    ("frames", "said"),
+    [
+        ([b"not json", b"", b""], "a message that is not JSON"),
+        ([b"[1]", b"", b""], "a message that is not a JSON object"),
+        ([b'{"tensors": [["float32", [2]]]}', b"", b""], "other than two tensors"),
+        ([b'{"tensors": [["float32", [1e999]], ["int64", [1]]]}', b"", b""], "not a list of sizes"),
+        ([b'{"tensors": [["float32", [-1]], ["int64", [1]]]}', b"", b""], "not a list of sizes"),
+        ([b'{"tensors": [["float32", [2]], "x"]}', bytes(8), b""], "[dtype, shape]"),
+        ([b'{"tensors": []}'], "1 frame(s), not a header and two tensors"),
+    ],
+)
+def test_every_bad_batch_a_trainer_gets_is_one_line(frames: list[bytes], said: str) -> None:
+    with pytest.raises(DataServiceError) as raised:
+        tensors_of(frames)
+    assert said in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_node_without_pyzmq_says_which_package_and_where(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "zmq", None)  # import zmq raises ImportError
+    with pytest.raises(
+        DataServiceError, match=r"^the data service needs pyzmq on the nodes: add pyzmq to the"
+    ):
+        RemoteBatches(Layout(("DATA1",), 0, 1.0, "/nonexistent", 1), 0, batch_size=4, seed=7)

@@ -1,47 +1,39 @@
-"""The training program's data service (hpcjob issue 34): CPU data nodes decode and augment, the GPU
+"""The data service of CPU data nodes (hpcjob's --data-nodes): the data nodes decode and augment, the GPU
 trainers train. hpcjob starts the script on each data node with ``HPCJOB_ROLE=data`` (no torchrun) and
 tells every task the data nodes in order (``HPCJOB_DATA_NODES``), their port, the trainers' world size
-and a folder private to the job's owner (docs/data-nodes.md).
+and a folder private to the job's owner (hpcjob's docs/data-nodes.md).
 
-Why ZeroMQ (pyzmq): the published example used gRPC, whose messages are protobuf copies with a 4 MiB
-default limit, for what is a stream of a few large buffers. ZeroMQ sends a batch as frames of raw
-tensor memory without copying them into a message, frames messages itself, and has CURVE: encryption
-and authentication by key pairs, checked before any message is delivered. It is one small wheel with
-no service to run.
+Why ZeroMQ (pyzmq): a batch goes as frames of raw tensor memory, not copied into a message; ZeroMQ frames
+messages itself, and has CURVE: encryption and authentication by key pairs, checked before any message is
+delivered. It is one small wheel with no service to run (the nodes need it: `--requirements`).
 
 Who serves whom: trainer rank r reads from data node r mod M, decided in each process from RANK and
-WORLD_SIZE (ranks come from the rendezvous, not the order of the nodes). For each epoch a data node
-builds the very DistributedSampler the trainer would (same length, world size, rank, seed, epoch,
-drop_last, padding included), so the trainers together get exactly the indices they would have read
-themselves; a resumed run simply asks for the checkpoint's next epoch.
+WORLD_SIZE. For each epoch a data node builds the very DistributedSampler the trainer would (same length,
+world size, rank, seed, epoch, drop_last, padding included), so the trainers together get exactly the
+indices they would have read themselves; a resumed run asks for its next epoch. The trainer's seed goes
+with each request, and a data node refuses a request whose seed is not its own.
 
 Trust: the data port is reachable by every user of the cluster. Each data node makes its own CURVE key
 pairs for the attempt and writes them, with its address, to a file only the job's owner can read
-(``HPCJOB_DATA_DIR``, in the owner's job folder on the share, outside the logs); its authenticator
-admits that one client key and refuses every other connection. No key is ever on a command line, in
-the job or in a log. Nothing from the network is unpickled: a batch is a small JSON header (shape and
-dtype, from a fixed list) and raw buffers.
+(``HPCJOB_DATA_DIR``); its authenticator admits that one client key and refuses every other connection.
+No key is ever on a command line, in the job or in a log. Nothing from the network is unpickled or
+evaluated: a request is a small JSON object (ZeroMQ drops a message over REQUEST_LIMIT bytes before it
+is read), a batch a small JSON header (shape and dtype, from a fixed list) and raw buffers; a request
+that is not what a trainer sends is refused, never a crash of the data node.
 
-Flow: a trainer keeps at most ``prefetch`` requests in flight (its bounded queue); a data node's
-DataLoader workers read at most ``workers x prefetch`` batches ahead (its bounded queue). When every
-rank it serves has said it is done, a data node exits 0, and the job ends Finished.
+Flow: a trainer keeps at most ``prefetch`` requests in flight; a data node's DataLoader workers read at
+most ``workers x prefetch`` batches ahead. When every rank it serves has said it is done, a data node
+exits 0, and the job ends Finished.
+
+Python 3.6 syntax; torch and pyzmq are imported by the calls that need them.
 """
 
-from __future__ import annotations
-
 import json
-import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-import torch
-from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from functools import partial
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 ROLE_VAR = "HPCJOB_ROLE"
 NODES_VAR = "HPCJOB_DATA_NODES"
@@ -51,34 +43,40 @@ DIR_VAR = "HPCJOB_DATA_DIR"
 CLIENTS_VAR = "HPCJOB_DATA_CLIENTS"
 DATA_ROLE, TRAINER_ROLE = "data", "trainer"
 # The dtypes a batch may carry: a name from the network is looked up here, never evaluated.
-DTYPES: Mapping[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "uint8": torch.uint8,
-    "int64": torch.int64,
-    "int32": torch.int32,
-}
-_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "uint8", "int64", "int32")
 MAX_DIMS = 8
+REQUEST_LIMIT = 64 << 10  # bytes: a trainer's request is a few dozen
+_BIGGEST = 2**62  # a number a request may hold (an epoch, a rank, a seed)
 
 
 class DataServiceError(RuntimeError):
     """The data service failed: one line that says why (which data node, what it waited for)."""
 
 
-@dataclass(frozen=True)
+def _zmq() -> Any:
+    try:
+        import zmq
+    except ImportError:
+        raise DataServiceError(
+            "the data service needs pyzmq on the nodes: add pyzmq to the job's --requirements (or its image)"
+        ) from None
+    return zmq
+
+
+def _dtype(name: object) -> Any:
+    import torch
+
+    return getattr(torch, name) if isinstance(name, str) and name in DTYPE_NAMES else None
+
+
 class Layout:
     """The data service of a job, as the task's environment tells it."""
 
-    nodes: tuple[str, ...]
-    port: int
-    wait_s: float
-    folder: Path
-    clients: int
+    def __init__(self, nodes: Tuple[str, ...], port: int, wait_s: float, folder: str, clients: int) -> None:
+        self.nodes, self.port, self.wait_s, self.folder, self.clients = nodes, port, wait_s, folder, clients
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> Layout | None:
+    def from_env(cls, environ: Mapping[str, str]) -> Optional["Layout"]:
         """None where the job has no data nodes."""
         names = tuple(n for n in environ.get(NODES_VAR, "").split(",") if n)
         if not names:
@@ -88,17 +86,19 @@ class Layout:
                 names,
                 int(environ[PORT_VAR]),
                 float(environ.get(WAIT_VAR, "300")),
-                Path(environ[DIR_VAR]),
+                environ[DIR_VAR],
                 int(environ[CLIENTS_VAR]),
             )
         except (KeyError, ValueError) as exc:
-            raise DataServiceError(f"the job names data nodes but not its data service's {exc}") from None
+            raise DataServiceError(
+                "the job names data nodes but not its data service's {}".format(exc)
+            ) from None
 
     def node_of(self, rank: int) -> str:
         """The data node that serves trainer `rank`."""
         return self.nodes[rank % len(self.nodes)]
 
-    def ranks_of(self, node: str) -> list[int]:
+    def ranks_of(self, node: str) -> List[int]:
         """The trainer ranks `node` serves."""
         index = [n.upper() for n in self.nodes].index(node.upper())
         return [rank for rank in range(self.clients) if rank % len(self.nodes) == index]
@@ -112,9 +112,11 @@ def role(environ: Mapping[str, str]) -> str:
 
 def epoch_indices(
     length: int, world_size: int, rank: int, seed: int, epoch: int, drop_last: bool
-) -> list[int]:
+) -> List[int]:
     """The indices DistributedSampler gives `rank` in `epoch` (shuffled): built by it, not copied."""
-    sampler: DistributedSampler[int] = DistributedSampler(
+    from torch.utils.data import DistributedSampler
+
+    sampler: Any = DistributedSampler(
         range(length),  # type: ignore[arg-type]  # only its length is read
         num_replicas=world_size,
         rank=rank,
@@ -126,36 +128,48 @@ def epoch_indices(
     return list(sampler)
 
 
-# --------------------------------------------------------------------------------------------------
-# The wire: one JSON frame, or a batch as a header frame and one raw frame per tensor
-# --------------------------------------------------------------------------------------------------
+# The wire: one JSON frame, or a batch as a header frame and one raw frame per tensor.
 
 
-def batch_frames(images: Tensor, labels: Tensor) -> list[Any]:
+def batch_frames(images: Any, labels: Any) -> List[Any]:
     """A batch as frames: its header (each tensor's dtype and shape), then each tensor's raw bytes."""
+    import torch
+
     tensors = [images.contiguous(), labels.contiguous()]
-    header = {"op": "batch", "tensors": [[_NAMES[t.dtype], list(t.shape)] for t in tensors]}
+    names = {getattr(torch, name): name for name in DTYPE_NAMES}
+    header = {"op": "batch", "tensors": [[names[t.dtype], list(t.shape)] for t in tensors]}
     # Their bytes, whatever the dtype (bfloat16 has no NumPy twin): views, not copies.
     return [json.dumps(header).encode(), *(t.reshape(-1).view(torch.uint8).numpy() for t in tensors)]
 
 
-def tensors_of(frames: Sequence[bytes | memoryview]) -> tuple[Tensor, Tensor]:
+def tensors_of(frames: Sequence[Any]) -> Tuple[Any, Any]:
     """The batch back from its frames, each checked against its header: nothing is evaluated or
-    unpickled, and a frame of the wrong size is refused."""
-    header = json.loads(bytes(frames[0]))
+    unpickled, and a frame of the wrong size is refused (a DataServiceError, one line)."""
+    import torch
+
+    if len(frames) != 3:
+        raise DataServiceError("a batch of {} frame(s), not a header and two tensors".format(len(frames)))
+    header = _read(frames[0])
     described = header.get("tensors")
-    if not isinstance(described, list) or len(described) != 2 or len(frames) != 3:
+    if not isinstance(described, list) or len(described) != 2:
         raise DataServiceError("a batch with other than two tensors")
     tensors = []
-    for (name, shape), raw in zip(described, frames[1:], strict=True):
-        dtype = DTYPES.get(name) if isinstance(name, str) else None
+    for kind, raw in zip(described, frames[1:]):  # noqa: B905 - both two, checked; 3.6 has no strict=
+        if not isinstance(kind, list) or len(kind) != 2:
+            raise DataServiceError("a batch tensor described by something other than [dtype, shape]")
+        name, shape = kind
+        dtype = _dtype(name)
         if dtype is None or not isinstance(shape, list) or len(shape) > MAX_DIMS:
-            raise DataServiceError(f"a batch tensor of an unknown kind: {str(name)[:40]}")
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise DataServiceError("a batch tensor of an unknown kind: {}".format(str(name)[:40]))
+        if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < _BIGGEST for d in shape):
             raise DataServiceError("a batch tensor's shape is not a list of sizes")
-        size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        size = torch.empty((), dtype=dtype).element_size()
+        for dimension in shape:
+            size *= dimension
         if len(raw) != size:
-            raise DataServiceError(f"a batch tensor of {len(raw)} bytes, not the {size} its header says")
+            raise DataServiceError(
+                "a batch tensor of {} bytes, not the {} its header says".format(len(raw), size)
+            )
         if not size:
             tensors.append(torch.empty(shape, dtype=dtype))
             continue
@@ -168,29 +182,49 @@ def _message(payload: Mapping[str, Any]) -> bytes:
     return json.dumps(payload).encode()
 
 
-def _read(frame: bytes | memoryview) -> dict[str, Any]:
+def _read(frame: Any) -> Dict[str, Any]:
+    """A JSON object from a frame: anything else (not JSON, nested past Python's depth, numbers past
+    what a float holds) is a DataServiceError."""
     try:
-        value = json.loads(bytes(frame))
-    except ValueError:
+        value = json.loads(bytes(frame), parse_constant=_no_constant)
+    except (ValueError, RecursionError, UnicodeDecodeError):
         raise DataServiceError("a message that is not JSON") from None
     if not isinstance(value, dict):
         raise DataServiceError("a message that is not a JSON object")
     return value
 
 
-# --------------------------------------------------------------------------------------------------
-# Where a data node is: published to the owner's folder, with the attempt's keys
-# --------------------------------------------------------------------------------------------------
+def _no_constant(name: str) -> Any:
+    raise ValueError("{} is not a number a request holds".format(name))  # NaN, Infinity
 
 
-@dataclass(frozen=True)
+def _number(request: Mapping[str, Any], key: str) -> int:
+    """A whole number of a request, within bounds; ValueError otherwise."""
+    value = request.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not -_BIGGEST < value < _BIGGEST:
+        raise ValueError(key)
+    return value
+
+
+# Where a data node is: published to the owner's folder, with the attempt's keys.
+
+
 class Endpoint:
-    node: str
-    address: str
-    port: int
-    server_public: bytes
-    client_public: bytes
-    client_secret: bytes
+    def __init__(
+        self,
+        node: str,
+        address: str,
+        port: int,
+        server_public: bytes,
+        client_public: bytes,
+        client_secret: bytes,
+    ) -> None:
+        self.node, self.address, self.port = node, address, port
+        self.server_public, self.client_public, self.client_secret = (
+            server_public,
+            client_public,
+            client_secret,
+        )
 
     def to_json(self) -> str:
         return json.dumps(
@@ -205,7 +239,7 @@ class Endpoint:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> Endpoint:
+    def from_json(cls, text: str) -> "Endpoint":
         data = json.loads(text)
         return cls(
             str(data["node"]),
@@ -217,16 +251,16 @@ class Endpoint:
         )
 
 
-def endpoint_file(folder: Path, node: str) -> Path:
-    return folder / f"{node.upper()}.json"
+def endpoint_file(folder: str, node: str) -> str:
+    return os.path.join(folder, "{}.json".format(node.upper()))
 
 
-def publish(folder: Path, endpoint: Endpoint) -> Path:
+def publish(folder: str, endpoint: Endpoint) -> str:
     """Write the endpoint where the job's trainers find it: readable by the owner alone, whole or not at
     all (a trainer polling the folder never reads half a file)."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
     path = endpoint_file(folder, endpoint.node)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial = os.path.join(folder, ".{}.{}".format(os.path.basename(path), os.getpid()))
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(endpoint.to_json())
@@ -234,28 +268,30 @@ def publish(folder: Path, endpoint: Endpoint) -> Path:
     return path
 
 
-def wait_for_endpoint(folder: Path, node: str, wait_s: float, poll_s: float = 0.2) -> Endpoint:
+def wait_for_endpoint(folder: str, node: str, wait_s: float, poll_s: float = 0.2) -> Endpoint:
     """The data node's endpoint once it is published, `wait_s` at most; then one line of why not."""
     path = endpoint_file(folder, node)
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return Endpoint.from_json(path.read_text(encoding="utf-8"))
+            with open(path, encoding="utf-8") as published:
+                return Endpoint.from_json(published.read())
         except FileNotFoundError:
             pass
         except (ValueError, KeyError) as exc:
-            raise DataServiceError(f"data node {node}'s endpoint file {path} cannot be read: {exc}") from None
+            raise DataServiceError(
+                "data node {}'s endpoint file {} cannot be read: {}".format(node, path, exc)
+            ) from None
         if time.monotonic() >= deadline:
             raise DataServiceError(
-                f"data node {node} did not come up within {wait_s:g} s (--data-wait): nothing published "
-                f"at {path}"
+                "data node {} did not come up within {:g} s (--data-wait): nothing published at {}".format(
+                    node, wait_s, path
+                )
             )
         time.sleep(poll_s)
 
 
-# --------------------------------------------------------------------------------------------------
-# The data node
-# --------------------------------------------------------------------------------------------------
+# The data node.
 
 
 class _Indices:
@@ -263,7 +299,7 @@ class _Indices:
     every epoch (the indices are read in this process, the samples made in the workers)."""
 
     def __init__(self) -> None:
-        self.indices: list[int] = []
+        self.indices: List[int] = []
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
@@ -272,28 +308,27 @@ class _Indices:
         return len(self.indices)
 
 
-@dataclass
 class _Stream:
     """One trainer's batches: its loader, and the epoch's batches as the loader makes them."""
 
-    rank: int
-    indices: _Indices
-    loader: DataLoader[Any]
-    batches: Iterator[tuple[Tensor, Tensor]] | None = None
+    def __init__(self, rank: int, indices: _Indices, loader: Any) -> None:
+        self.rank, self.indices, self.loader = rank, indices, loader
+        self.batches: Optional[Iterator[Tuple[Any, Any]]] = None
 
 
-@dataclass
 class ServeStats:
     """What a data node served: its samples a second over the time the trainers drew from it (from the
     first epoch asked for to the latest batch sent), not over its start-up."""
 
-    samples: int = 0
-    batches: int = 0
-    busy_s: float = 0.0  # in the DataLoader: decoding, augmenting, waiting for its workers
-    first: float | None = None
-    last: float | None = None
+    def __init__(self) -> None:
+        self.samples = 0
+        self.batches = 0
+        self.busy_s = 0.0  # in the DataLoader: decoding, augmenting, waiting for its workers
+        self.first: Optional[float] = None
+        self.last: Optional[float] = None
+        self.refused = 0  # requests refused: malformed, another seed, a rank not served here
 
-    def as_dict(self, node: str) -> dict[str, Any]:
+    def as_dict(self, node: str) -> Dict[str, Any]:
         serving = (self.last - self.first) if self.first is not None and self.last is not None else 0.0
         return {
             "node": node,
@@ -302,33 +337,38 @@ class ServeStats:
             "serving_s": round(serving, 3),
             "busy_s": round(self.busy_s, 3),  # of it, waiting for its loader workers' batches
             "samples_per_sec": round(self.samples / serving, 1) if serving > 0 else None,
+            "refused": self.refused,
         }
 
 
 def serve(
-    dataset: Dataset[Any],
+    dataset: Any,
     layout: Layout,
     node: str,
     address: str,
-    *,
     batch_size: int,
     seed: int,
     workers: int,
     prefetch: int,
     drop_last: bool = False,
-    port: int | None = None,
+    port: Optional[int] = None,
     log: Callable[[str], object] = print,
 ) -> ServeStats:
     """Serve `dataset`'s training batches to the trainer ranks this data node serves until each has
     said it is done: bind `address`:`port` (the layout's), publish the endpoint with fresh keys, admit
     only the holder of the client key. Its figures, once every rank is done."""
-    import zmq
+    zmq = _zmq()
+    from torch.utils.data import DataLoader
     from zmq.auth.thread import ThreadAuthenticator
 
     ranks = layout.ranks_of(node)
     stats = ServeStats()
     if not ranks:
-        log(f"data node {node}: no trainer rank to serve ({layout.clients} ranks, {len(layout.nodes)} nodes)")
+        log(
+            "data node {}: no trainer rank to serve ({} ranks, {} nodes)".format(
+                node, layout.clients, len(layout.nodes)
+            )
+        )
         return stats
     context = zmq.Context()
     server_public, server_secret = zmq.curve_keypair()
@@ -340,42 +380,60 @@ def serve(
     router.curve_server = True
     router.curve_secretkey = server_secret
     router.curve_publickey = server_public
+    router.setsockopt(zmq.MAXMSGSIZE, REQUEST_LIMIT)  # a bigger message drops its connection, unread
     router.linger = 1000
     try:
         bound = _bind(router, address, port or layout.port, log)
         publish(layout.folder, Endpoint(node, address, bound, server_public, client_public, client_secret))
-        log(f"data node {node}: serving ranks {', '.join(map(str, ranks))} at {address}:{bound}")
-        streams: dict[bytes, _Stream] = {}
-        done: set[int] = set()
+        log(
+            "data node {}: serving ranks {} at {}:{}".format(node, ", ".join(map(str, ranks)), address, bound)
+        )
+        streams: Dict[bytes, _Stream] = {}
+        done: Set[int] = set()
         while len(done) < len(ranks):
-            identity, frame = router.recv_multipart()
+            frames = router.recv_multipart()
+            identity = frames[0]
+            refuse = partial(_refuse, router, identity, stats)
+            if len(frames) != 2:
+                refuse("a request of {} frame(s), not one".format(len(frames) - 1))
+                continue
             try:
-                request = _read(frame)
+                request = _read(frames[1])
                 op = request.get("op")
-                rank, epoch, world = (int(request.get(key, -1)) for key in ("rank", "epoch", "world_size"))
-            except (DataServiceError, TypeError, ValueError):  # the job's own trainer, gone wrong
-                router.send_multipart([identity, _message({"op": "refused", "why": "a malformed request"})])
+                rank = _number(request, "rank")
+            except (DataServiceError, ValueError):  # never the job's own trainer: refused, and served on
+                refuse("a malformed request")
                 continue
             if op == "epoch":
+                try:
+                    epoch, world, asked_seed = (_number(request, k) for k in ("epoch", "world_size", "seed"))
+                except ValueError:
+                    refuse("a malformed request")
+                    continue
                 stats.first = stats.first or time.perf_counter()
                 if rank not in ranks or world != layout.clients:
-                    why = f"rank {rank} of {world} is not served here"
-                    refused = {"op": "refused", "why": why}
-                    router.send_multipart([identity, _message(refused)])
+                    refuse("rank {} of {} is not served here".format(rank, world))
+                    continue
+                if asked_seed != seed:
+                    refuse(
+                        "seed {} is not this data node's, {}: run the same script on both".format(
+                            asked_seed, seed
+                        )
+                    )
                     continue
                 stream = streams.get(identity)
                 if stream is None:
                     indices = _Indices()
-                    loader: DataLoader[Any] = DataLoader(
+                    loader = DataLoader(
                         dataset,
                         batch_size=batch_size,
-                        sampler=indices,  # type: ignore[arg-type]  # any sized iterable of indices
+                        sampler=indices,  # any sized iterable of indices
                         num_workers=workers,
                         prefetch_factor=prefetch if workers else None,
                         persistent_workers=workers > 0,
                     )
                     stream = streams[identity] = _Stream(rank, indices, loader)
-                length = len(dataset)  # type: ignore[arg-type]
+                length = len(dataset)
                 stream.indices.indices = epoch_indices(length, layout.clients, rank, seed, epoch, drop_last)
                 stream.batches = iter(stream.loader)
                 router.send_multipart([identity, _message({"op": "ready", "batches": len(stream.loader)})])
@@ -400,10 +458,12 @@ def serve(
                 streams.pop(identity, None)  # its loader's workers end with it
                 if rank in ranks:
                     done.add(rank)
-                router.send_multipart([identity, _message({"op": "stats", **stats.as_dict(node)})])
+                reply = {"op": "stats"}
+                reply.update(stats.as_dict(node))
+                router.send_multipart([identity, _message(reply)])
             else:
-                router.send_multipart([identity, _message({"op": "refused", "why": "unknown request"})])
-        log(f"data node {node}: every rank it serves is done: {json.dumps(stats.as_dict(node))}")
+                refuse("unknown request")
+        log("data node {}: every rank it serves is done: {}".format(node, json.dumps(stats.as_dict(node))))
         return stats
     finally:
         router.close(linger=1000)
@@ -411,19 +471,24 @@ def serve(
         context.term()
 
 
+def _refuse(router: Any, identity: bytes, stats: ServeStats, why: str) -> None:
+    """A request that is not what the job's trainers send, answered so, and counted."""
+    stats.refused += 1
+    router.send_multipart([identity, _message({"op": "refused", "why": why})])
+
+
 def _bind(router: Any, address: str, port: int, log: Callable[[str], object]) -> int:
     """Listen on `port`, or where it is taken (several data nodes on one host: a local run, the
     emulator), on a free port, said: the trainers read the port from the endpoint file either way."""
-    import zmq
-
+    zmq = _zmq()
     try:
-        router.bind(f"tcp://{address}:{port}")
+        router.bind("tcp://{}:{}".format(address, port))
         return port
     except zmq.ZMQError as exc:
         if exc.errno != zmq.EADDRINUSE:
-            raise DataServiceError(f"cannot listen on {address}:{port}: {exc}") from None
-    taken = int(router.bind_to_random_port(f"tcp://{address}"))
-    log(f"data node: port {port} is taken on {address}: serving on {taken} instead")
+            raise DataServiceError("cannot listen on {}:{}: {}".format(address, port, exc)) from None
+    taken = int(router.bind_to_random_port("tcp://{}".format(address)))
+    log("data node: port {} is taken on {}: serving on {} instead".format(port, address, taken))
     return taken
 
 
@@ -437,19 +502,16 @@ class _OneKey:
         return key == self.key  # pyzmq hands it Z85-encoded, as curve_keypair made it
 
 
-# --------------------------------------------------------------------------------------------------
-# The trainer
-# --------------------------------------------------------------------------------------------------
+# The trainer.
 
 
 class RemoteBatches:
     """A trainer's training batches from its data node, in the DataLoader's place: `set_epoch(e)`, then
     iterate. At most `prefetch` batches are asked for ahead. A data node that sends nothing for the
-    layout's wait is an error that names it."""
+    layout's wait is an error that names it; so is every answer that is not what a data node sends."""
 
-    def __init__(self, layout: Layout, rank: int, *, batch_size: int, seed: int, prefetch: int = 4) -> None:
-        import zmq
-
+    def __init__(self, layout: Layout, rank: int, batch_size: int, seed: int, prefetch: int = 4) -> None:
+        zmq = _zmq()
         self.layout, self.rank, self.batch_size, self.seed = layout, rank, batch_size, seed
         self.prefetch = max(1, prefetch)
         self.node = layout.node_of(rank)
@@ -460,24 +522,33 @@ class RemoteBatches:
         self.socket.curve_publickey = endpoint.client_public
         self.socket.curve_serverkey = endpoint.server_public
         self.socket.linger = 0
-        self.socket.connect(f"tcp://{endpoint.address}:{endpoint.port}")
+        self.socket.connect("tcp://{}:{}".format(endpoint.address, endpoint.port))
         self.epoch = 0
         self.data_wait_s = 0.0  # blocked on the data node, over all epochs
-        self.served: dict[str, Any] | None = None
-        # Requests whose answers have not been read: an epoch left early (--max-steps-per-epoch) leaves
-        # some, read off before the next question, so that no answer is taken for another's.
+        self.served: Optional[Dict[str, Any]] = None
+        # Requests whose answers have not been read: an epoch left early leaves some, read off before the
+        # next question, so that no answer is taken for another's.
         self.in_flight = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _receive(self) -> list[Any]:
-
+    def _receive(self) -> List[Any]:
         if not self.socket.poll(int(self.layout.wait_s * 1000)):
             raise DataServiceError(
-                f"data node {self.node} sent nothing for {self.layout.wait_s:g} s (--data-wait)"
+                "data node {} sent nothing for {:g} s (--data-wait)".format(self.node, self.layout.wait_s)
             )
-        return self.socket.recv_multipart(copy=False)
+        frames: List[Any] = self.socket.recv_multipart(copy=False)
+        return frames
+
+    def _answer(self) -> Dict[str, Any]:
+        """A one-frame answer of the data node, read as a JSON object."""
+        frames = self._receive()
+        if len(frames) != 1:
+            raise DataServiceError(
+                "data node {} answered in {} frames, not one".format(self.node, len(frames))
+            )
+        return _read(frames[0].buffer)
 
     def _ask(self, payload: Mapping[str, Any]) -> None:
         self.socket.send(_message(payload))
@@ -487,7 +558,7 @@ class RemoteBatches:
             self._receive()
             self.in_flight -= 1
 
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+    def __iter__(self) -> Iterator[Tuple[Any, Any]]:
         self._drain()
         self._ask(
             {
@@ -496,33 +567,41 @@ class RemoteBatches:
                 "rank": self.rank,
                 "world_size": self.layout.clients,
                 "batch_size": self.batch_size,
+                "seed": self.seed,
             }
         )
-        reply = _read(self._receive()[0].buffer)
+        reply = self._answer()
         if reply.get("op") != "ready":
-            raise DataServiceError(f"data node {self.node} refused rank {self.rank}: {reply.get('why')}")
+            raise DataServiceError(
+                "data node {} refused rank {}: {}".format(self.node, self.rank, str(reply.get("why"))[:200])
+            )
         for _ in range(self.prefetch):
-            self._ask({"op": "next"})
+            self._ask({"op": "next", "rank": self.rank})
             self.in_flight += 1
         while True:
             began = time.perf_counter()
             frames = self._receive()
             self.data_wait_s += time.perf_counter() - began
             self.in_flight -= 1
-            if len(frames) == 1 and _read(frames[0].buffer).get("op") == "end":
+            if len(frames) == 1:
+                answer = _read(frames[0].buffer)
+                if answer.get("op") != "end":
+                    raise DataServiceError(
+                        "data node {}: {}".format(self.node, str(answer.get("why") or answer.get("op"))[:200])
+                    )
                 self._drain()  # the requests still out are answered "end" too
                 return
             batch = tensors_of([f.buffer for f in frames])
-            self._ask({"op": "next"})
+            self._ask({"op": "next", "rank": self.rank})
             self.in_flight += 1
             yield batch
 
-    def close(self) -> dict[str, Any] | None:
+    def close(self) -> Optional[Dict[str, Any]]:
         """Tell the data node this rank is done; its figures (None if it did not answer in time)."""
         try:
             self._drain()
             self._ask({"op": "done", "rank": self.rank})
-            reply = _read(self._receive()[0].buffer)
+            reply = self._answer()
             self.served = {k: v for k, v in reply.items() if k != "op"}
         except DataServiceError:
             self.served = None
