@@ -67,25 +67,13 @@ def over_smb(gib: float, repeats: int) -> dict[str, list[float]] | None:
         print("over SMB: skipped: it needs root, samba and smbnetfs (apt-get install smbnetfs)")
         return None
     from tests.testbed import TestBed
+    from tests.testbed.bed import smbnetfs_share
 
-    with TestBed(("node1",)) as bed, tempfile.TemporaryDirectory() as config:
-        assert bed.smb is not None
-        smb_conf = Path(config) / ".smb"
-        smb_conf.mkdir()
-        (smb_conf / "smb.conf").write_text("[global]\n")
-        login = smb_conf / "smbnetfs.conf"
-        login.touch(mode=0o600)  # the password in a file only root reads, never on a command line
-        login.write_text(f'auth "{bed.smb.address}" "{bed.smb.username}" "{bed.smb.password}"\n')
-        host = bed["node1"]
-        host.check_output(f"mkdir -p /mnt/smbnetfs && HOME={config} smbnetfs /mnt/smbnetfs")
-        share = f"/mnt/smbnetfs/{bed.smb.address}/CcpSpoolDir/{bed.share_folder.name}"
-        try:
-            out = host.check_output(
-                [sys.executable, __file__, "--child", share, "--gib", str(gib), "--repeats", str(repeats)],
-                timeout=3600,
-            )
-        finally:
-            host.check_output("fusermount -u /mnt/smbnetfs")
+    with TestBed(("node1",)) as bed, smbnetfs_share(bed, "node1") as share:
+        out = bed["node1"].check_output(
+            [sys.executable, __file__, "--child", share, "--gib", str(gib), "--repeats", str(repeats)],
+            timeout=3600,
+        )
     result: dict[str, list[float]] = json.loads(out.strip().splitlines()[-1])
     return result
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hpcjob.job.plan import ENVS_VAR, REQUIREMENTS_VAR, requirements_file
 from tests.test_env import make_wheel, requirements
 from tests.testbed import TestBed
+from tests.testbed.bed import smbnetfs_share
 
 BUILDER = Path(__file__).resolve().parents[1] / "hpcjob" / "node" / "env.py"
 
@@ -78,30 +79,20 @@ def import_times(repeats: int) -> tuple[list[float], list[float]] | None:
     import site
 
     packages = Path(site.getsitepackages()[0])
-    with TestBed(("node1",)) as bed, tempfile.TemporaryDirectory() as config:
-        assert bed.smb is not None
+    with TestBed(("node1",)) as bed:
         copy = bed.share_folder / "site-packages"
         subprocess.run(["cp", "-al", str(packages), str(copy)], check=True)  # hard links: same bytes
-        smb_conf = Path(config) / ".smb"
-        smb_conf.mkdir()
-        (smb_conf / "smb.conf").write_text("[global]\n")
-        login = smb_conf / "smbnetfs.conf"
-        login.touch(mode=0o600)  # the password in a file only root reads, never on a command line
-        login.write_text(f'auth "{bed.smb.address}" "{bed.smb.username}" "{bed.smb.password}"\n')
         host = bed["node1"]
-        host.check_output(f"mkdir -p /mnt/smbnetfs && HOME={config} smbnetfs /mnt/smbnetfs")
-        over_smb = f"/mnt/smbnetfs/{bed.smb.address}/CcpSpoolDir/{bed.share_folder.name}/site-packages"
         local: list[float] = []
         share: list[float] = []
-        try:
+        with smbnetfs_share(bed, "node1") as mounted:
+            over_smb = f"{mounted}/site-packages"
             for repeat in range(repeats):
                 for where, times in ((str(packages), local), (over_smb, share)):
                     out = host.check_output([sys.executable, "-S", "-c", IMPORT, where], timeout=600)
                     times.append(float(out))
                 print(f"import {repeat + 1}/{repeats}: local {local[-1]:.2f} s, share {share[-1]:.2f} s",
                       file=sys.stderr)  # fmt: skip
-        finally:
-            host.check_output("fusermount -u /mnt/smbnetfs")
     return local, share
 
 

@@ -14,6 +14,7 @@ more. Python 3.6 syntax and the standard library at import: torch is imported by
 """
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -93,13 +94,15 @@ class Checkpoints:
             probe = os.path.join(folder, ".hpcjob-probe-{}-{}".format(node_name(), os.getpid()))
             with open(probe, "w") as written:
                 written.write("")
-            os.remove(probe)
         except OSError as exc:
             raise CheckpointError(
                 "hpctorch: checkpoint folder {} cannot be written on {}: {}".format(
                     folder, node_name(), exc.strerror or exc
                 )
             ) from None
+        # Written, so writable; a share may hold a closed file a moment (smbnetfs: EBUSY): left, then.
+        with contextlib.suppress(OSError):
+            os.remove(probe)
 
     def _say(self, line: str) -> None:
         if self.rank == 0:

@@ -6,7 +6,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -70,3 +70,24 @@ class TestBed:
 
     def close(self) -> None:
         self._stack.close()  # smbd first, then the hosts, then the share folder
+
+
+@contextlib.contextmanager
+def smbnetfs_share(bed: TestBed, host: str) -> Iterator[str]:
+    """The bed's share as `host` reads and writes it over SMB from the bed's smbd, through smbnetfs
+    (libsmbclient under FUSE: this kernel cannot mount CIFS), mounted for the block: the share folder's
+    path there. The password goes in a file only root reads, never on a command line. Needs root, samba
+    and smbnetfs (the benchmarks check and say so)."""
+    assert bed.smb is not None, "a bed with its SMB server"
+    with tempfile.TemporaryDirectory() as config:
+        smb_conf = Path(config) / ".smb"
+        smb_conf.mkdir()
+        (smb_conf / "smb.conf").write_text("[global]\n")
+        login = smb_conf / "smbnetfs.conf"
+        login.touch(mode=0o600)
+        login.write_text(f'auth "{bed.smb.address}" "{bed.smb.username}" "{bed.smb.password}"\n')
+        bed[host].check_output(f"mkdir -p /mnt/smbnetfs && HOME={config} smbnetfs /mnt/smbnetfs")
+        try:
+            yield f"/mnt/smbnetfs/{bed.smb.address}/CcpSpoolDir/{bed.share_folder.name}"
+        finally:
+            bed[host].check_output("fusermount -u /mnt/smbnetfs")
