@@ -28,13 +28,33 @@ METRICS_PREFIX = "HPCJOB_METRICS "
 
 
 def _figures(figures: Dict[str, Any]) -> Dict[str, Any]:
-    """The script's own figures a JSON line can hold: numbers and short text (a bool is not a number)."""
+    """The script's own figures a step or epoch line can hold: numbers and short text (a bool is not a
+    number)."""
     kept: Dict[str, Any] = {}
     for key, value in figures.items():
         number = isinstance(value, (int, float)) and (isinstance(value, bool) or math.isfinite(value))
         if number or (isinstance(value, str) and len(value) <= 200):
             kept[key] = value
     return kept
+
+
+def _json_value(value: Any, depth: int = 0) -> Any:
+    """`value` as the metrics line holds it: JSON values, a number that is not finite (a diverged run)
+    as null; what JSON cannot hold is left out (`_LEFT_OUT`)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, float)):
+        return value if math.isfinite(value) else None
+    if depth < 8 and isinstance(value, (list, tuple)):
+        items = [_json_value(item, depth + 1) for item in value]
+        return [item for item in items if item is not _LEFT_OUT]
+    if depth < 8 and isinstance(value, dict):
+        pairs = {str(k): _json_value(v, depth + 1) for k, v in value.items()}
+        return {k: v for k, v in pairs.items() if v is not _LEFT_OUT}
+    return _LEFT_OUT
+
+
+_LEFT_OUT = object()
 
 
 class Metrics:
@@ -57,8 +77,9 @@ class Metrics:
         self.data_wait_s = 0.0
         self.last_step_at = self.began
         # Since the last step line: when it was written, samples, their loss summed, data wait, samples
-        # with a loss.
+        # with a loss; a tensor loss is summed on its device (`_loss_on_device`) and read at the line.
         self._since = (self.began, 0, 0.0, 0.0, 0)
+        self._loss_on_device: Any = None
         self._write("start")
 
     def _write(self, event: str, **fields: Any) -> None:
@@ -70,13 +91,15 @@ class Metrics:
     def step(
         self,
         samples: int,
-        loss: Optional[float] = None,
+        loss: Any = None,
         data_wait_s: float = 0.0,
         epoch: Optional[int] = None,
         step: Optional[int] = None,
         **figures: Any,
     ) -> None:
-        """One training step done: `samples` this rank trained on, their mean `loss`, the seconds it
+        """One training step done: `samples` this rank trained on, their mean `loss` (a number, or a
+        torch tensor: summed where it is and read only when a line is written, so a GPU step is not made
+        to wait for it), the seconds it
         waited for its data (`data_wait_s`), the `epoch`, the script's own count of steps (`step`, the one
         its checkpoints go by: what a later attempt redoes is counted in it; default: the steps of this
         process), and figures of the script's own (numbers; the newest of each is shown)."""
@@ -88,7 +111,11 @@ class Metrics:
         then, count, loss_sum, waited, losses = self._since
         count += samples
         waited += data_wait_s
-        if loss is not None and math.isfinite(loss):
+        if hasattr(loss, "detach"):
+            summed = loss.detach().double() * samples
+            self._loss_on_device = summed if self._loss_on_device is None else self._loss_on_device + summed
+            losses += samples
+        elif loss is not None and math.isfinite(loss):
             loss_sum += loss * samples
             losses += samples
         self._since = (then, count, loss_sum, waited, losses)
@@ -109,7 +136,10 @@ class Metrics:
         }
         if epoch is not None:
             line["epoch"] = epoch
-        if losses:
+        if self._loss_on_device is not None:
+            loss_sum += float(self._loss_on_device.item())
+            self._loss_on_device = None
+        if losses and math.isfinite(loss_sum):
             line["loss"] = loss_sum / losses
         line.update(_figures(figures))
         self._write("step", **line)
@@ -125,8 +155,10 @@ class Metrics:
     def summary(self, **figures: Any) -> Dict[str, Any]:
         """The run's figures over every rank, with the script's own: steps, samples, samples/s over the
         loop's time (the slowest rank's, from this object's making to its last step), the share of it
-        spent waiting for data. Rank 0 prints them as the HPCJOB_METRICS line. Where torch.distributed is
-        initialized it sums the ranks' figures: call it on every rank, as any collective."""
+        spent waiting for data; the script's figures (JSON values, rank 0's) beside them, or in their
+        place where they share a name. Rank 0 prints them as the HPCJOB_METRICS line (a number that is
+        not finite as null). Where torch.distributed is initialized it sums the ranks' figures: call it
+        on every rank, as any collective."""
         seconds = max(self.last_step_at - self.began, 0.0)
         samples, waited, total_s, slowest = float(self.samples), self.data_wait_s, seconds, seconds
         world = 1
@@ -142,9 +174,9 @@ class Metrics:
             result["samples_per_sec"] = round(samples / slowest, 3)
         if total_s > 0 and waited > 0:
             result["data_wait_fraction"] = round(min(1.0, waited / total_s), 4)
-        result.update(_figures(figures))
+        result.update(_json_value(figures))
         if self.rank == 0:
-            print(METRICS_PREFIX + json.dumps(result, sort_keys=True), flush=True)
+            print(METRICS_PREFIX + json.dumps(result, sort_keys=True, allow_nan=False), flush=True)
         self.close()
         return result
 
