@@ -174,3 +174,16 @@ def test_an_elastic_job_s_losses_read_from_the_timeline() -> None:
     assert elastic_events([TaskEnd("N3", 9, 35.0)], timeline, 2) == [
         "N3 lost at epoch 2, step 40 (exit code 9); the others went on"  # no restart seen after it
     ]
+    # hpctorch's timeline: no epoch in its start lines; the restart's resume line says which save.
+    hpctorch = [
+        {"t": 10.0, "event": "start", "node": "N3", "world_size": 6, "restart": 0},
+        {"t": 25.0, "event": "step", "node": "N3", "epoch": 2, "step": 40},
+        {"t": 31.0, "event": "start", "node": "N2", "world_size": 4, "restart": 2},
+        {"t": 31.2, "event": "resume", "node": "N1", "world_size": 4, "restart": 1, "step": 99},
+        {"t": 32.0, "event": "resume", "node": "N2", "world_size": 4, "restart": 2, "step": 32, "epoch": 1},
+    ]
+    assert elastic_events([TaskEnd("N3", 137, 30.0)], hpctorch, 2) == [
+        "N3 lost at epoch 2, step 40 (exit code 137); continued on 2 node(s) from the step-32 save (epoch 1)"
+    ]
+    (fresh,) = elastic_events([TaskEnd("N3", 137, 30.0)], hpctorch[:3], 2)
+    assert fresh.endswith("; continued on 2 node(s) from the start (no checkpoint yet)")

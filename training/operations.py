@@ -6,13 +6,10 @@ per-process numbers and ``run_ddp.py`` reduces them across ranks. That keeps the
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sized
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,17 +36,9 @@ SYNTHETIC_CLASSES = 10
 # on the default sizes, so progress is visible, yet a broken training loop stays near 10%.
 SYNTHETIC_NOISE = 2.0
 
-CHECKPOINT_NAME = "checkpoint.pt"
-CHECKPOINT_FORMAT = 1
-METRICS_PREFIX = "HPCJOB_METRICS "
-
 
 class DataError(Exception):
     """The requested data set is missing or unreadable (reported as one line, exit code 1)."""
-
-
-class CheckpointError(Exception):
-    """A checkpoint cannot be read, written or applied (reported as one line, exit code 1)."""
 
 
 def one_line(text: object) -> str:
@@ -453,12 +442,11 @@ def train_one_epoch(
     step_sleep: float = 0.0,
     on_first_step: Callable[[], None] | None = None,
     options: StepOptions = StepOptions(),
-    on_progress: Callable[[int, float, int, float], None] | None = None,
-    progress_every: int = 0,
+    on_step: Callable[[int, Tensor, float], None] | None = None,
 ) -> TrainStats:
-    """Run one epoch (or ``max_steps`` steps) and time how long the loop waits for data. Every
-    ``progress_every`` steps, ``on_progress(steps, loss sum, samples, data wait s)`` hears the totals so
-    far (reading the loss waits for the device then: only when asked for)."""
+    """Run one epoch (or ``max_steps`` steps) and time how long the loop waits for data. After each
+    step ``on_step(samples, loss, data wait s)`` hears that step's figures (the loss a tensor on the
+    device: reading it would make the step wait for the device)."""
     model.train()
     loss_fn = nn.CrossEntropyLoss()
     non_blocking = device.type == "cuda"
@@ -474,7 +462,8 @@ def train_one_epoch(
             images, labels = next(batches)
         except StopIteration:
             break
-        data_wait += time.perf_counter() - wait_start
+        waited = time.perf_counter() - wait_start
+        data_wait += waited
         images = options.layout(images.to(device, non_blocking=non_blocking))
         labels = labels.to(device, non_blocking=non_blocking)
         optimizer.zero_grad(set_to_none=True)
@@ -488,8 +477,8 @@ def train_one_epoch(
         steps += 1
         if steps == 1 and on_first_step is not None:
             on_first_step()
-        if on_progress is not None and progress_every and steps % progress_every == 0:
-            on_progress(steps, float(loss_sum.item()), samples, data_wait)
+        if on_step is not None:
+            on_step(count, loss.detach(), waited)
         if step_sleep > 0:
             time.sleep(step_sleep)
     total_loss = float(loss_sum.item())  # waits for queued GPU work, so the loop time is honest
@@ -623,112 +612,9 @@ def format_epoch_line(metrics: EpochMetrics, epochs: int) -> str:
     )
 
 
-def _json_safe(value: object) -> object:
-    # NaN/inf (a diverged run) are not valid JSON; report them as null instead.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def format_metrics_line(metrics: Mapping[str, object]) -> str:
-    """The single ``HPCJOB_METRICS {...}`` line the hpcjob launcher parses from the log."""
-    payload = {key: _json_safe(value) for key, value in metrics.items()}
-    return METRICS_PREFIX + json.dumps(payload, sort_keys=True, allow_nan=False, separators=(", ", ": "))
-
-
 # --------------------------------------------------------------------------------------------
-# Checkpoints
+# Epochs
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Checkpoint:
-    """What ``checkpoint.pt`` holds; ``to_dict``/``from_dict`` define the on-disk layout."""
-
-    epoch: int  # number of finished epochs
-    model: dict[str, Tensor]  # unwrapped state_dict: no "module." prefix
-    optimizer: dict[str, Any]
-    metrics: EpochMetrics
-    totals: Totals
-    num_classes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "epoch": self.epoch,
-            "model": self.model,
-            "optimizer": self.optimizer,
-            "metrics": asdict(self.metrics),
-            "totals": asdict(self.totals),
-            "num_classes": self.num_classes,
-        }
-
-    @classmethod
-    def from_dict(cls, raw: object, path: Path) -> Checkpoint:
-        try:
-            if not isinstance(raw, dict) or raw.get("format") != CHECKPOINT_FORMAT:
-                raise TypeError("not a checkpoint written by run_ddp.py")
-            return cls(
-                epoch=int(raw["epoch"]),
-                model=dict(raw["model"]),
-                optimizer=dict(raw["optimizer"]),
-                metrics=EpochMetrics(**raw["metrics"]),
-                totals=Totals(**raw["totals"]),
-                num_classes=int(raw["num_classes"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {path} is invalid: {one_line(exc)}") from exc
-
-
-def save_checkpoint(checkpoint: Checkpoint, path: Path) -> None:
-    """Write ``path`` atomically: readers see the old file or the complete new one, never a part.
-
-    The temporary file lives in the same folder because ``os.replace`` is only atomic within one
-    file system; fsync makes sure the data is on disk before the rename publishes it.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Not mkstemp: its 0600 mode would make the checkpoint unreadable to others on a shared drive.
-    temp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    try:
-        with open(temp, "xb") as handle:
-            torch.save(checkpoint.to_dict(), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        # Leave no half-written temp files behind, whatever went wrong.
-        temp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(folder: Path) -> None:
-    # Persist the rename itself. Windows cannot open directories, and some network file
-    # systems refuse; the file data is already safe, so that is not an error.
-    if os.name == "nt":
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def load_checkpoint(path: Path) -> Checkpoint | None:
-    """The checkpoint at ``path`` on the CPU, or None when there is none."""
-    if not path.is_file():
-        return None
-    try:
-        # weights_only: a checkpoint on a shared drive must not be able to run code.
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for corrupt or foreign files
-        raise CheckpointError(f"cannot read checkpoint {path}: {one_line(exc)}") from exc
-    return Checkpoint.from_dict(raw, path)
 
 
 def epochs_to_run(completed: int, epochs: int) -> range:

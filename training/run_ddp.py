@@ -18,7 +18,7 @@ figures as its own. Always:
 * ``epochs_completed`` (int): epochs finished, including those from a resumed checkpoint
 * ``epochs_trained`` (int), ``steps`` (int): epochs and training steps this invocation trained; 0 when
   the checkpoint it resumed already covered ``--epochs`` (it trained nothing)
-* ``resumed_from_epoch`` (int), and ``resumed_from`` (str, the checkpoint file) when it resumed
+* ``resumed_from_epoch`` (int), and ``resumed_from`` (str, the save's folder) when it resumed
 * ``world_size`` (int): number of processes of this run
 * ``wall_time_s`` (float): wall time of this invocation, from argument parsing to this line
 
@@ -35,13 +35,16 @@ and only when it trained (``epochs_trained`` > 0):
 Non-finite numbers (a diverged run) are written as ``null``. The launcher takes the last such
 line of the log. Nothing else starts with this prefix.
 
-Checkpoints under hpcjob
-------------------------
-hpcjob gives every run a folder of its own, ``$HPCJOB_CHECKPOINT_DIR`` (``<job folder>/checkpoints/<run
-id>``), the default of ``--checkpoint-dir``: a new run starts fresh, a restart (or a later attempt) of
-the same run finds its own checkpoint there. ``hpcjob run --resume-from RUN`` sets ``$HPCJOB_RESUME_FROM``
-to that earlier run's folder, the default of ``--resume-from``: read when the run's own folder has no
-checkpoint yet, never written.
+Checkpoints and metrics through hpctorch
+----------------------------------------
+It uses hpctorch, the library hpcjob ships with every job, as any script may: ``hpctorch.Metrics`` for
+the figures over time and the metrics line, ``hpctorch.Checkpoints`` for a save after every epoch
+(asynchronous DCP: training goes on while it is written; the newest ``--checkpoints-kept`` complete saves
+kept). hpcjob gives every run a folder of its own, ``$HPCJOB_CHECKPOINT_DIR``, the default of
+``--checkpoint-dir``: a new run starts fresh, a restart (or a later attempt) of the same run resumes from
+its newest complete save there. ``hpcjob run --resume-from RUN`` sets ``$HPCJOB_RESUME_FROM`` to that
+earlier run's folder, the default of ``--resume-from``: read when the run's own folder has no save yet,
+never written.
 
 Exit codes: 0 success, 1 data/checkpoint/runtime error, 2 bad arguments or environment.
 """
@@ -53,7 +56,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -61,6 +64,7 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+from hpctorch import CheckpointError, Checkpoints, Metrics
 from hpctorch import data as data_service
 from torch.nn.parallel import DistributedDataParallel
 
@@ -68,11 +72,8 @@ from gpu_monitor import GpuMonitor, open_monitor
 from images import default_workers, node_cpus, processes_on_node
 from neural_network import MODELS, build_model, input_shape
 from operations import (
-    CHECKPOINT_NAME,
     DATA_KINDS,
     DECODERS,
-    Checkpoint,
-    CheckpointError,
     DataBundle,
     DataError,
     EpochMetrics,
@@ -83,17 +84,13 @@ from operations import (
     epochs_to_run,
     evaluate,
     format_epoch_line,
-    format_metrics_line,
-    load_checkpoint,
     load_data,
     local_sums,
     make_loaders,
     one_line,
     resident_tensors,
-    save_checkpoint,
     train_one_epoch,
 )
-from timeline import Timeline, default_folder
 
 MOMENTUM = 0.9
 # What hpcjob sets for every task (hpcjob.job.plan): the run's own checkpoint folder, and with
@@ -214,32 +211,39 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-dir",
         type=Path,
         default=Path(os.environ.get(CHECKPOINT_DIR_VAR) or "checkpoints"),
-        help=f"where the run saves its checkpoint, and resumes from it (default: ${CHECKPOINT_DIR_VAR}, the "
-        "run's own folder under hpcjob, else ./checkpoints)",
+        help=f"where the run saves its checkpoints, and resumes from them (default: ${CHECKPOINT_DIR_VAR}, "
+        "the run's own folder under hpcjob, else ./checkpoints)",
     )
     runtime.add_argument(
         "--resume-from",
         type=Path,
         metavar="DIR",
         default=Path(os.environ[RESUME_VAR]) if os.environ.get(RESUME_VAR) else None,
-        help=f"start from the checkpoint in DIR when --checkpoint-dir has none yet; DIR is only read "
-        f"(default: ${RESUME_VAR}, which `hpcjob run --resume-from RUN` sets)",
+        help=f"start from the newest complete save in DIR when --checkpoint-dir has none yet; DIR is only "
+        f"read (default: ${RESUME_VAR}, which `hpcjob run --resume-from RUN` sets)",
     )
     runtime.add_argument(
         "--no-resume", action="store_true", help="ignore existing checkpoints (and --resume-from)"
     )
     runtime.add_argument(
+        "--checkpoints-kept",
+        type=positive_int,
+        default=2,
+        help="complete saves kept in --checkpoint-dir, the newest (default: 2)",
+    )
+    runtime.add_argument(
         "--metrics-dir",
         type=Path,
-        default=default_folder(),
+        default=None,
         help="where each rank writes its metrics over time, as JSON lines (default: the run's log folder's "
-        "metrics/ under hpcjob, else none)",
+        "metrics/ under hpcjob, else none: rank 0 prints them)",
     )
     runtime.add_argument(
         "--metrics-every",
-        type=non_negative_int,
-        default=50,
-        help="steps between a rank's metrics lines (0: one line an epoch; default: 50)",
+        type=non_negative_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between a rank's metrics lines (0: every step; default: 10)",
     )
     runtime.add_argument(
         "--gpu-report-every",
@@ -421,10 +425,11 @@ def loader_workers(args: argparse.Namespace, data: DataBundle) -> int:
 
 @dataclass(frozen=True)
 class Resumed:
-    """Where this invocation started: the checkpoint it read (None: from scratch) and its epoch."""
+    """Where this invocation started: the save it resumed (None: from scratch), its epoch and step."""
 
-    path: Path | None = None
+    path: str | None = None
     epoch: int = 0
+    step: int = 0
 
 
 def final_metrics(
@@ -435,8 +440,8 @@ def final_metrics(
     trained: tuple[EpochMetrics, Totals, int] | None = None,
     gpus: Sequence[dict[str, object]] = (),
 ) -> dict[str, object]:
-    """The metrics line: what this invocation measured. `trained`: the last epoch it trained, its own
-    epochs' counters and its steps; None when it trained nothing (the checkpoint it resumed covered
+    """The metrics line's figures: what this invocation measured. `trained`: the last epoch it trained,
+    its own epochs' counters and its steps; None when it trained nothing (the save it resumed covered
     --epochs): then no losses, accuracy or throughput, which would be the earlier run's."""
     last, totals, steps = trained if trained is not None else (None, Totals(), 0)
     result: dict[str, object] = {
@@ -455,7 +460,7 @@ def final_metrics(
         "wall_time_s": time.perf_counter() - started,
     }
     if resumed.path is not None:
-        result["resumed_from"] = str(resumed.path)
+        result["resumed_from"] = resumed.path
     if last is not None:
         result.update(
             train_loss=last.train_loss,
@@ -469,44 +474,30 @@ def final_metrics(
     return result
 
 
-def read_checkpoints(args: argparse.Namespace, ctx: Context) -> tuple[Checkpoint | None, Path]:
-    """The checkpoint to resume (None: start from scratch) and its path: the run's own (--checkpoint-dir),
-    else the one --resume-from names, which must be there. Every rank decides the same way (the
-    collectives of on_all_ranks): a rank that found its own still joins the second read."""
-    own = args.checkpoint_dir / CHECKPOINT_NAME
-    if args.no_resume:
-        return None, own
-    checkpoint = ctx.on_all_ranks(lambda: load_checkpoint(own), "reading the checkpoint")
-    if args.resume_from is None:
-        return checkpoint, own
-    other = args.resume_from / CHECKPOINT_NAME
-
-    def read_other() -> Checkpoint | None:
-        if checkpoint is not None:
-            return None
-        found = load_checkpoint(other)
-        if found is None:
-            raise CheckpointError(f"no checkpoint to resume from: {other} does not exist (--resume-from)")
-        return found
-
-    found = ctx.on_all_ranks(read_other, "reading the checkpoint to resume from")
-    return (checkpoint, own) if found is None else (found, other)
+def open_checkpoints(args: argparse.Namespace, ctx: Context) -> Checkpoints:
+    """The run's checkpoints (hpctorch: a folder checked writable on every rank)."""
+    return ctx.on_all_ranks(
+        lambda: Checkpoints(
+            folder=str(args.checkpoint_dir),
+            keep=args.checkpoints_kept,
+            resume_from=None if args.resume_from is None else str(args.resume_from),
+        ),
+        "opening the checkpoint folder",
+    )
 
 
-def agree_on_checkpoint(ctx: Context, checkpoint: Checkpoint | None, path: Path) -> None:
-    """Fail unless every rank found the same checkpoint epoch (e.g. a stale shared-drive cache)."""
-    epoch = float(checkpoint.epoch if checkpoint else 0)
-    highest, neg_lowest = ctx.all_reduce([epoch, -epoch], op=dist.ReduceOp.MAX)
-    if highest != -neg_lowest:
-        if ctx.is_main:
-            print(
-                f"error: ranks see different checkpoints in {path} "
-                f"(epochs {int(-neg_lowest)} to {int(highest)}); "
-                "is the checkpoint folder shared by all nodes?",
-                file=sys.stderr,
-                flush=True,
-            )
-        raise RunAborted("checkpoint mismatch")
+def resume(checkpoints: Checkpoints, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Resumed:
+    """The newest complete save loaded into the model and optimizer (hpctorch), and where it was: its
+    epochs, kept beside the model in the save's `extra`."""
+    step = checkpoints.resume(model, optimizer)
+    if checkpoints.resumed_from is None:
+        return Resumed()
+    epoch = checkpoints.extra.get("epoch")
+    if not isinstance(epoch, int) or epoch < 0 or not isinstance(checkpoints.extra.get("totals"), dict):
+        raise CheckpointError(
+            f"hpctorch: {checkpoints.resumed_from} was not saved by run_ddp.py (no epoch in it)"
+        )
+    return Resumed(checkpoints.resumed_from, epoch, step)
 
 
 def gpu_use(ctx: Context, monitor: GpuMonitor | None) -> list[dict[str, object]]:
@@ -523,13 +514,10 @@ def epoch_gpu_util(ctx: Context, monitor: GpuMonitor | None) -> float | None:
     return sum(utils) / len(utils) if utils else None
 
 
-def first_step_done(
-    ctx: Context, timeline: Timeline | None, started: float, monitor: GpuMonitor | None = None
-) -> None:
+def first_step_done(ctx: Context, started: float, monitor: GpuMonitor | None = None) -> None:
     """Start-up cost, in a person's words: how long after the task's start (node.sh's HPCJOB_TASK_START;
-    without hpcjob, this process's) the run's first step was done, and at what local time. The exact
-    time goes to the rank's timeline (a `first_step` line), for programs such as the benchmarks. The GPU
-    figures count from here."""
+    without hpcjob, this process's) the run's first step was done, and at what local time (the exact
+    time is in the rank's timeline: hpctorch's `first_step` line). The GPU figures count from here."""
     if monitor is not None:
         monitor.training_begins()
     now = time.time()
@@ -538,22 +526,20 @@ def first_step_done(
     except (KeyError, ValueError):
         since = time.perf_counter() - started
     ctx.log(f"first step done {since:.1f} s after start ({time.strftime('%H:%M:%S', time.localtime(now))})")
-    if timeline is not None:
-        timeline.first_step(now, since)
+
+
+def gpu_figures(monitor: GpuMonitor | None) -> dict[str, float]:
+    """This rank's newest GPU reading, for its timeline's step lines (none when unwatched)."""
+    sample = monitor.latest if monitor is not None else None
+    if sample is None:
+        return {}
+    return {"gpu_util_pct": sample.util_pct, "gpu_memory_mib": sample.memory_mib}
 
 
 def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMonitor | None = None) -> None:
-    checkpoint_path = args.checkpoint_dir / CHECKPOINT_NAME  # where this run saves
-    checkpoint, source = read_checkpoints(args, ctx)
-    agree_on_checkpoint(ctx, checkpoint, source)
-    completed = checkpoint.epoch if checkpoint else 0
-    resumed = Resumed(source if checkpoint is not None else None, completed)
-
-    if checkpoint is not None and not epochs_to_run(completed, args.epochs):
-        ctx.log(f"checkpoint {source} already covers {completed} of {args.epochs} epoch(s); nothing to train")
-        ctx.log(format_metrics_line(final_metrics(args, ctx, resumed, started)))
-        return
-
+    folder = str(args.metrics_dir) if args.metrics_dir is not None else None
+    metrics = Metrics(folder=folder, every_s=args.metrics_every)  # this start's timeline
+    checkpoints = open_checkpoints(args, ctx)
     data = prepare_data(args, ctx)
     torch.manual_seed(args.seed)  # identical initial weights everywhere (DDP broadcasts rank 0's anyway)
     shape = input_shape(args.model, args.image_size)
@@ -563,30 +549,27 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
         model = model.to(memory_format=torch.channels_last)
     lr = args.lr * ctx.env.world_size if args.scale_lr else args.lr
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
-    totals = Totals()  # over all epochs, the resumed ones' too: kept in the checkpoint
-    mine, steps = Totals(), 0  # this invocation's own: its metrics line
-    last: EpochMetrics | None = None
-
-    if checkpoint is not None:
-        loaded = checkpoint
-
-        def restore() -> None:
-            try:
-                model.load_state_dict(loaded.model)
-                optimizer.load_state_dict(loaded.optimizer)
-            except (RuntimeError, ValueError, KeyError) as exc:
-                raise CheckpointError(
-                    f"checkpoint {source} does not fit this model/data ({one_line(exc)[:200]}); "
-                    "use --no-resume or another --checkpoint-dir"
-                ) from exc
-            for group in optimizer.param_groups:
-                group["lr"] = lr  # the current flags win (the world size may have changed)
-
-        # load_state_dict copies into the existing on-device tensors, so CPU-loaded data is fine.
-        ctx.on_all_ranks(restore, "restoring the checkpoint")
-        totals = checkpoint.totals
+    resumed = Resumed()
+    totals = Totals()  # over all epochs, the resumed ones' too: kept with each save
+    if not args.no_resume:
+        # DCP loads into the model's own (on-device) tensors, resharding a save of another world size.
+        resumed = ctx.on_all_ranks(
+            partial(resume, checkpoints, model, optimizer), "resuming from a checkpoint"
+        )
+        if resumed.path is not None:
+            totals = Totals(**checkpoints.extra.get("totals", {}))
+        for group in optimizer.param_groups:
+            group["lr"] = lr  # the current flags win (the world size may have changed)
+    completed = resumed.epoch
+    if resumed.path is not None and not epochs_to_run(completed, args.epochs):
+        covers = f"already covers {completed} of {args.epochs} epoch(s)"
+        ctx.log(f"checkpoint {resumed.path} {covers}; nothing to train")
+        metrics.summary(**final_metrics(args, ctx, resumed, started))
+        return
+    if resumed.path is not None:
         ctx.log(
-            f"resumed from {source} at epoch {completed}, continuing with epoch {completed + 1}/{args.epochs}"
+            f"resumed from {resumed.path} at epoch {completed}, continuing with epoch "
+            f"{completed + 1}/{args.epochs}"
         )
 
     ddp_model = DistributedDataParallel(
@@ -616,24 +599,17 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
         f"epochs={args.epochs} first_epoch={completed + 1}"
     )
 
-    timeline = (
-        Timeline(
-            args.metrics_dir,
-            rank=ctx.env.rank,
-            local_rank=ctx.env.local_rank,
-            world_size=ctx.env.world_size,
-            restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            monitor=monitor,
-        )
-        if args.metrics_dir is not None
-        else None
-    )
-    if timeline is not None:
-        timeline.start(completed + 1)
+    mine, steps = Totals(), 0  # this invocation's own: its metrics line
+    step = resumed.step  # the run's steps, the resumed ones' too: what its saves are numbered by
+    last: EpochMetrics | None = None
     for epoch in epochs_to_run(completed, args.epochs):
         loaders.train_sampler.set_epoch(epoch)  # a different, but reproducible, shuffle every epoch
-        if timeline is not None:
-            timeline.begin_epoch()
+
+        def one_step(samples: int, loss: torch.Tensor, data_wait_s: float, epoch: int = epoch) -> None:
+            nonlocal step
+            step += 1
+            metrics.step(samples, loss, data_wait_s, epoch=epoch, step=step, **gpu_figures(monitor))
+
         train_stats = train_one_epoch(
             ddp_model,
             loaders.train,
@@ -641,12 +617,9 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
             ctx.device,
             max_steps=args.max_steps_per_epoch,
             step_sleep=args.step_sleep,
-            on_first_step=(
-                partial(first_step_done, ctx, timeline, started, monitor) if epoch == completed + 1 else None
-            ),
+            on_first_step=partial(first_step_done, ctx, started, monitor) if epoch == completed + 1 else None,
             options=options,
-            on_progress=partial(timeline.step, epoch) if timeline is not None else None,
-            progress_every=args.metrics_every,
+            on_step=one_step,
         )
         eval_stats = evaluate(model, loaders.test, ctx.device, options)
         sums = ctx.all_reduce(local_sums(train_stats, eval_stats))
@@ -655,21 +628,18 @@ def run(args: argparse.Namespace, ctx: Context, started: float, monitor: GpuMoni
         totals, mine, steps = totals.add(epoch_totals), mine.add(epoch_totals), steps + train_stats.steps
         util = epoch_gpu_util(ctx, monitor)
         ctx.log(format_epoch_line(last, args.epochs) + (f" gpu_util={util:.0f}%" if util is not None else ""))
-        if timeline is not None:
-            timeline.epoch(last)
-        state = Checkpoint(epoch, model.state_dict(), optimizer.state_dict(), last, totals, data.num_classes)
-        ctx.on_all_ranks(
-            ctx.main_only(partial(save_checkpoint, state, checkpoint_path)), "writing the checkpoint"
-        )
+        metrics.epoch(**asdict(last))
+        # In the background: the next epoch trains while this one's save is written (hpctorch).
+        extra = {"epoch": epoch, "totals": asdict(totals)}
+        ctx.on_all_ranks(partial(checkpoints.save, step, model, optimizer, extra), "saving a checkpoint")
 
-    if timeline is not None:
-        timeline.close()
+    ctx.on_all_ranks(checkpoints.close, "finishing the last checkpoint")
     assert last is not None  # epochs_to_run was not empty
     gpus = gpu_use(ctx, monitor)
-    metrics = final_metrics(args, ctx, resumed, started, (last, mine, steps), gpus)
+    figures = final_metrics(args, ctx, resumed, started, (last, mine, steps), gpus)
     if remote is not None:
-        metrics.update(data_node_metrics(ctx.gather(remote.close())))
-    ctx.log(format_metrics_line(metrics))
+        figures.update(data_node_metrics(ctx.gather(remote.close())))
+    metrics.summary(**figures)
 
 
 def remote_batches(args: argparse.Namespace, ctx: Context) -> data_service.RemoteBatches | None:

@@ -343,13 +343,30 @@ def elastic_events(
         if restarts:
             first = min(restarts, key=lambda t: float(t["t"]))
             nodes = int(first.get("world_size", 0)) // max(procs_per_node, 1)
-            epoch = int(first.get("first_epoch", 1)) - 1
-            checkpoint = f"the epoch-{epoch} checkpoint" if epoch > 0 else "the start (no checkpoint yet)"
-            line += f"; continued on {nodes} node(s) from {checkpoint}"
+            line += f"; continued on {nodes} node(s) from {_restarted_from(first, timeline)}"
         else:
             line += "; the others went on"
         events.append(line)
     return events
+
+
+def _restarted_from(start: Mapping[str, Any], timeline: Sequence[Mapping[str, Any]]) -> str:
+    """Which save a restart of the workers went on from: the first `resume` line of that restart on its
+    node (hpctorch's), else the epoch its start line names (an older run_ddp.py), else the start."""
+    began, restart, node = float(start["t"]), start.get("restart"), start.get("node")
+    resumes = [
+        t
+        for t in timeline
+        if t.get("event") == "resume"
+        and (t.get("restart"), t.get("node")) == (restart, node)
+        and float(t.get("t", 0)) >= began
+    ]
+    if resumes:
+        resume = min(resumes, key=lambda t: float(t["t"]))
+        which = f" (epoch {resume['epoch']})" if resume.get("epoch") is not None else ""
+        return f"the step-{resume.get('step', '?')} save{which}"
+    epoch = int(start.get("first_epoch", 1)) - 1
+    return f"the epoch-{epoch} checkpoint" if epoch > 0 else "the start (no checkpoint yet)"
 
 
 def parse_exit_records(lines: Iterable[str]) -> list[RootCause]:

@@ -87,8 +87,8 @@ def plot_runs(
     per_1000 = [cost for cost in costs if cost.per_1000_samples is not None]
     if not any(runs.values()) and not priced and not per_1000:
         raise SpecError(
-            "no metrics over time in these runs: the training program writes them under hpcjob "
-            "(metrics/ in the run's log folder; --metrics-every)"
+            "no metrics over time in these runs: a script writes them through hpctorch's Metrics, as the "
+            "training program does (metrics/ in the run's log folder)"
         )
     shown = [(key, title, factor) for key, title, factor in PANELS if _has(runs, key)]
     ranks = sorted({rank for by_rank in runs.values() for rank in by_rank})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
@@ -12,20 +11,17 @@ from typing import Any
 
 import pytest
 import torch
+from hpctorch import METRICS_PREFIX, Checkpoints
+from hpctorch.checkpoint import MARKER, complete_saves
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import run_ddp
 from neural_network import NeuralNetwork
 from operations import (
-    CHECKPOINT_NAME,
-    METRICS_PREFIX,
-    Checkpoint,
     EpochMetrics,
     Totals,
     epoch_metrics,
     format_epoch_line,
-    format_metrics_line,
-    save_checkpoint,
     train_one_epoch,
 )
 
@@ -175,15 +171,6 @@ def test_epoch_line_format() -> None:
     )
 
 
-def test_metrics_line_is_one_line_of_strict_json() -> None:
-    line = format_metrics_line(
-        {"accuracy": 0.5, "train_loss": math.nan, "test_loss": math.inf, "note": "a\nb"}
-    )
-    assert line.startswith("HPCJOB_METRICS {") and "\n" not in line
-    payload = json.loads(line[len("HPCJOB_METRICS ") :], parse_constant=lambda name: pytest.fail(name))
-    assert payload == {"accuracy": 0.5, "train_loss": None, "test_loss": None, "note": "a\nb"}
-
-
 class SlowDataset(Dataset[tuple[torch.Tensor, int]]):
     """Every sample takes ``delay`` seconds to load."""
 
@@ -226,6 +213,11 @@ def no_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+def newest_save(folder: Path) -> Path:
+    """The newest complete save hpctorch keeps in `folder`."""
+    return Path(complete_saves(str(folder))[-1][1])
+
+
 @pytest.mark.usefixtures("no_torchrun")
 def test_single_process_run_then_covered_then_resumed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -239,7 +231,10 @@ def test_single_process_run_then_covered_then_resumed(
     assert first.keys() >= REQUIRED_METRICS and first["epochs_completed"] == 1 and first["world_size"] == 1
     assert first["accuracy"] > 0.3 and 0 <= first["data_wait_fraction"] <= 1 and first["samples_per_sec"] > 0
     assert out.splitlines()[-1].startswith(METRICS_PREFIX)
-    written = (tmp_path / CHECKPOINT_NAME).stat().st_mtime_ns
+    # One save after its epoch, through hpctorch, marked complete, numbered by the run's steps.
+    save = newest_save(tmp_path)
+    assert save.name == f"step-{1024 // 32:09d}" and (save / MARKER).is_file()
+    written = (save / MARKER).stat().st_mtime_ns
 
     assert (first["epochs_trained"], first["resumed_from_epoch"]) == (1, 0) and first["steps"] == 1024 // 32
     assert "resumed_from" not in first
@@ -250,7 +245,7 @@ def test_single_process_run_then_covered_then_resumed(
     (covered,) = metrics_lines(out)
     # It trained nothing, and says so: none of the first run's figures as its own.
     assert covered["epochs_completed"] == 1 and covered["epochs_trained"] == covered["steps"] == 0
-    assert covered["resumed_from"] == str(tmp_path / CHECKPOINT_NAME)
+    assert covered["resumed_from"] == str(save)
     assert not covered.keys() & {
         "accuracy",
         "train_loss",
@@ -258,21 +253,24 @@ def test_single_process_run_then_covered_then_resumed(
         "samples_per_sec",
         "data_wait_fraction",
     }
-    assert (tmp_path / CHECKPOINT_NAME).stat().st_mtime_ns == written
+    assert newest_save(tmp_path) == save and (save / MARKER).stat().st_mtime_ns == written
 
     assert run_ddp.main([*flags, "--epochs", "2"]) == 0
     out = capsys.readouterr().out
-    assert f"resumed from {tmp_path / CHECKPOINT_NAME} at epoch 1" in out
+    assert f"resumed from {save} at epoch 1" in out
     assert "epoch 2/2 " in out and "epoch 1/2" not in out
     (resumed,) = metrics_lines(out)
     assert resumed["epochs_completed"] == 2 and resumed["resumed_from_epoch"] == 1
     assert (
         resumed["epochs_trained"] == 1 and resumed["steps"] == 1024 // 32 and resumed["samples_per_sec"] > 0
     )
+    assert newest_save(tmp_path).name == f"step-{2 * 1024 // 32:09d}"  # the run's steps go on
 
     assert run_ddp.main([*flags, "--epochs", "1", "--no-resume"]) == 0
     out = capsys.readouterr().out
     assert "resumed from" not in out and "epoch 1/1 " in out
+    # A fresh start's save is the newest, though an older run's saves hold more steps.
+    assert newest_save(tmp_path).name == f"step-{1024 // 32:09d}"
 
 
 @pytest.mark.usefixtures("no_torchrun")
@@ -283,38 +281,42 @@ def test_a_run_saves_in_its_own_folder_and_starts_from_another_only_when_asked(
     monkeypatch.setenv("HPCJOB_CHECKPOINT_DIR", str(first))  # as hpcjob gives each run its own
     assert run_ddp.main([*SMALL_RUN, "--epochs", "1", "--max-steps-per-epoch", "4"]) == 0
     capsys.readouterr()
-    written = (first / CHECKPOINT_NAME).stat().st_mtime_ns
+    saved = newest_save(first)
+    written = (saved / MARKER).stat().st_mtime_ns
 
     monkeypatch.setenv("HPCJOB_CHECKPOINT_DIR", str(second))  # a new run: fresh, not the first's
     assert run_ddp.main([*SMALL_RUN, "--epochs", "1", "--max-steps-per-epoch", "4"]) == 0
     (fresh,) = metrics_lines(capsys.readouterr().out)
     assert fresh["epochs_trained"] == 1 and fresh["resumed_from_epoch"] == 0
-    (second / CHECKPOINT_NAME).unlink()
+    for save in second.iterdir():
+        (save / MARKER).unlink()  # not complete any more: never resumed
 
     monkeypatch.setenv("HPCJOB_RESUME_FROM", str(first))  # `hpcjob run --resume-from FIRST`
     assert run_ddp.main([*SMALL_RUN, "--epochs", "2", "--max-steps-per-epoch", "4"]) == 0
     out = capsys.readouterr().out
-    assert f"resumed from {first / CHECKPOINT_NAME} at epoch 1" in out
+    assert f"resumed from {saved} at epoch 1" in out
     (resumed,) = metrics_lines(out)
-    assert (resumed["epochs_trained"], resumed["resumed_from"]) == (1, str(first / CHECKPOINT_NAME))
-    # Its epoch went to its own folder; the first run's checkpoint is only read.
-    assert torch.load(second / CHECKPOINT_NAME, weights_only=True)["epoch"] == 2
-    assert (first / CHECKPOINT_NAME).stat().st_mtime_ns == written
+    assert (resumed["epochs_trained"], resumed["resumed_from"]) == (1, str(saved))
+    # Its epoch went to its own folder; the first run's save is only read.
+    assert newest_save(second).name == "step-000000008"
+    assert [p.name for p in first.iterdir()] == [saved.name]
+    assert (saved / MARKER).stat().st_mtime_ns == written
 
-    # Its own checkpoint wins over the one it started from (a restart, a later attempt of the run).
+    # Its own save wins over the one it started from (a restart, a later attempt of the run).
     assert run_ddp.main([*SMALL_RUN, "--epochs", "2"]) == 0
     out = capsys.readouterr().out
-    assert f"checkpoint {second / CHECKPOINT_NAME} already covers 2 of 2" in out
+    assert f"checkpoint {newest_save(second)} already covers 2 of 2" in out
 
     # The program's own option still names the folder; asked to resume from nothing, it says so.
     other = tmp_path / "mine"
     argv = [*SMALL_RUN, "--epochs", "1", "--checkpoint-dir", str(other), "--resume-from", str(tmp_path)]
     assert run_ddp.main(argv) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
-    missing = tmp_path / CHECKPOINT_NAME
-    assert line == f"error: rank 0: no checkpoint to resume from: {missing} does not exist (--resume-from)"
+    assert line == (
+        f"error: rank 0: hpctorch: {tmp_path} holds no complete save (a folder with {MARKER}) to resume from"
+    )
     assert run_ddp.main([*argv, "--no-resume", "--max-steps-per-epoch", "2"]) == 0
-    assert (other / CHECKPOINT_NAME).is_file()
+    assert newest_save(other).name == "step-000000002"
 
 
 @pytest.mark.usefixtures("no_torchrun")
@@ -349,19 +351,27 @@ def test_missing_data_fails_with_one_error_line(tmp_path: Path, capsys: pytest.C
 
 
 @pytest.mark.usefixtures("no_torchrun")
-def test_checkpoint_for_another_model_fails_cleanly(
+def test_a_save_of_another_model_or_program_fails_cleanly(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    model = NeuralNetwork(num_classes=4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    metrics = EpochMetrics(1, 1.0, 1.0, 0.5, 1.0, 0.0)
-    save_checkpoint(
-        Checkpoint(1, model.state_dict(), optimizer.state_dict(), metrics, Totals(), 4),
-        tmp_path / CHECKPOINT_NAME,
-    )
-    assert run_ddp.main([*SMALL_RUN, "--epochs", "2", "--checkpoint-dir", str(tmp_path)]) == 1
+    checkpoints = Checkpoints(folder=str(tmp_path / "other-model"))
+    checkpoints.close(3, model, optimizer, extra={"epoch": 1, "totals": {}})
+    argv = [*SMALL_RUN, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "other-model")]
+    assert run_ddp.main(argv) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "does not fit this model" in line and "--no-resume" in line
+    assert line.startswith("error: rank 0: hpctorch: cannot resume from ") and "Missing key" in line
+
+    # The right model, saved by another program: no epoch beside it.
+    mine = NeuralNetwork()
+    checkpoints = Checkpoints(folder=str(tmp_path / "no-epoch"))
+    checkpoints.close(3, mine, torch.optim.SGD(mine.parameters(), lr=0.1, momentum=0.9))
+    argv = [*SMALL_RUN, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "no-epoch")]
+    assert run_ddp.main(argv) == 1
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    saved = newest_save(tmp_path / "no-epoch")
+    assert line == f"error: rank 0: hpctorch: {saved} was not saved by run_ddp.py (no epoch in it)"
 
 
 @pytest.mark.usefixtures("no_torchrun")
@@ -375,15 +385,16 @@ def test_a_cpu_run_splits_the_cpus_and_writes_its_timeline(
     monkeypatch.setenv("HPCJOB_NODE", "LOCAL7")
     try:
         flags = [*SMALL_RUN, "--checkpoint-dir", str(tmp_path), "--epochs", "2"]
-        assert run_ddp.main([*flags, "--metrics-dir", str(tmp_path / "metrics"), "--metrics-every", "2"]) == 0
+        assert run_ddp.main([*flags, "--metrics-dir", str(tmp_path / "metrics"), "--metrics-every", "0"]) == 0
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
     capsys.readouterr()
     lines = [json.loads(line) for line in (tmp_path / "metrics" / "LOCAL7-0.jsonl").read_text().splitlines()]
-    assert (lines[0]["event"], lines[0]["first_epoch"]) == ("start", 1)
-    steps = [line for line in lines if line["event"] == "step"]
-    assert steps and all(line["step"] % 2 == 0 and line["samples_per_sec"] > 0 for line in steps)
+    assert [line["event"] for line in lines[:2]] == ["start", "first_step"]
+    steps = [line for line in lines if line["event"] == "step"]  # every step (--metrics-every 0)
+    assert [line["step"] for line in steps] == list(range(1, 2 * 1024 // 32 + 1))
+    assert all(line["samples_per_sec"] > 0 and line["loss"] > 0 for line in steps)
     assert {line["epoch"] for line in steps} == {1, 2} and all("gpu_util_pct" not in line for line in steps)
     assert [line["epoch"] for line in lines if line["event"] == "epoch"] == [1, 2]
     assert all(line["node"] == "LOCAL7" and line["world_size"] == 1 for line in lines)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from hpctorch.checkpoint import complete_saves
 
 PREFIX = "HPCJOB_METRICS "
 SMALL = ["--train-samples", "1024", "--test-samples", "256", "--batch-size", "32"]
@@ -56,18 +56,20 @@ def test_two_process_run_and_resume(training_dir: Path, tmp_path: Path) -> None:
     assert result["accuracy"] > 0.5  # chance is 0.1
     assert result["samples_per_sec"] > 0 and 0 <= result["data_wait_fraction"] < 1
 
-    checkpoint = tmp_path / "checkpoints" / "checkpoint.pt"  # --checkpoint-dir default, relative to cwd
-    assert [p.name for p in checkpoint.parent.iterdir()] == ["checkpoint.pt"]
-    saved = torch.load(checkpoint, weights_only=True)
-    assert saved["epoch"] == 2 and not any(key.startswith("module.") for key in saved["model"])
+    folder = tmp_path / "checkpoints"  # --checkpoint-dir default, relative to cwd
+    # hpctorch's saves after each epoch (both kept), each marked complete once every rank's files are in.
+    assert [step for step, _ in complete_saves(str(folder))] == [16, 32]
+    assert sorted(p.name for p in (folder / "step-000000032").iterdir()) == [
+        ".hpcjob-complete", ".metadata", "__0_0.distcp", "__1_0.distcp"
+    ]  # fmt: skip
 
     second = torchrun(training_dir, tmp_path, "--epochs", "3")
     assert second.returncode == 0, second.stdout + second.stderr
     lines = second.stdout.splitlines()
-    assert sum(line.startswith("resumed from checkpoints/checkpoint.pt at epoch 2") for line in lines) == 1
+    assert sum(line.startswith("resumed from checkpoints/step-000000032 at epoch 2") for line in lines) == 1
     assert not any(line.startswith(("epoch 1/3", "epoch 2/3")) for line in lines)
     assert sum(line.startswith("epoch 3/3 ") for line in lines) == 1
     (resumed,) = metrics(second.stdout)
     assert resumed["epochs_completed"] == 3 and resumed["resumed_from_epoch"] == 2
     assert resumed["accuracy"] > 0.5
-    assert torch.load(checkpoint, weights_only=True)["epoch"] == 3
+    assert [step for step, _ in complete_saves(str(folder))] == [32, 48]  # the newest two kept
