@@ -40,7 +40,7 @@ SMALL = ["--train-samples", "512", "--test-samples", "256", "--batch-size", "32"
 
 
 def events(folder: Path) -> list[dict[str, object]]:
-    """Rank 0's timeline in a log folder (training/timeline.py's lines)."""
+    """Rank 0's timeline in a log folder (hpctorch.Metrics's lines)."""
     found: list[dict[str, object]] = []
     for path in (folder / "metrics").glob("*.jsonl"):
         for line in path.read_text(encoding="utf-8").splitlines():
@@ -63,7 +63,7 @@ def one_run(head: HeadNode, env: dict[str, str], share: Path, args: argparse.Nam
     reader.start()
     checkpoints = share / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
     deadline = time.monotonic() + 300
-    while not list(checkpoints.glob("*/checkpoint.pt")) and time.monotonic() < deadline:
+    while not list(checkpoints.glob("*/step-*/.hpcjob-complete")) and time.monotonic() < deadline:
         time.sleep(0.05)  # attempt 1's first checkpoint: it is in its second epoch
     time.sleep(args.into_epoch)
     lost = time.time()

@@ -76,7 +76,7 @@ def bench_upload(megabytes: int) -> None:
 
 def first_step(log_dir: Path) -> float:
     """When rank 0 was done with its first training step (Unix time): the `first_step` line of its
-    metrics over time (training/timeline.py), not the log's line, which is for people."""
+    metrics over time (hpctorch.Metrics), not the log's line, which is for people."""
     for path in (log_dir / "metrics").glob("*.jsonl"):
         for line in path.read_text().splitlines():
             event = json.loads(line)

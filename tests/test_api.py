@@ -161,5 +161,5 @@ def test_a_cluster_run_from_python_through_either_front_door(emulated: Cluster, 
             for node, stream, line in lines
         )
     checkpoints = emulated.share_dir / "hpcjob" / "alice" / "train-rest" / "checkpoints"
-    assert len(list(checkpoints.glob("*/checkpoint.pt"))) == 1  # the real training job's, in its run's folder
+    assert len(list(checkpoints.glob("*/step-*/.hpcjob-complete"))) == 1  # the job's, in its run's folder
     assert PASSWORD not in os.environ.get("HPCJOB_CONFIG", "")

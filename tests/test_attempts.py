@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hpcjob.job.attempts import Cause, attempt_cause, next_attempt_exclusions, told_lost
@@ -178,3 +180,16 @@ def test_a_lost_node_s_first_failure_says_it_was_lost_not_its_last_line() -> Non
     told = told_lost(ended, cause).root_cause
     assert told is not None and told.describe() == "the task on GPU2, exit code 1: GPU2 was lost"
     assert told_lost(ended, attempt_cause(ended, job(), healthy())).root_cause == last_words  # not lost
+
+
+def test_a_lost_data_node_s_first_failure_says_it_was_lost_too() -> None:
+    """A data node (no rank of the training) lost: its last words are not the attempt's cause either."""
+    last_words = RootCause("DATA1", 1, 1.0, rank=None, reason="served 4000 samples")
+    ended = summary(State.FAILED, last_words)
+    data = NodeResult("DATA1", State.FAILED, 1)
+    ended = dataclasses.replace(ended, nodes=[*ended.nodes, data], data_node_names=["DATA1"])
+    nodes = [*healthy(), NodeInfo("DATA1", "Unreachable", "OK")]
+    cause = attempt_cause(ended, job(task("DATA1", "Failed", 1)), nodes)
+    assert cause.lost == ("DATA1",) and cause.retried
+    told = told_lost(ended, cause).root_cause
+    assert told is not None and told.describe() == "the task on DATA1, exit code 1: DATA1 was lost"

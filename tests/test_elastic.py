@@ -31,22 +31,26 @@ def start(share: Path, run_id: str, *options: str) -> subprocess.Popen[str]:
         [sys.executable, "-m", "hpcjob.cli", "run", "--local", "--json", "--quiet", "-n", "3",
          "--mount-point", str(share), "--run-id", run_id, "--rdzv-last-call", "2", "--rdzv-keep-alive", "1",
          *options,
-         str(TRAIN), *SLOW_EPOCHS, "--metrics-every", "5"],
+         str(TRAIN), *SLOW_EPOCHS, "--metrics-every", "0.2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
 def kill_node_when_training(share: Path, run_id: str, node: int, epoch: int) -> None:
-    """SIGKILL every process of local node `node` once its rank is inside `epoch` (its timeline says so)."""
-    timeline = share / "hpcjob" / "run_ddp" / "logs" / run_id / "metrics" / f"LOCAL{node}-0.jsonl"
+    """SIGKILL every process of local node `node` once its rank is inside `epoch` (its timeline says so)
+    and, past epoch 1, the save of the epoch before is complete (it is written in the background)."""
+    job = share / "hpcjob" / "run_ddp"
+    timeline = job / "logs" / run_id / "metrics" / f"LOCAL{node}-0.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        lines = timeline.read_text().splitlines() if timeline.is_file() else []
-        if any(json.loads(line).get("epoch") == epoch for line in lines if '"step"' in line):
+        lines = [json.loads(line) for line in timeline.open()] if timeline.is_file() else []
+        steps = [line for line in lines if line["event"] == "step"]
+        saved = epoch == 1 or any((job / "checkpoints" / run_id).glob("step-*/.hpcjob-complete"))
+        if saved and steps and steps[-1].get("epoch") == epoch:
             break
         time.sleep(0.1)
     else:
-        raise AssertionError(f"LOCAL{node} never reached epoch {epoch}")
+        raise AssertionError(f"LOCAL{node} never reached epoch {epoch} with a complete save before it")
     for pid, _ in marked_processes(f"{MARKER_VAR}={run_id}/{node}\0".encode()):
         os.kill(pid, signal.SIGKILL)
 
@@ -67,7 +71,7 @@ def test_a_lost_node_and_the_job_goes_on_from_the_last_checkpoint(tmp_path: Path
     [event] = summary["events"]
     assert re.fullmatch(
         r"LOCAL3 lost at epoch 2, step \d+ \(exit code 137\); "
-        r"continued on 2 node\(s\) from the epoch-1 checkpoint",
+        r"continued on 2 node\(s\) from the step-\d+ save \(epoch 1\)",
         event,
     ), event
     metrics = summary["metrics"]

@@ -363,7 +363,8 @@ def test_a_script_that_ends_with_a_save_in_flight_has_it_finished_and_marked(tmp
 
 @pytest.mark.slow
 def test_a_run_of_fewer_nodes_resumes_a_save_of_more(tmp_path: Path) -> None:
-    """DCP reshards on load: a 1-node run with --resume-from goes on from a 2-node run's newest save."""
+    """DCP reshards on load: a 3-node run with --resume-from goes on from a 4-node run's newest save (DDP,
+    one rank a node), every rank with the weights the 4 saved."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text(
@@ -374,12 +375,13 @@ def test_a_run_of_fewer_nodes_resumes_a_save_of_more(tmp_path: Path) -> None:
         "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "checkpoints = Checkpoints(every_steps=5)\n"
         "done = checkpoints.resume(model, optimizer)\n"
+        "print('start sum %.6f' % float(model.module.weight.sum()), flush=True)\n"
         "for step in range(done + 1, done + 13):\n"
         "    loss = model(torch.randn(8, 16)).pow(2).mean()\n"
         "    optimizer.zero_grad(); loss.backward(); optimizer.step()\n"
         "    checkpoints.step(step, model, optimizer)\n"
         "checkpoints.close(step, model, optimizer)\n"
-        "print('weight sum', float(model.module.weight.sum()), 'from', done, flush=True)\n"
+        "print('end sum %.6f from %d' % (float(model.module.weight.sum()), done), flush=True)\n"
         "dist.destroy_process_group()\n"
     )
 
@@ -392,6 +394,68 @@ def test_a_run_of_fewer_nodes_resumes_a_save_of_more(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout + done.stderr
 
-    assert "from 0" in run("more-1", "2")
-    fewer = run("fewer-1", "1", "--resume-from", "more-1")
+    more = run("more-1", "4")
+    assert "from 0" in more and "hpctorch: saved step 12 " in more
+    fewer = run("fewer-1", "3", "--resume-from", "more-1")
     assert "hpctorch: resumed from step 12 (" in fewer and "from 12" in fewer
+    logs = tmp_path / "share" / "hpcjob" / "train" / "logs"
+
+    def printed(run_id: str, start: str) -> list[str]:
+        outs = sorted((logs / run_id).glob("*.out"))
+        return [line for out in outs for line in out.read_text().splitlines() if line.startswith(start)]
+
+    (saved,) = {line.split()[2] for line in printed("more-1", "end sum ")}  # every rank's, the same
+    assert printed("fewer-1", "start sum ") == [f"start sum {saved}"] * 3
+    resumed = [
+        json.loads(line)
+        for path in (logs / "fewer-1").glob("metrics/*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    assert sorted((e["node"], e["world_size"], e["step"]) for e in resumed if e["event"] == "resume") == [
+        (f"LOCAL{i}", 3, 12) for i in (1, 2, 3)
+    ]
+
+
+FULL_DISK_SCRIPT = """
+import os, shutil, sys, torch
+from hpctorch import CheckpointError, Checkpoints
+folder = sys.argv[1]
+model = torch.nn.Linear(256, 256)  # 257 KiB of weights
+checkpoints = Checkpoints(folder=folder)
+checkpoints.close(1, model)  # a complete save
+saved = model.weight.detach().clone()
+with torch.no_grad():
+    model.weight.add_(1.0)
+with open(os.path.join(folder, "filler"), "wb") as filler:  # the disk fills up: 64 KiB are left
+    filler.write(bytes(shutil.disk_usage(folder).free - 64 * 1024))
+try:
+    checkpoints.close(2, model)
+except CheckpointError as exc:
+    print("error:", exc)
+fresh = torch.nn.Linear(256, 256)
+print("resumed", Checkpoints(folder=folder).resume(fresh), torch.equal(fresh.weight, saved))
+"""
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_the_last_complete_save_stays(tmp_path: Path) -> None:
+    """On a 1 MiB tmpfs (a mount namespace of its own): the save that does not fit fails in one line naming
+    the node and the free space; the save before it is untouched, and the one resumed."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(FULL_DISK_SCRIPT)
+    inside = f"mount -t tmpfs -o size=1m tmpfs {folder} && exec {sys.executable} {script} {folder}/ck"
+    env = {**os.environ, "PYTHONPATH": str(Path(hpctorch.__file__).parents[1]), "HPCJOB_NODE": "GPU7"}
+    done = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", inside], capture_output=True, text=True, timeout=120, env=env
+    )
+    if done.returncode != 0 and "mount" in done.stderr and "error:" not in done.stdout:
+        pytest.skip(f"no tmpfs in a mount namespace here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr
+    error, resumed = [line for line in done.stdout.splitlines() if line.startswith(("error:", "resumed"))]
+    assert re.fullmatch(
+        r"error: hpctorch: the save of step 2 on GPU7 failed \(0\.\d MiB free there\): .+; the last complete "
+        r"save is untouched",
+        error,
+    ), done.stdout
+    assert resumed == "resumed 1 True"

@@ -77,7 +77,7 @@ def test_two_nodes_train_and_report(tmp_path: Path) -> None:
     assert metrics["accuracy"] > 0.2  # ten classes: better than chance
     job_dir = tmp_path / "hpcjob" / "run_ddp"
     assert summary["job_dir"] == str(job_dir)
-    assert (job_dir / "checkpoints" / run_id / "checkpoint.pt").is_file()  # the run's own folder
+    assert list((job_dir / "checkpoints" / run_id).glob("step-*/.hpcjob-complete"))  # the run's own folder
     outputs = [(job_dir / "logs" / run_id / f"LOCAL{i}.out").read_text() for i in (1, 2)]
     assert sum(out.count("HPCJOB_METRICS") for out in outputs) == 1  # rank 0's, on either node
     assert "] epoch 2/2" in result.stderr  # live progress, prefixed by node
@@ -185,11 +185,12 @@ def test_ctrl_c_cancels_and_a_new_run_resumes_from_its_checkpoint(tmp_path: Path
         stderr=subprocess.PIPE,
         text=True,
     )
-    checkpoint = tmp_path / "hpcjob" / "run_ddp" / "checkpoints" / run_id / "checkpoint.pt"
+    folder = tmp_path / "hpcjob" / "run_ddp" / "checkpoints" / run_id
     deadline = time.monotonic() + 180
-    while not checkpoint.exists() and time.monotonic() < deadline and process.poll() is None:
+    while not list(folder.glob("step-*/.hpcjob-complete")) and process.poll() is None:
+        assert time.monotonic() < deadline, "no complete save within 180 s"
         time.sleep(0.2)
-    assert checkpoint.exists(), process.communicate(timeout=30)
+    assert list(folder.glob("step-*/.hpcjob-complete")), process.communicate(timeout=30)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 130, err[-3000:]

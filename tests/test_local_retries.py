@@ -24,7 +24,7 @@ def run_local(share: Path, run_id: str, *options: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "hpcjob.cli", "run", "--local", "--json", "--quiet", "-n", "2",
          "--mount-point", str(share), "--run-id", run_id, *options,
-         str(TRAIN), *SLOW_EPOCHS, "--metrics-every", "5"],
+         str(TRAIN), *SLOW_EPOCHS, "--metrics-every", "0.2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -119,7 +119,7 @@ def test_a_local_run_of_the_python_api_is_retried_by_whoever_follows_it() -> Non
     `hpcjob wait`) takes the run up from the history and finishes it in attempt 2, in the same folder."""
     import hpcjob
 
-    args = [*SLOW_EPOCHS, "--metrics-every", "5"]
+    args = [*SLOW_EPOCHS, "--metrics-every", "0.2"]
     run = hpcjob.submit(TRAIN, args, nodes=2, run_id="local-retry-api", retries=1)
     try:
         assert run.record.local_root is not None

@@ -98,7 +98,7 @@ def test_the_job_runs_across_hosts_with_code_and_logs_on_the_share(bed: TestBed,
     assert codes == [0, 0], err
     assert "NODE1 hosts the rendezvous, at " in err["NODE1"] and "NODE2 joins from " in err["NODE2"]
     assert f"joins from {bed['node2'].address} (eth0)" in err["NODE2"]  # not 127.0.1.1
-    assert (job_dir / "checkpoints" / run_id / "checkpoint.pt").is_file()  # the run's own folder
+    assert list((job_dir / "checkpoints" / run_id).glob("step-*/.hpcjob-complete"))  # the run's own folder
     assert (job_dir / "logs" / run_id / "NODE1.exit").read_text().split()[0] == "0"  # and its end time
 
     logs = subprocess.run(

@@ -248,7 +248,7 @@ def test_a_second_run_trains_and_a_resumed_one_that_has_nothing_left_says_so(tmp
     third = run_here(tmp_path, "e2e-third-1", "--resume-from", "e2e-first-1")
     metrics = third["metrics"]
     assert isinstance(metrics, dict) and third["trained_nothing"] is True
-    assert metrics["resumed_from"] == str(checkpoints / "e2e-first-1" / "checkpoint.pt")
+    assert metrics["resumed_from"] == str(checkpoints / "e2e-first-1" / "step-000000003")
     assert (metrics["epochs_trained"], metrics["steps"], metrics["resumed_from_epoch"]) == (0, 0, 1)
     assert "samples_per_sec" not in metrics and "accuracy" not in metrics
     shown = CliRunner().invoke(cli, ["runs", "show", "e2e-third-1"]).output

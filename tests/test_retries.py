@@ -37,7 +37,7 @@ def submit_until_checkpoint(cluster: Cluster, *options: str, epochs: int) -> sub
     )
     checkpoints = cluster.share_dir / "hpcjob" / "alice" / "run_ddp" / "checkpoints"
     deadline = time.monotonic() + 180
-    while not list(checkpoints.glob("*/checkpoint.pt")):
+    while not list(checkpoints.glob("*/step-*/.hpcjob-complete")):
         if submit.poll() is not None or time.monotonic() > deadline:
             submit.kill()
             raise AssertionError(f"no checkpoint within 180 s: {submit.communicate()}")
