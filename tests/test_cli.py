@@ -267,11 +267,11 @@ def test_every_command_s_help_fits_80_columns_and_ends_with_examples(monkeypatch
 
 def test_run_help_lists_each_option_once_under_its_heading_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     from hpcjob.cli import cli
-    from hpcjob.cli.options import DATA, FAILURE, NODES, OTHER, OUTPUT, SHAPE, SHARE, SOFTWARE
+    from hpcjob.cli.options import DATA, DATASETS, FAILURE, NODES, OTHER, OUTPUT, SHAPE, SHARE, SOFTWARE
 
     lines = _help("hpcjob run", monkeypatch).splitlines()
     headings = [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")]
-    assert headings == [SHAPE, NODES, DATA, SHARE, SOFTWARE, OUTPUT, FAILURE, OTHER, "Examples"]
+    assert headings == [SHAPE, NODES, DATA, DATASETS, SHARE, SOFTWARE, OUTPUT, FAILURE, OTHER, "Examples"]
     listed = [line.split()[0].rstrip(",") for line in lines if line.startswith("  -")]
     run = cli.commands["run"]
     options = [p for p in run.get_params(click.Context(run)) if isinstance(p, click.Option)]
@@ -306,6 +306,7 @@ def test_render_copy_to_puts_code_and_node_files_in_the_job_folder(script: Path,
     library = [f".hpcjob/lib/hpctorch/{p.name}" for p in Path(hpctorch.__file__).parent.glob("*.py")]
     assert sorted(p.relative_to(job_dir).as_posix() for p in job_dir.rglob("*") if p.is_file()) == sorted(
         [
+            ".hpcjob/datasets.py",
             ".hpcjob/env.py",
             ".hpcjob/manifest.json",
             ".hpcjob/node.sh",
@@ -314,7 +315,7 @@ def test_render_copy_to_puts_code_and_node_files_in_the_job_folder(script: Path,
             *library,
         ]
     )
-    assert f"sent {4 + len(library)} file(s)" in result.stderr
+    assert f"sent {5 + len(library)} file(s)" in result.stderr
 
 
 def test_renders_of_one_job_folder_share_its_run_id_and_staging_starts_a_new_one(

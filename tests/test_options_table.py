@@ -129,6 +129,8 @@ def test_each_profile_key_of_the_table_is_a_profile_field_that_fills_in_the_opti
         "mount_point": "/mnt/share",
         "gpus_per_node": 4,
         "secrets": ("HF_TOKEN",),
+        "datasets": ("datasets/imagenet",),
+        "local_dir": "/scratch",
     }
     profile_fields = {f.name for f in dataclasses.fields(ClusterProfile)}
     assert set(profile_keys()) <= profile_fields and set(profile_keys()) == set(values)

@@ -137,6 +137,9 @@ def test_a_spec_goes_through_json_and_back_whole() -> None:
         data_port=29700,
         data_wait_s=60.0,
         secrets=("HF_HUB_TOKEN_FOR_JOB", "WANDB_API_KEY"),
+        datasets=("datasets/imagenet", "https://acct.blob.core.windows.net/train/x:all"),
+        dataset_timeout_s=600.0,
+        local_dir="/scratch",
     )
     default = JobSpec(script="train.py")
     unset = [f.name for f in fields(JobSpec) if getattr(full, f.name) == getattr(default, f.name)]

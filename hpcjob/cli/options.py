@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from hpcjob.job.options import DATA, FAILURE, NODES, SHAPE, SHARE, SOFTWARE
+from hpcjob.job.options import DATA, DATASETS, FAILURE, NODES, SHAPE, SHARE, SOFTWARE
 from hpcjob.job.options import job_options as table
 from hpcjob.job.spec import CLUSTER_BACKENDS
 
@@ -85,6 +85,7 @@ HEADINGS = (
     SHAPE,
     NODES,
     DATA,
+    DATASETS,
     SHARE,
     FILTER,
     SOFTWARE,

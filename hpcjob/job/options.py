@@ -38,6 +38,7 @@ from hpcjob.job.spec import (
 SHAPE = "Job shape"
 NODES = "Nodes and cluster"
 DATA = "CPU data nodes"
+DATASETS = "Datasets"
 SHARE = "Share"
 SOFTWARE = "Software"
 FAILURE = "Failure handling"
@@ -179,6 +180,21 @@ class JobOptions:
     data_wait_s: float | None = _option(
         flag="--data-wait", kind=DURATION, metavar="DURATION", heading=DATA,
         help="How long a trainer waits for a data node to come up before it fails [default: 5m].",
+    )  # fmt: skip
+    # Datasets
+    datasets: tuple[str, ...] = _option(
+        (), flag="--dataset", kind=NAMES, metavar="SOURCE[:ROLE]", heading=DATASETS, profile=True,
+        help="Copy SOURCE onto each node's own disk before the program starts, found in $HPCJOB_DATASETS/"
+        "NAME (its last path component): a folder on the share (datasets/imagenet) or a Blob URL; ROLE: "
+        "trainers (the default), data or all. Repeatable; cached on the nodes between runs.",
+    )  # fmt: skip
+    dataset_timeout_s: float | None = _option(
+        flag="--dataset-timeout", kind=DURATION, metavar="DURATION", heading=DATASETS,
+        help="How long the nodes wait for the slowest node's copy before they fail [default: 1h].",
+    )  # fmt: skip
+    local_dir: str | None = _option(
+        flag=None, kind=TEXT, heading=DATASETS, profile=True,
+        help="The nodes' own local folder for datasets (HPCJOB_LOCAL_DIR) [default: by VM size].",
     )  # fmt: skip
     # Share
     share: Share | None = _option(

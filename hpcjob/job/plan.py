@@ -14,11 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from hpcjob.job.datasets import LOCAL_DIR_VAR, SOURCES_VAR, local_dir, parse_datasets, sources_value
 from hpcjob.job.fabric import TOPOLOGY_FOLDER, nccl_env
 from hpcjob.job.hangs import beat_interval
 from hpcjob.job.spec import (
     ENVS_NAME,
     PLAIN_PATH,
+    TASK_ENV_LIMIT,
     WHEELS_NAME,
     JobSpec,
     SpecError,
@@ -431,6 +433,7 @@ def make_plan(
         min_nnodes=spec.min_nodes if spec.elastic else None,
         environment=spec.requirements is not None,
         log_id=attempt_log_folder(run_id, attempt),
+        datasets=bool(spec.datasets),
     )
     line = command_line(torchrun)
     data_line = data_command_line(torchrun)
@@ -502,6 +505,7 @@ def make_plan(
     secrets = secrets_file(spec.job_folder, run_id, attempt) if spec.secrets else None
     if secrets is not None:
         env = (*env, (SECRETS_VAR, f"{root.rstrip('/')}/{secrets}"))
+    env = (*env, *dataset_env(spec, root, len(nodes) + len(data_node_names)))
     if spec.share is not None:
         mount = mount_step(spec.share.unc, root, spec.mount_options, (*nodes, *data_node_names), log_dir)
         if len(mount.command) > spec.command_limit:
@@ -510,6 +514,8 @@ def make_plan(
                 f"{spec.command_limit}: use a shorter --mount-point or job folder"
             )
         env = (*env, *mount.env)  # a node that lost the mount gets it back before the task starts
+    if spec.datasets:
+        check_task_env(env)
     return JobPlan(
         name=spec.name,
         run_id=run_id,
@@ -535,6 +541,31 @@ def make_plan(
         secret_names=spec.secrets,
         secrets_file=secrets,
     )
+
+
+def dataset_env(spec: JobSpec, root: str, tasks: int) -> tuple[tuple[str, str], ...]:
+    """A job with datasets: one variable says what each of its `tasks` copies (hpcjob.job.datasets), and
+    the nodes' local folder where it is known. The job's whole environment then fits HPC Pack's limit a
+    task, whatever the number of sources or files."""
+    given = {name for name, _ in spec.env}
+    if not spec.datasets:
+        return ((LOCAL_DIR_VAR, spec.local_dir),) if spec.local_dir and LOCAL_DIR_VAR not in given else ()
+    value = sources_value(parse_datasets(spec.datasets), root, tasks, spec.dataset_timeout_s)
+    env: tuple[tuple[str, str], ...] = ((SOURCES_VAR, value),)
+    local = local_dir(spec.local_dir, spec.vm_size)
+    if local is not None and LOCAL_DIR_VAR not in given:
+        env = (*env, (LOCAL_DIR_VAR, local))
+    return env
+
+
+def check_task_env(env: Sequence[tuple[str, str]]) -> None:
+    """A task's whole environment within HPC Pack's TASK_ENV_LIMIT characters."""
+    total = sum(len(name) + len(value) + 2 for name, value in env)
+    if total > TASK_ENV_LIMIT:
+        raise SpecError(
+            f"the job's environment is {total} characters, more than HPC Pack's {TASK_ENV_LIMIT} a task: "
+            "fewer or shorter --dataset sources or --env variables"
+        )
 
 
 def _data_task_env(spec: JobSpec, root: str) -> tuple[tuple[str, str], ...]:

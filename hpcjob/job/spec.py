@@ -28,6 +28,7 @@ DEFAULT_RDZV_PORT = 29400
 DEFAULT_DATA_PORT = 29600
 DEFAULT_DATA_WAIT_S = 300.0
 MAX_DATA_WAIT_S = 24 * 3600.0
+MIN_DATASET_TIMEOUT_S, MAX_DATASET_TIMEOUT_S = 10.0, 7 * 86400.0
 # Where a job's environment lives (`--env-on`). Node-local by default: importing torch and torchvision from
 # the share took 10.5 s against 2.4 s from local disk (medians, benchmarks/bench_env.py, a real smbd), on
 # every rank of every job; a node builds its own environment once, at the same time as the other nodes.
@@ -344,6 +345,12 @@ class JobSpec:
     # (`--secret NAME`; issue 38): the client's own values, in an owner-only file of the attempt's that
     # the node helper reads (hpcjob.job.plan.secrets_file). Names only: never a value.
     secrets: tuple[str, ...] = ()
+    # Datasets each task copies onto its node's own disk before the program starts (`--dataset`; issue
+    # 41; hpcjob.job.datasets), waiting at most dataset_timeout_s for the slowest node; local_dir: the
+    # nodes' local folder for them (HPCJOB_LOCAL_DIR; None: by the VM size, or as the node finds it).
+    datasets: tuple[str, ...] = ()
+    dataset_timeout_s: float = 3600.0
+    local_dir: str | None = None
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem
@@ -495,6 +502,7 @@ class JobSpec:
         _positive("command length limit", self.command_limit)
         self._validate_env()
         check_secret_names(self.secrets, {name for name, _ in self.env})
+        self._validate_datasets()
         if self.requirements is not None:
             check_requirements(self.requirements)
         if self.wheelhouse is not None:
@@ -515,6 +523,17 @@ class JobSpec:
             or NOT_XML.search(self.resume_dir)
         ):
             raise SpecError(f"--resume-from: {self.resume_dir!r} is not an absolute folder on the nodes")
+
+    def _validate_datasets(self) -> None:
+        """The numbers; the sources themselves are read where the plan says them (hpcjob.job.datasets,
+        which reads with this module's SpecError)."""
+        if not MIN_DATASET_TIMEOUT_S <= self.dataset_timeout_s <= MAX_DATASET_TIMEOUT_S:
+            raise SpecError(
+                f"--dataset-timeout {self.dataset_timeout_s:g} must be between {MIN_DATASET_TIMEOUT_S:g} "
+                f"seconds and {MAX_DATASET_TIMEOUT_S // 86400:g} days"
+            )
+        if self.local_dir is not None and not PLAIN_PATH.fullmatch(self.local_dir):
+            raise SpecError(f"local_dir {self.local_dir!r} must be an absolute path on the nodes")
 
     def _validate_data_nodes(self, excluded: set[str]) -> None:
         if self.data_nodes < 0:
@@ -608,7 +627,7 @@ class JobSpec:
 
 
 # JobSpec's fields that are tuples of strings (JSON has lists).
-_SPEC_TUPLES = ("script_args", "node_names", "exclude_nodes", "data_node_names", "secrets")
+_SPEC_TUPLES = ("script_args", "node_names", "exclude_nodes", "data_node_names", "secrets", "datasets")
 # Names hpcjob and the node agent set themselves, and those that say how the task's shell and Python run:
 # a secret never replaces one.
 _NOT_SECRETS = re.compile(r"(HPCJOB_|CCP_).*|PATH|HOME|USER|SHELL|PWD|IFS|BASH_ENV|ENV|LD_\w+|PYTHON\w*")

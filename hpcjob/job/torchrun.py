@@ -17,6 +17,9 @@ NODE_DIR = ".hpcjob"
 NODE_HELPER = f"{NODE_DIR}/node.sh"
 WORKER_SHIM = f"{NODE_DIR}/worker.py"
 ENV_BUILDER = f"{NODE_DIR}/env.py"
+# node.sh's function that copies the job's datasets (hpcjob/node/datasets.py) with the task's Python, for
+# its role, and exports HPCJOB_DATASETS; a short word, for the scheduler's limit on a command line.
+DATASETS_STEP = "hpcjob_datasets"
 # Heartbeats a rendezvous member may miss before the others drop it (torchrun's default, kept).
 KEEP_ALIVE_ATTEMPTS = 3
 
@@ -40,6 +43,9 @@ class TorchrunCommand:
     min_nnodes: int | None = None  # elastic: torchrun's --nnodes=MIN:MAX
     environment: bool = False  # run in the job's environment (hpcjob/node/env.py) built from `python`
     log_id: str | None = None  # the task's log folder under logs/ [default: rdzv_id]
+    datasets: bool = (
+        False  # copy the job's datasets first (node.sh's hpcjob_datasets: hpcjob/node/datasets.py)
+    )
 
 
 def bash_quote(word: str) -> str:
@@ -70,6 +76,8 @@ def command_line(cmd: TorchrunCommand) -> str:
             f",keep_alive_interval={cmd.rdzv_keep_alive},keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}"
         )
     helper, python = _helper_and_python(cmd)
+    if cmd.datasets:
+        helper += f" && {DATASETS_STEP} {python}"
     torchrun = [
         python,
         "-m torch.distributed.run",
@@ -107,4 +115,6 @@ def data_command_line(cmd: TorchrunCommand) -> str:
     the script itself in its data-service role, HPCJOB_ROLE=data. No torchrun: a data node is no rank of
     the training's world, and its output is unbuffered, for the logs."""
     helper, python = _helper_and_python(cmd)
+    if cmd.datasets:
+        helper += f" && {DATASETS_STEP} {python} {DATA_ROLE}"
     return f"{helper} && HPCJOB_ROLE={DATA_ROLE} {python} -u {bash_join([cmd.script, *cmd.script_args])}"

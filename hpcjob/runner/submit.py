@@ -289,6 +289,7 @@ def job_spec(
     `progress`). `resume_from`, a run to start from, becomes the folder of its checkpoints
     (hpcjob.runner.resume; `local`: as a local run reads it). A job to run (`profile` or `local`) finds its
     `--secret` values in this machine's environment, or stops here in one line."""
+    from hpcjob.job.datasets import parse_datasets
     from hpcjob.job.spec import JobSpec, check_data_service
     from hpcjob.runner.resume import resolve
     from hpcjob.store.secrets import secret_values
@@ -301,6 +302,12 @@ def job_spec(
     requirements = requirements_text(script, options.requirements, options.no_env, progress or _unsaid)
     resume_dir = resolve(options, local=local)
     spec = JobSpec(**options.spec_fields(), requirements=requirements, resume_dir=resume_dir)
+    parse_datasets(spec.datasets)  # before anything is uploaded
+    if spec.datasets and profile is not None and spec.local_dir is None and spec.vm_size is None:
+        raise SpecError(
+            "--dataset: the nodes' local folder is not known: set local_dir (or vm_size) in the cluster's "
+            "profile (hpcjob cluster add ... ; clusters.toml)"
+        )
     if spec.data_nodes:
         check_data_service(spec.script, script.read_text(encoding="utf-8", errors="replace"))
     if profile is not None or local:  # a job to run, not to render: its secrets' values are here

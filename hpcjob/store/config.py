@@ -168,6 +168,10 @@ class ClusterProfile:
     # Environment variables of this machine whose values every job of the cluster gets as `--secret`
     # (names only, never a value: hpcjob reads each from the environment at submission).
     secrets: tuple[str, ...] | None = None
+    # Datasets every job of the cluster copies onto its nodes (`--dataset`, when a job gives none), and
+    # the nodes' own local folder they are copied into (HPCJOB_LOCAL_DIR; default: by the VM size).
+    datasets: tuple[str, ...] | None = None
+    local_dir: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -274,6 +278,17 @@ class ClusterProfile:
                 check_secret_names(self.secrets)
             except SpecError as exc:
                 raise SpecError(f"{where}: secrets: {exc}") from None
+        if self.datasets is not None:
+            if not all(type(text) is str for text in self.datasets):
+                raise SpecError(f"{where}: datasets must be an array of sources (strings)")
+            from hpcjob.job.datasets import parse_datasets
+
+            try:
+                parse_datasets(self.datasets)
+            except SpecError as exc:
+                raise SpecError(f"{where}: datasets: {exc}") from None
+        if self.local_dir is not None and not PLAIN_PATH.fullmatch(self.local_dir):
+            raise SpecError(f"{where}: local_dir {self.local_dir!r} must be an absolute path on the nodes")
         # The same rules as the job options', so that a profile never makes a job that fails later.
         if self.mount_point is not None and not PLAIN_PATH.fullmatch(self.mount_point):
             raise SpecError(

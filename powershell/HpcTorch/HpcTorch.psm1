@@ -49,6 +49,8 @@ $script:JobOptions = @{
     DataNodeGroup = '--data-node-group'
     DataPort     = '--data-port'
     DataWait     = '--data-wait'
+    Dataset      = '--dataset'
+    DatasetTimeout = '--dataset-timeout'
 }
 $script:SmbOptions = @{ SmbUser = '--smb-user'; SmbServer = '--smb-server'; SmbPort = '--smb-port' }
 $script:ClusterOptions = @{ Cluster = '--cluster'; Backend = '--backend' }
@@ -359,6 +361,10 @@ function Submit-HpcTorchJob {
     a file in the job folder only you may read (hpcjob submit --secret): never in the job, the run
     history, a command line or a log.
 
+    .PARAMETER Dataset
+    Sources each node copies onto its own disk before the program starts, SOURCE[:ROLE]: a folder on the
+    share (datasets/imagenet) or a Blob URL; found in $HPCJOB_DATASETS/NAME (hpcjob submit --dataset).
+
     .EXAMPLE
     Submit-HpcTorchJob -Cluster prod -Nodes 2 -NprocPerNode 4 -Script .\training\run_ddp.py -ArgumentList '--epochs', '5'
 
@@ -414,6 +420,8 @@ function Submit-HpcTorchJob {
         [string]$DataNodeGroup,
         [ValidateRange(1, 65535)][int]$DataPort,
         [string]$DataWait,
+        [string[]]$Dataset,
+        [string]$DatasetTimeout,
         [string]$SmbUser,
         [string]$SmbServer,
         [ValidateRange(1, 65535)][int]$SmbPort,
@@ -503,6 +511,8 @@ function Invoke-HpcTorchJob {
         [string]$DataNodeGroup,
         [ValidateRange(1, 65535)][int]$DataPort,
         [string]$DataWait,
+        [string[]]$Dataset,
+        [string]$DatasetTimeout,
         [hashtable]$Tag,
         [switch]$Quiet,
         [ValidateRange(0, 86400)][double]$GracePeriod,
