@@ -554,7 +554,10 @@ def test_an_owner_name_the_agent_would_not_strip_to_a_plain_account_is_refused(o
 
 
 NODE_PYTHON_FILES = [
-    *(Path(mount_filter.__file__).parent / name for name in ("mount_filter.py", "env.py", "worker.py")),
+    *(
+        Path(mount_filter.__file__).parent / name
+        for name in ("mount_filter.py", "env.py", "worker.py", "datasets.py")
+    ),
     *sorted(Path(hpctorch.__file__).parent.glob("*.py")),  # the library scripts import
 ]
 

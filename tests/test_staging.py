@@ -70,10 +70,10 @@ def test_sync_sends_only_what_changed(tmp_path: Path) -> None:
     requirements = ((".hpcjob/requirements-abc.txt", "tiny==1.0\n"),)  # a plan's file
     first = upload(code, folder, "hpcjob/job", requirements)
     library = sorted(p.name for p in Path(hpctorch.__file__).parent.glob("*.py"))  # .hpcjob/lib/hpctorch
-    # 2 code files, 3 node files and the library's, 1 of the plan
-    assert first.files_sent == 6 + len(library) and first.files_unchanged == 0
+    # 2 code files, 4 node files and the library's, 1 of the plan
+    assert first.files_sent == 7 + len(library) and first.files_unchanged == 0
     assert sorted(p.name for p in (share / ".hpcjob").iterdir()) == [
-        "env.py", "lib", "manifest.json", "node.sh", "requirements-abc.txt", "worker.py"
+        "datasets.py", "env.py", "lib", "manifest.json", "node.sh", "requirements-abc.txt", "worker.py"
     ]  # fmt: skip
     assert sorted(p.name for p in (share / ".hpcjob" / "lib" / "hpctorch").iterdir()) == library
     assert (share / ".hpcjob" / "requirements-abc.txt").read_text() == "tiny==1.0\n"

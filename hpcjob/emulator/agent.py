@@ -38,6 +38,7 @@ from hpcjob.backends.local.procs import (
 from hpcjob.emulator import props as P
 from hpcjob.emulator.jobs import Job, Task
 from hpcjob.emulator.nodes import NodeRegistry
+from hpcjob.job.datasets import LOCAL_DIR_VAR
 from hpcjob.node.mount_filter import FILTERS_DIR, NODE_ROOT_VAR
 
 OUTPUT_LIMIT = 1500  # bytes of un-redirected stdout/stderr the agent reports (head -c 1500)
@@ -149,6 +150,8 @@ class NodeAgent:
         described = f"{len(nodes)} " + " ".join(f"{name} {cores}" for name, cores in nodes)
         # The task's own variables, as the head node sends them (with what the filter changed).
         variables = {**job.env, **task.env, **(filtered if isinstance(filtered, dict) else {})}
+        # Each emulated node's own disk, where a job names none (hpcjob's datasets and checkpoints).
+        variables.setdefault(LOCAL_DIR_VAR, os.path.join(node_dir, "local"))
         variables.update(
             CCP_JOBID=str(job.id),
             CCP_TASKID=str(task.number),

@@ -38,7 +38,7 @@ DEFAULT_IGNORE = (
     "*.pth",
     "*.ckpt",
 )
-NODE_FILES = ("node.sh", "worker.py", "env.py")
+NODE_FILES = ("node.sh", "worker.py", "env.py", "datasets.py")
 NODE_LIBRARY = "hpctorch"  # the package a training script imports, shipped with every job
 MANIFEST = f"{NODE_DIR}/manifest.json"
 MANIFEST_LIMIT = 64 << 20  # bytes: one line per file of the code

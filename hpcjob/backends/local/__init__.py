@@ -38,6 +38,7 @@ from hpcjob.backends.local.procs import (
     interrupt_on_cancel_signals,
     process_table,
 )
+from hpcjob.job.datasets import LOCAL_DIR_VAR
 from hpcjob.job.plan import (
     ENV_ON_VAR,
     ENVS_VAR,
@@ -202,6 +203,14 @@ class _Node:
 
     def running(self) -> bool:
         return self.process is not None and self.process.popen.poll() is None
+
+
+def local_node_folder(node: str) -> Path:
+    """A local node's own disk (HPCJOB_LOCAL_DIR): a folder of this machine's cache, kept between runs, as
+    a cluster node keeps its local disk."""
+    from hpcjob.store.config import user_folder
+
+    return user_folder("cache") / "nodes" / node
 
 
 class LocalBackend:
@@ -575,6 +584,8 @@ class LocalBackend:
             variables["CUDA_VISIBLE_DEVICES"] = ""
         if task.node in self._cpus:
             variables[LOCAL_CPUS_VAR] = self._cpus[task.node]
+        if LOCAL_DIR_VAR not in variables:  # each local node's own disk: a folder of this machine's cache
+            variables[LOCAL_DIR_VAR] = str(local_node_folder(task.node))
         variables.update(
             {
                 "CCP_JOBID": str(os.getpid()),

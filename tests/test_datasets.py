@@ -1,0 +1,257 @@
+"""`--dataset` (issue 41): sources read and refused, what the job says of them, and local nodes that copy a
+folder of the share onto their own disks, keep it, and fetch again only what changed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcjob.job.datasets import (
+    BLOB,
+    SHARE,
+    SOURCES_VAR,
+    Dataset,
+    local_dir,
+    parse_dataset,
+    parse_datasets,
+)
+from hpcjob.job.plan import LOCAL_DIR_VAR, make_plan
+from hpcjob.job.spec import JobSpec, SpecError
+
+AZURITE = "http://127.0.0.1:10000/devstoreaccount1"
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (
+            "https://acct.blob.core.windows.net/train/imagenet/2026",
+            Dataset("https://acct.blob.core.windows.net/train/imagenet/2026", BLOB, "trainers", "2026",
+                    "imagenet/2026/", "https://acct.blob.core.windows.net", "train"),
+        ),
+        (
+            "https://acct.blob.core.windows.net/train/:all",
+            Dataset("https://acct.blob.core.windows.net/train/", BLOB, "all", "train", "",
+                    "https://acct.blob.core.windows.net", "train"),
+        ),
+        (
+            f"{AZURITE}/data-1/shards:data",
+            Dataset(f"{AZURITE}/data-1/shards", BLOB, "data", "shards", "shards/", AZURITE, "data-1"),
+        ),
+        ("datasets/imagenet",
+         Dataset("datasets/imagenet", SHARE, "trainers", "imagenet", "datasets/imagenet")),
+        ("datasets/tiny/:all", Dataset("datasets/tiny/", SHARE, "all", "tiny", "datasets/tiny")),
+    ],
+)  # fmt: skip
+def test_a_source_is_read_with_its_role_and_name(given: str, expected: Dataset) -> None:
+    assert parse_dataset(given) == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("", "--dataset: empty: give a Blob URL or a folder on the share"),
+        (
+            "ftp://acct.blob.core.windows.net/c",
+            "a Blob source is an https:// URL (or http:// for an emulator)",
+        ),
+        ("http://acct.blob.core.windows.net/c", "Azure Storage is reached over https://"),
+        ("https://acct.blob.core.windows.net/c/x?sv=1&sig=abc", "no query in the URL (a SAS is a secret"),
+        ("https://u:pw@acct.blob.core.windows.net/cont", "no user or password in the URL"),
+        ("https://acct.blob.core.windows.net", "no container in the URL"),
+        ("https://Acct.blob.core.windows.net/cont", None),  # host names have no case: acct
+        ("https://a.blob.core.windows.net/cont", "'a' is not a storage account name"),
+        ("https://acct.blob.core.windows.net/Cont", "'Cont' is not a container name"),
+        ("https://acct.blob.core.windows.net/a--b", "'a--b' is not a container name"),
+        ("http://127.0.0.1:10000", "a path-style URL names the account"),
+        ("http://127.0.0.1:99999/acct/cont", "port '99999' is not a port number"),
+        ("https://acct.blob.core.windows.net/cont#frag", "no query in the URL"),
+        ("https:///cont/x", "no host in the URL"),
+        (f"{AZURITE}/cont/../etc", "'..' in a path"),
+        (f"{AZURITE}/cont/a//b", "an empty name in a path"),
+        ("datasets/../../etc", "'..' in a path"),
+        ("/etc/passwd", "relative to the share's root (datasets/imagenet), not an absolute path"),
+        ("C:/data", "not an absolute path"),
+        ("datasets/a:b", "'a:b' is not a name a Windows folder can hold"),
+        ("datasets/CON", "'CON' is not a name a Windows folder can hold"),
+        ("datasets/trailing.", "is not a name a Windows folder can hold"),
+    ],
+)
+def test_a_bad_source_is_one_line_naming_what_is_wrong(given: str, said: str | None) -> None:
+    if said is None:
+        assert parse_dataset(given).endpoint == "https://acct.blob.core.windows.net"
+        return
+    with pytest.raises(SpecError) as error:
+        parse_dataset(given)
+    assert said in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+def test_two_sources_of_one_name_and_too_many_are_refused() -> None:
+    with pytest.raises(SpecError, match=r"datasets/a/shards and .*/other/shards are both named 'shards'"):
+        parse_datasets(["datasets/a/shards", f"{AZURITE}/other/shards"])
+    with pytest.raises(SpecError, match="more than 32"):
+        parse_datasets([f"datasets/d{i}" for i in range(33)])
+    with pytest.raises(SpecError, match="between 10 seconds and 7 days"):
+        JobSpec(script="train.py", nodes=1, datasets=("datasets/x",), dataset_timeout_s=1.0)
+
+
+def test_the_job_says_its_datasets_in_one_variable_and_each_task_copies_first() -> None:
+    spec = JobSpec(
+        script="train.py", nodes=2, mount_point="/app", datasets=("datasets/tiny", f"{AZURITE}/cont/x:all")
+    )
+    plan = make_plan(spec, ["N1", "N2"], "run-1")
+    env = dict(plan.env)
+    assert json.loads(env[SOURCES_VAR]) == {
+        "nodes": 2,
+        "timeout_s": 3600.0,
+        "sources": [
+            {"name": "tiny", "kind": "share", "role": "trainers", "path": "/app/datasets/tiny"},
+            {"name": "x", "kind": "blob", "role": "all", "endpoint": AZURITE, "container": "cont",
+             "prefix": "x/"},
+        ],
+    }  # fmt: skip
+    assert LOCAL_DIR_VAR not in env  # no size, no local_dir: the node finds its resource disk
+    assert " && hpcjob_datasets python3 && python3 -m torch.distributed.run " in plan.command_line
+    none = make_plan(JobSpec(script="train.py", nodes=2), ["N1", "N2"], "run-1")
+    assert SOURCES_VAR not in dict(none.env) and "hpcjob_datasets" not in none.command_line
+    # A size with local NVMe disks: their volume; the profile's local_dir wins.
+    assert local_dir(None, "Standard_ND96isr_H200_v5") == "/mnt/nvme"
+    assert local_dir(None, "Standard_NC24ads_A100_v4") is None
+    assert local_dir("/scratch", "Standard_ND96isr_H200_v5") == "/scratch"
+    nvme = make_plan(
+        JobSpec(script="train.py", nodes=1, datasets=("datasets/x",), vm_size="Standard_ND96isr_H200_v5"),
+        ["N1"],
+        "run-1",
+    )
+    assert dict(nvme.env)[LOCAL_DIR_VAR] == "/mnt/nvme"
+
+
+def test_a_data_node_copies_for_its_role() -> None:
+    spec = JobSpec(script="train.py", nodes=1, datasets=("datasets/x:data",), data_node_names=("D1",))
+    plan = make_plan(spec, ["N1"], "run-1", data_node_names=["D1"])
+    (data,) = [task for task in plan.tasks if task.node == "D1"]
+    assert " && hpcjob_datasets python3 data && HPCJOB_ROLE=data " in data.command_line
+    assert json.loads(dict(plan.env)[SOURCES_VAR])["nodes"] == 2  # the trainer waits for the data node too
+
+
+def test_the_job_s_environment_must_fit_the_scheduler_s_limit_a_task() -> None:
+    long = [f"datasets/{'d' * 100}{i}" for i in range(20)]
+    with pytest.raises(
+        SpecError, match=r"the job's environment is \d+ characters, more than HPC Pack's 2048"
+    ):
+        make_plan(JobSpec(script="train.py", nodes=1, datasets=tuple(long)), ["N1"], "run-1")
+
+
+# --- two local nodes copy a folder of the share -------------------------------------------------------
+
+
+SHOW = """import hashlib, os
+root = os.environ["HPCJOB_DATASETS"]
+for folder, _, files in sorted(os.walk(root, followlinks=True)):
+    for name in sorted(files):
+        path = os.path.join(folder, name)
+        digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        print("HAS", os.environ["HPCJOB_NODE"], os.path.relpath(path, root), digest)
+"""
+
+
+def run_local(tmp_path: Path, run_id: str, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2",
+         "--mount-point", str(tmp_path / "share"), "--run-id", run_id, *options,
+         str(tmp_path / "code" / "show.py")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def held(output: str) -> dict[str, dict[str, str]]:
+    """What each node's task found in HPCJOB_DATASETS: file -> digest, by node."""
+    found: dict[str, dict[str, str]] = {}
+    for line in output.splitlines():
+        words = line.split()
+        if "HAS" in words:
+            _, node, name, digest = words[words.index("HAS") :]
+            found.setdefault(node, {})[name] = digest
+    return found
+
+
+def read(err: str) -> dict[str, tuple[str, str]]:
+    """What each node's task said it read: (from the source, from its cache), as its line says them."""
+    said = re.findall(r"hpcjob: dataset tiny on (\S+): (.+) from the source, (.+) from the node's cache", err)
+    return {node: (source, cache) for node, source, cache in said}
+
+
+def test_local_nodes_copy_a_share_folder_keep_it_and_fetch_only_what_changed(tmp_path: Path) -> None:
+    source = tmp_path / "share" / "datasets" / "tiny"
+    (source / "sub").mkdir(parents=True)
+    blob = os.urandom(300_000)
+    (source / "a.bin").write_bytes(blob)
+    (source / "sub" / "b.txt").write_text("hello\n")
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "show.py").write_text(SHOW)
+    wanted = {
+        "tiny/a.bin": hashlib.sha256(blob).hexdigest(),
+        "tiny/sub/b.txt": hashlib.sha256(b"hello\n").hexdigest(),
+    }
+
+    first = run_local(tmp_path, "ds-1", "--dataset", "datasets/tiny")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert held(first.stdout) == {"LOCAL1": wanted, "LOCAL2": wanted}  # both nodes, identical bytes
+    assert read(first.stdout + first.stderr) == {
+        "LOCAL1": ("300.0 KB", "0 bytes"),
+        "LOCAL2": ("300.0 KB", "0 bytes"),
+    }
+
+    second = run_local(tmp_path, "ds-2", "--dataset", "datasets/tiny")  # nothing changed: nothing read
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert held(second.stdout) == {"LOCAL1": wanted, "LOCAL2": wanted}
+    assert read(second.stdout + second.stderr) == {
+        "LOCAL1": ("0 bytes", "300.0 KB"),
+        "LOCAL2": ("0 bytes", "300.0 KB"),
+    }
+
+    (source / "sub" / "b.txt").write_text("changed\n")  # one file changes: it alone is fetched
+    third = run_local(tmp_path, "ds-3", "--dataset", "datasets/tiny")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert held(third.stdout)["LOCAL2"]["tiny/sub/b.txt"] == hashlib.sha256(b"changed\n").hexdigest()
+    assert read(third.stdout + third.stderr) == {
+        "LOCAL1": ("8 bytes", "300.0 KB"),
+        "LOCAL2": ("8 bytes", "300.0 KB"),
+    }
+
+    # A source that is gone: the task fails in one line naming the node; the last good copy stays.
+    (source / "sub" / "b.txt").unlink()
+    (source / "a.bin").unlink()
+    gone = run_local(tmp_path, "ds-4", "--dataset", "datasets/tiny")
+    assert gone.returncode != 0
+    said = gone.stdout + gone.stderr
+    assert f"hpcjob: error: LOCAL1: {source} holds no files" in said, said[-3000:]
+    cache = Path(os.environ["XDG_CACHE_HOME"]) / "hpcjob" / "nodes" / "LOCAL1" / "hpcjob"
+    (kept,) = cache.glob("*/datasets/tiny-*/current/a.bin")
+    assert kept.read_bytes() == blob
+
+
+def test_a_cluster_whose_nodes_local_folder_is_unknown_is_refused_before_submit(tmp_path: Path) -> None:
+    from hpcjob.job.options import JobOptions
+    from hpcjob.runner.submit import job_spec
+    from hpcjob.store.config import ClusterProfile
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    options = JobOptions.read({"script": str(script), "datasets": ["datasets/imagenet"], "no_env": True})
+    bare = ClusterProfile("lab", "https://head", "alice", share="//HEAD/CcpSpoolDir")
+    with pytest.raises(SpecError, match=r"^--dataset: the nodes' local folder is not known: set local_dir"):
+        job_spec(options, bare)
+    for known in ({"local_dir": "/scratch"}, {"vm_size": "Standard_NC24ads_A100_v4"}):
+        profile = ClusterProfile("lab", "https://head", "alice", share="//HEAD/CcpSpoolDir", **known)
+        assert job_spec(options, profile).datasets == ("datasets/imagenet",)
+    assert job_spec(options, local=True).local_dir is None  # each local node has a folder of its own
+    with pytest.raises(SpecError, match="is not a container name"):
+        job_spec(JobOptions.read({"script": str(script), "datasets": [f"{AZURITE}/X"]}), local=True)
