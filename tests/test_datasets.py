@@ -255,3 +255,14 @@ def test_a_cluster_whose_nodes_local_folder_is_unknown_is_refused_before_submit(
     assert job_spec(options, local=True).local_dir is None  # each local node has a folder of its own
     with pytest.raises(SpecError, match="is not a container name"):
         job_spec(JobOptions.read({"script": str(script), "datasets": [f"{AZURITE}/X"]}), local=True)
+
+
+def test_a_profile_s_datasets_are_read_as_the_option_s() -> None:
+    from hpcjob.store.config import ClusterProfile
+
+    with pytest.raises(SpecError, match=r"^cluster lab: datasets: --dataset /data: a folder on the share is"):
+        ClusterProfile("lab", "https://head", "alice", datasets=("/data",))
+    with pytest.raises(SpecError, match=r"^cluster lab: datasets must be an array of sources \(strings\)"):
+        ClusterProfile("lab", "https://head", "alice", datasets=(1,))  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match=r"^cluster lab: local_dir 'scratch' must be an absolute path"):
+        ClusterProfile("lab", "https://head", "alice", local_dir="scratch")

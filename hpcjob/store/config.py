@@ -35,6 +35,7 @@ import sys
 import tempfile
 import tomllib
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -271,22 +272,10 @@ class ClusterProfile:
 
         if self.retries is not None and not 0 <= self.retries <= MAX_RETRIES:
             raise SpecError(f"{where}: retries {self.retries} must be between 0 and {MAX_RETRIES}")
-        if self.secrets is not None:
-            if not all(type(name) is str for name in self.secrets):
-                raise SpecError(f"{where}: secrets must be an array of variable names (strings)")
-            try:
-                check_secret_names(self.secrets)
-            except SpecError as exc:
-                raise SpecError(f"{where}: secrets: {exc}") from None
-        if self.datasets is not None:
-            if not all(type(text) is str for text in self.datasets):
-                raise SpecError(f"{where}: datasets must be an array of sources (strings)")
-            from hpcjob.job.datasets import parse_datasets
+        from hpcjob.job.datasets import parse_datasets
 
-            try:
-                parse_datasets(self.datasets)
-            except SpecError as exc:
-                raise SpecError(f"{where}: datasets: {exc}") from None
+        _check_strings(where, "secrets", self.secrets, "variable names", check_secret_names)
+        _check_strings(where, "datasets", self.datasets, "sources", parse_datasets)
         if self.local_dir is not None and not PLAIN_PATH.fullmatch(self.local_dir):
             raise SpecError(f"{where}: local_dir {self.local_dir!r} must be an absolute path on the nodes")
         # The same rules as the job options', so that a profile never makes a job that fails later.
@@ -441,6 +430,20 @@ def _check_ca_bundle(where: str, path: str) -> None:
         raise SpecError(f"{where}: ca_bundle {path!r} holds no PEM certificate ({exc.reason})") from None
     except OSError as exc:
         raise SpecError(f"{where}: ca_bundle {path!r}: {exc.strerror}") from None
+
+
+def _check_strings(
+    where: str, key: str, values: tuple[str, ...] | None, what: str, check: Callable[[Any], object]
+) -> None:
+    """A profile's array of strings (None: not given), each read as a job option reads them."""
+    if values is None:
+        return
+    if not all(type(value) is str for value in values):
+        raise SpecError(f"{where}: {key} must be an array of {what} (strings)")
+    try:
+        check(values)
+    except SpecError as exc:
+        raise SpecError(f"{where}: {key}: {exc}") from None
 
 
 def user_folder(kind: str) -> Path:
