@@ -15,6 +15,17 @@ if [ "${1:-}" = "--test" ] && ! command -v smbd >/dev/null; then
     fi
 fi
 
+# Azurite, Microsoft's emulator of Blob Storage, pinned, for the tests of Blob datasets (tests/azurite.py).
+if [ "${1:-}" = "--test" ] && [ ! -x .tools/azurite/node_modules/.bin/azurite-blob ]; then
+    if command -v npm >/dev/null; then
+        echo "bootstrap: installing azurite@3.37.0 into .tools/azurite for the Blob tests" >&2
+        npm install --silent --no-audit --no-fund --prefix .tools/azurite azurite@3.37.0 >/dev/null 2>&1 \
+            || echo "bootstrap: npm could not install azurite: the Blob tests will be skipped" >&2
+    else
+        echo "bootstrap: npm is missing: the Blob tests will be skipped" >&2
+    fi
+fi
+
 python=${PYTHON:-python3}
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
     echo "bootstrap: hpcjob needs Python 3.11 or newer (set PYTHON=/path/to/python3.11)" >&2
@@ -28,7 +39,7 @@ fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 echo "bootstrap: installing hpcjob with torch and the test tools into .venv (a few minutes the first time)" >&2
 # torch/torchvision are pinned in pyproject.toml: an unpinned torch would pull a multi-GB CUDA build.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[train,gpu,rest,share,winrm,emulator,plot,dev]" 2>&1 \
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[train,gpu,rest,share,winrm,emulator,plot,blob,dev]" 2>&1 \
     | grep -v "^WARNING: Location .* is ignored" >&2 || true
 .venv/bin/python -c 'import hpcjob, torch, torchvision, smbclient, requests, pytest, matplotlib' \
     || { echo "bootstrap: the install failed, see above" >&2; exit 1; }

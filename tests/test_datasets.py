@@ -188,6 +188,7 @@ def read(err: str) -> dict[str, tuple[str, str]]:
     return {node: (source, cache) for node, source, cache in said}
 
 
+@pytest.mark.slow
 def test_local_nodes_copy_a_share_folder_keep_it_and_fetch_only_what_changed(tmp_path: Path) -> None:
     source = tmp_path / "share" / "datasets" / "tiny"
     (source / "sub").mkdir(parents=True)
@@ -266,3 +267,71 @@ def test_a_profile_s_datasets_are_read_as_the_option_s() -> None:
         ClusterProfile("lab", "https://head", "alice", datasets=(1,))  # type: ignore[arg-type]
     with pytest.raises(SpecError, match=r"^cluster lab: local_dir 'scratch' must be an absolute path"):
         ClusterProfile("lab", "https://head", "alice", local_dir="scratch")
+
+
+# --- two local nodes copy a Blob prefix from Azurite ---------------------------------------------------
+
+
+def from_source(done: subprocess.CompletedProcess[str]) -> list[tuple[str, str]]:
+    """What each node said it read from the source of the dataset `shards`."""
+    return sorted(
+        re.findall(r"dataset shards on (LOCAL\d): (.+?) from the source", done.stdout + done.stderr)
+    )
+
+
+@pytest.mark.slow
+def test_local_nodes_copy_a_blob_prefix_checked_by_its_md5_and_keep_it(tmp_path: Path) -> None:
+    """A real Azurite: the connection string reaches the tasks only through --secret; blobs with and
+    without Content-MD5; a second run reads nothing; a blob whose bytes are not its MD5 fails the task in
+    one line, the last good copy kept."""
+    from azure.storage.blob import BlobServiceClient, ContentSettings
+
+    from .azurite import azurite, require_azurite
+
+    require_azurite()
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "show.py").write_text(SHOW)
+    payload = {"shards/a.bin": os.urandom(200_000), "shards/deep/b.txt": b"hello\n"}
+    with azurite() as service:
+        client = BlobServiceClient.from_connection_string(service.connection_string)
+        container = client.create_container("train")
+        for name, data in payload.items():
+            md5 = hashlib.md5(data).digest() if name.endswith(".bin") else None  # b.txt: ETag and size
+            container.upload_blob(name, data, content_settings=ContentSettings(content_md5=md5))
+        container.upload_blob("elsewhere.txt", b"not below the prefix")
+        source = f"{service.endpoint}/train/shards"
+        environ = {**os.environ, "AZURE_STORAGE_CONNECTION_STRING": service.connection_string}
+
+        def run(run_id: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2",
+                 "--mount-point", str(tmp_path / "share"), "--run-id", run_id, "--dataset", source,
+                 "--secret", "AZURE_STORAGE_CONNECTION_STRING", str(tmp_path / "code" / "show.py")],
+                capture_output=True, text=True, timeout=180, env=environ,
+            )  # fmt: skip
+
+        wanted = {f"shards/{k[len('shards/') :]}": hashlib.sha256(v).hexdigest() for k, v in payload.items()}
+        first = run("blob-1")
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert held(first.stdout) == {"LOCAL1": wanted, "LOCAL2": wanted}
+        assert from_source(first) == [("LOCAL1", "200.0 KB"), ("LOCAL2", "200.0 KB")]
+        second = run("blob-2")
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert from_source(second) == [("LOCAL1", "0 bytes"), ("LOCAL2", "0 bytes")]
+        assert service.connection_string not in json.dumps(
+            [p.read_text(errors="replace") for p in (tmp_path / "share").rglob("*") if p.is_file()]
+        )  # nowhere on the share: not in the job, its logs or its history
+
+        # Bytes that are not the blob's MD5 (a changed blob, its MD5 another's): one line, old copy kept.
+        container.upload_blob("shards/a.bin", b"tampered", overwrite=True)
+        tampered = container.get_blob_client("shards/a.bin")
+        tampered.set_http_headers(ContentSettings(content_md5=hashlib.md5(b"other").digest()))
+        bad = run("blob-3")
+        assert bad.returncode != 0
+        assert (
+            "hpcjob: error: LOCAL1: blob shards/a.bin: its bytes are not its Content-MD5"
+            in bad.stdout + bad.stderr
+        ), (bad.stdout + bad.stderr)[-3000:]
+    cache = Path(os.environ["XDG_CACHE_HOME"]) / "hpcjob" / "nodes" / "LOCAL1" / "hpcjob"
+    (kept,) = cache.glob("*/datasets/shards-*/current/a.bin")
+    assert kept.read_bytes() == payload["shards/a.bin"]
