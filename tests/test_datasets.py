@@ -209,6 +209,19 @@ def test_local_nodes_copy_a_share_folder_keep_it_and_fetch_only_what_changed(tmp
         "LOCAL1": ("300.0 KB", "0 bytes"),
         "LOCAL2": ("300.0 KB", "0 bytes"),
     }
+    # The summary says it in one line, and the history keeps each node's figures.
+    said = first.stdout + first.stderr
+    assert (
+        "  datasets: 600.0 KB from the sources, 0 bytes from the nodes' caches, on 2 node(s); the slowest "
+        in said
+    )
+    shown = subprocess.run(
+        [sys.executable, "-m", "hpcjob.cli", "runs", "show", "ds-1", "--json"], capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    copies = json.loads(shown.stdout)["summary"]["datasets"]
+    figures = sorted((c["node"], c["name"], c["bytes_source"], c["bytes_cache"], c["files"]) for c in copies)
+    assert figures == [("LOCAL1", "tiny", 300_006, 0, 2), ("LOCAL2", "tiny", 300_006, 0, 2)]
 
     second = run_local(tmp_path, "ds-2", "--dataset", "datasets/tiny")  # nothing changed: nothing read
     assert second.returncode == 0, second.stderr[-3000:]
@@ -335,3 +348,24 @@ def test_local_nodes_copy_a_blob_prefix_checked_by_its_md5_and_keep_it(tmp_path:
     cache = Path(os.environ["XDG_CACHE_HOME"]) / "hpcjob" / "nodes" / "LOCAL1" / "hpcjob"
     (kept,) = cache.glob("*/datasets/shards-*/current/a.bin")
     assert kept.read_bytes() == payload["shards/a.bin"]
+
+
+def test_a_task_s_figures_are_read_as_untrusted_and_said_in_one_line() -> None:
+    from hpcjob.job.datasets import DatasetCopy, copies_line, dataset_copies
+    from hpcjob.job.results import JobSummary, State
+
+    good = {"name": "tiny", "bytes_source": 300_006, "bytes_cache": 0, "files": 2, "seconds": 1.5}
+    hostile = [
+        {**good, "bytes_source": -1}, {**good, "files": True}, {**good, "seconds": float("inf")},
+        {**good, "name": 7}, "not a dict", {**good, "bytes_cache": "0"},
+    ]  # fmt: skip
+    copies = dataset_copies({"node": "GPU1", "datasets": [good, *hostile]})
+    assert copies == [DatasetCopy("GPU1", "tiny", 300_006, 0, 2, 1.5)]
+    assert dataset_copies({"datasets": [good]}) == [] and dataset_copies([good]) == []
+    both = [*copies, DatasetCopy("GPU2", "tiny", 0, 300_006, 2, 0.2), DatasetCopy("GPU2", "x", 10, 0, 1, 4.0)]
+    assert copies_line(both) == (
+        "datasets: 300.0 KB from the sources, 300.0 KB from the nodes' caches, on 2 node(s); the slowest "
+        "4.2 s (GPU2)"
+    )
+    summary = JobSummary("job", "run-1", State.FINISHED, 0, 1.0, "/j", "/j/logs", datasets=both)
+    assert JobSummary.from_json(summary.to_json()) == summary

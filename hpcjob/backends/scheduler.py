@@ -232,7 +232,7 @@ def job_summary(
     failed (the others it canceled, FailOnTaskFailure) is the first failure, and why is the agent's word
     in its Output (`task_outputs`, asked only then), else its error message.
     """
-    from hpcjob.store.logs import output_reason, output_tail, read_root_cause
+    from hpcjob.store.logs import RunLogs, output_reason, output_tail, read_root_cause
 
     by_node = {task.node.upper(): task for task in info.tasks}
     nodes = []
@@ -284,6 +284,7 @@ def job_summary(
         job_id=info.job_id,
         events=events,
         data_node_names=list(plan.data_node_names),
+        datasets=RunLogs(folder, log_folder, plan.nodes).datasets() if folder is not None else [],
     )
 
 

@@ -82,6 +82,10 @@ def format_summary(summary: JobSummary) -> str:
     lines += [f"  {event}" for event in summary.events]
     if summary.root_cause:
         lines.append(f"  first failure: {summary.root_cause.describe()}")
+    if summary.datasets:
+        from hpcjob.job.datasets import copies_line
+
+        lines.append(f"  {copies_line(summary.datasets)}")
     if summary.metrics and summary.trained_nothing:
         from hpcjob.job.results import nothing_trained_line
 

@@ -201,3 +201,65 @@ def local_dir(given: str | None, vm_size: str | None) -> str | None:
 
     size = size_table().find(vm_size) if vm_size else None
     return NVME_MOUNT if size is not None and size.nvme_disks else None
+
+
+@dataclass(frozen=True)
+class DatasetCopy:
+    """What one node's task did for one source (its figures in DONE_FOLDER): bytes read from the source and
+    from the node's cache, files, seconds."""
+
+    node: str
+    name: str
+    bytes_source: int
+    bytes_cache: int
+    files: int
+    seconds: float
+
+
+def dataset_copies(data: object) -> list[DatasetCopy]:
+    """A task's figures file, read as untrusted (a job's files are its owner's to write): what holds the
+    right types, the rest left out."""
+    if not isinstance(data, dict) or not isinstance(data.get("node"), str):
+        return []
+    copies = []
+    for one in data.get("datasets") or ():
+        if not isinstance(one, dict):
+            continue
+        counts = [one.get(key) for key in ("bytes_source", "bytes_cache", "files")]
+        whole = [n for n in counts if type(n) is int and n >= 0]
+        seconds = one.get("seconds")
+        if (
+            isinstance(one.get("name"), str)
+            and len(whole) == 3
+            and isinstance(seconds, int | float)
+            and not isinstance(seconds, bool)
+            and 0 <= seconds < 1e9
+        ):
+            source, cache, files = whole
+            copies.append(
+                DatasetCopy(data["node"][:64], one["name"][:255], source, cache, files, float(seconds))
+            )
+    return copies
+
+
+def size_text(count: float) -> str:
+    """Bytes for people, in powers of 1,000 (as the nodes say them)."""
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1000.0
+    return f"{count:.0f} bytes"
+
+
+def copies_line(copies: Sequence[DatasetCopy]) -> str:
+    """The summary's line: what the nodes read, from the source and from their caches, and the slowest."""
+    nodes = {copy.node for copy in copies}
+    took: dict[str, float] = {}
+    for copy in copies:
+        took[copy.node] = took.get(copy.node, 0.0) + copy.seconds
+    slowest = max(took, key=lambda node: took[node])
+    source, cache = sum(c.bytes_source for c in copies), sum(c.bytes_cache for c in copies)
+    return (
+        f"datasets: {size_text(source)} from the sources, {size_text(cache)} from the nodes' caches, on "
+        f"{len(nodes)} node(s); the slowest {took[slowest]:.1f} s ({slowest})"
+    )

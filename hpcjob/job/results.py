@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from hpcjob.job.datasets import DatasetCopy
 from hpcjob.job.prices import Price, Usage, cost_of
 from hpcjob.job.usage import AttemptUsage, RunUsage, run_usage
 
@@ -221,6 +222,8 @@ class JobSummary:
     # A run of several attempts, at its end: each attempt's own figures (hpcjob.job.usage); the summary's
     # wall time and cost are then the run's, their sums. Empty for the summary of one attempt.
     run_attempts: list[AttemptUsage] = field(default_factory=list)
+    # A job with --dataset: what each node's task copied (hpcjob.job.datasets), where its files say.
+    datasets: list[DatasetCopy] = field(default_factory=list)
 
     def is_data_node(self, node: str) -> bool:
         return node.upper() in {name.upper() for name in self.data_node_names}
@@ -309,6 +312,7 @@ class JobSummary:
             if data.get(key) is not None:
                 data[key] = Price.from_dict(data[key])
         data["run_attempts"] = [AttemptUsage.from_dict(a) for a in data.get("run_attempts") or ()]
+        data["datasets"] = [DatasetCopy(**_known(DatasetCopy, d)) for d in data.get("datasets") or ()]
         return cls(**data)
 
 

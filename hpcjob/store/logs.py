@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpcjob.job.datasets import DONE_FOLDER, DatasetCopy, dataset_copies
 from hpcjob.job.hangs import Beat
 from hpcjob.job.results import (
     GpuUse,
@@ -56,6 +57,7 @@ RECORD_BYTES = 4 * 1024
 SUMMARY_BYTES = 4 << 20
 OUTPUT_TAIL_BYTES = 8 << 20
 TIMELINE_BYTES = 16 << 20
+DONE_BYTES = 64 << 10  # a task's dataset figures: a line a source
 FOLLOW_BYTES = 4 << 20
 # A line longer than this is shown in pieces: what a Tail keeps between looks stays bounded.
 LINE_BYTES = 1 << 20
@@ -168,6 +170,21 @@ class RunLogs:
         lines = [line for node in self.nodes for line in output_tail(self.folder, self.log_folder, node)]
         return gpu_use_of_run(find_metrics(lines)) or latest_gpu_use(lines)
 
+    def datasets(self) -> list[DatasetCopy]:
+        """What each task copied of the job's datasets (hpcjob/node/datasets.py's figures files)."""
+        folder = _join(self.log_folder, DONE_FOLDER)
+        try:
+            names = sorted(n for n in self.folder.listdir(folder) if n.endswith(".json"))
+        except FileNotFoundError:
+            return []
+        copies = []
+        for name in names:
+            with contextlib.suppress(UnreadableFile, ValueError):
+                copies += dataset_copies(
+                    untrusted_json(self.folder.read_capped(f"{folder}/{name}", DONE_BYTES))
+                )
+        return copies
+
     def timeline(self) -> list[dict[str, Any]]:
         """Every rank's metrics over time (metrics/*.jsonl, written by the training program; of each, its
         newest TIMELINE_BYTES), in time order; a line cut short or not JSON is skipped."""
@@ -191,7 +208,7 @@ class RunLogs:
         return sorted(lines, key=lambda d: float(d["t"]))
 
 
-# The timeline's fields and their types (training/timeline.py writes them); others are dropped.
+# The timeline's fields and their types (hpctorch.Metrics writes them); others are dropped.
 _TIMELINE_TEXT = ("event", "node")
 _TIMELINE_INTS = ("rank", "world_size", "restart", "epoch", "step", "first_epoch")
 

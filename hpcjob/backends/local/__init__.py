@@ -711,6 +711,7 @@ class LocalBackend:
             metrics=find_metrics(lines),
             events=events,
             data_node_names=list(plan.data_node_names),
+            datasets=RunLogs(LocalFolder(Path(plan.log_dir)), "", plan.nodes).datasets(),
         )
 
 
