@@ -319,7 +319,7 @@ def test_local_nodes_copy_a_blob_prefix_checked_by_its_md5_and_keep_it(tmp_path:
             return subprocess.run(
                 [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2",
                  "--mount-point", str(tmp_path / "share"), "--run-id", run_id, "--dataset", source,
-                 "--secret", "AZURE_STORAGE_CONNECTION_STRING", str(tmp_path / "code" / "show.py")],
+                 "--no-env", "--secret", "AZURE_STORAGE_CONNECTION_STRING", str(tmp_path / "code" / "show.py")],
                 capture_output=True, text=True, timeout=180, env=environ,
             )  # fmt: skip
 
@@ -369,3 +369,32 @@ def test_a_task_s_figures_are_read_as_untrusted_and_said_in_one_line() -> None:
     )
     summary = JobSummary("job", "run-1", State.FINISHED, 0, 1.0, "/j", "/j/logs", datasets=both)
     assert JobSummary.from_json(summary.to_json()) == summary
+
+
+def test_a_blob_source_brings_its_pinned_sdk_into_the_job_s_environment(tmp_path: Path) -> None:
+    import tomllib
+
+    from hpcjob.job.datasets import BLOB_REQUIREMENT
+    from hpcjob.job.options import JobOptions
+    from hpcjob.runner.submit import job_spec
+    from hpcjob.store.config import ClusterProfile
+
+    pinned = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert pinned["optional-dependencies"]["blob"] == [BLOB_REQUIREMENT]  # one pin: the client's, the nodes'
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    profile = ClusterProfile("lab", "https://head", "alice", share="//HEAD/CcpSpoolDir", local_dir="/scratch")
+    blob = {"script": str(script), "datasets": [f"{AZURITE}/train/x"]}
+    assert job_spec(JobOptions.read(blob), profile).requirements == f"{BLOB_REQUIREMENT}\n"  # made for it
+    (tmp_path / "requirements.txt").write_text("numpy==2.1\n")
+    assert job_spec(JobOptions.read(blob), profile).requirements == f"numpy==2.1\n{BLOB_REQUIREMENT}\n"
+    (tmp_path / "requirements.txt").write_text("Azure_Storage_Blob==12.20.0\n")  # the user's own wins
+    assert job_spec(JobOptions.read(blob), profile).requirements == "Azure_Storage_Blob==12.20.0\n"
+    share = {**blob, "datasets": ["datasets/x"]}
+    assert job_spec(JobOptions.read(share), profile).requirements == "Azure_Storage_Blob==12.20.0\n"
+    with pytest.raises(
+        SpecError, match=r"^--dataset: a Blob source is copied with azure-storage-blob, and --no-env"
+    ):
+        job_spec(JobOptions.read({**blob, "no_env": True}), profile)
+    # A local run's Python is this one, which has it (the blob extra): it runs as it is.
+    assert job_spec(JobOptions.read({**blob, "no_env": True}), local=True).requirements is None

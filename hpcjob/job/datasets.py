@@ -34,6 +34,9 @@ LOCAL_DIR_VAR = "HPCJOB_LOCAL_DIR"
 # Each task's word that its copy is done, in the attempt's log folder: `<NODE>.json`, its figures.
 DONE_FOLDER = ".hpcjob-datasets"
 MAX_DATASETS = 32
+# What the nodes copy Blob sources with, pinned (the `blob` extra in pyproject.toml pins the same: a test
+# keeps them one), added to the job's environment by the client.
+BLOB_REQUIREMENT = "azure-storage-blob==12.31.1"
 # Where a size with local NVMe disks has them, as one volume (the mount step assembles it).
 NVME_MOUNT = "/mnt/nvme"
 # Where an account's own host name ends (the public cloud and the national ones): the virtual-host form.
@@ -262,4 +265,11 @@ def copies_line(copies: Sequence[DatasetCopy]) -> str:
     return (
         f"datasets: {size_text(source)} from the sources, {size_text(cache)} from the nodes' caches, on "
         f"{len(nodes)} node(s); the slowest {took[slowest]:.1f} s ({slowest})"
+    )
+
+
+def names_blob_sdk(requirements: str) -> bool:
+    """Whether a requirements file already names the Blob Storage SDK (a version of the user's own wins)."""
+    return (
+        re.search(r"^\s*azure[-_.]storage[-_.]blob\b", requirements, re.IGNORECASE | re.MULTILINE) is not None
     )

@@ -4,6 +4,7 @@ the run recorded at each step."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -188,6 +189,25 @@ def requirements_text(script: Path, given: str | Path | None, no_env: bool, prog
     return read_requirements(path, f"--requirements {given}" if given is not None else str(path))
 
 
+def blob_requirements(requirements: str | None, *, no_env: bool, local: bool) -> str | None:
+    """The job's requirements with the pinned Blob Storage SDK its nodes copy datasets with
+    (hpcjob.job.datasets.BLOB_REQUIREMENT), an environment made for it where the job has none. With
+    --no-env: a local run whose Python (this one's) has the SDK runs as it is; a cluster's nodes' own
+    Python is not known here: refused."""
+    from hpcjob.job.datasets import BLOB_REQUIREMENT, names_blob_sdk
+
+    if no_env:
+        if local and importlib.util.find_spec("azure.storage.blob") is not None:
+            return None
+        raise SpecError(
+            "--dataset: a Blob source is copied with azure-storage-blob, and --no-env runs the nodes' own "
+            "Python: leave --no-env out (hpcjob adds it to the job's environment), or use --requirements"
+        )
+    if requirements is not None and names_blob_sdk(requirements):
+        return requirements
+    return f"{(requirements or '').rstrip()}\n{BLOB_REQUIREMENT}\n".lstrip("\n")
+
+
 def submit_run(
     backend: Backend,
     spec: JobSpec,
@@ -289,7 +309,7 @@ def job_spec(
     `progress`). `resume_from`, a run to start from, becomes the folder of its checkpoints
     (hpcjob.runner.resume; `local`: as a local run reads it). A job to run (`profile` or `local`) finds its
     `--secret` values in this machine's environment, or stops here in one line."""
-    from hpcjob.job.datasets import parse_datasets
+    from hpcjob.job.datasets import BLOB, parse_datasets
     from hpcjob.job.spec import JobSpec, check_data_service
     from hpcjob.runner.resume import resolve
     from hpcjob.store.secrets import secret_values
@@ -300,9 +320,13 @@ def job_spec(
     if not script.is_file():  # before its requirements.txt is looked for beside it
         raise SpecError(f"script {options.script} does not exist")
     requirements = requirements_text(script, options.requirements, options.no_env, progress or _unsaid)
+    datasets = parse_datasets(options.datasets)  # before anything is uploaded
+    if any(dataset.kind == BLOB for dataset in datasets):
+        requirements = blob_requirements(
+            requirements, no_env=options.no_env, local=local and options.python is None
+        )
     resume_dir = resolve(options, local=local)
     spec = JobSpec(**options.spec_fields(), requirements=requirements, resume_dir=resume_dir)
-    parse_datasets(spec.datasets)  # before anything is uploaded
     if spec.datasets and profile is not None and spec.local_dir is None and spec.vm_size is None:
         raise SpecError(
             "--dataset: the nodes' local folder is not known: set local_dir (or vm_size) in the cluster's "
