@@ -319,7 +319,8 @@ def test_local_nodes_copy_a_blob_prefix_checked_by_its_md5_and_keep_it(tmp_path:
             return subprocess.run(
                 [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2",
                  "--mount-point", str(tmp_path / "share"), "--run-id", run_id, "--dataset", source,
-                 "--no-env", "--secret", "AZURE_STORAGE_CONNECTION_STRING", str(tmp_path / "code" / "show.py")],
+                 "--no-env", "--secret", "AZURE_STORAGE_CONNECTION_STRING",
+                 str(tmp_path / "code" / "show.py")],
                 capture_output=True, text=True, timeout=180, env=environ,
             )  # fmt: skip
 
