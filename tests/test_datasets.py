@@ -399,3 +399,32 @@ def test_a_blob_source_brings_its_pinned_sdk_into_the_job_s_environment(tmp_path
         job_spec(JobOptions.read({**blob, "no_env": True}), profile)
     # A local run's Python is this one, which has it (the blob extra): it runs as it is.
     assert job_spec(JobOptions.read({**blob, "no_env": True}), local=True).requirements is None
+
+
+@pytest.mark.slow
+def test_emulated_nodes_copy_a_share_folder_each_onto_its_own_disk(tmp_path: Path) -> None:
+    """Through the head node (REST, the real smbd, hpcjob's mount filter): two nodes of an Azure size
+    without NVMe disks copy the dataset, each into its own local folder, and the run's history keeps it."""
+    from .test_rest_e2e import emulated_cluster
+
+    for cluster in emulated_cluster(tmp_path):
+        source = cluster.share_dir / "datasets" / "tiny"
+        source.mkdir(parents=True)
+        blob = os.urandom(100_000)
+        (source / "a.bin").write_bytes(blob)
+        (tmp_path / "code").mkdir()
+        (tmp_path / "code" / "show.py").write_text(SHOW)
+        done = cluster.submit(
+            "--wait", "-n", "2", "--run-id", "emu-ds-1", "--vm-size", "Standard_NC24ads_A100_v4",
+            "--dataset", "datasets/tiny", str(tmp_path / "code" / "show.py"),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        logs = cluster.share_dir / "hpcjob" / "alice" / "show" / "logs" / "emu-ds-1"
+        outputs = "".join(path.read_text() for path in sorted(logs.glob("*.out")))
+        digest = hashlib.sha256(blob).hexdigest()
+        found = held(outputs)
+        assert len(found) == 2 and all(files == {"tiny/a.bin": digest} for files in found.values()), outputs
+        said = done.stdout + done.stderr
+        assert "datasets: 200.0 KB from the sources, 0 bytes from the nodes' caches, on 2 node(s)" in said
+        kept = json.loads(cluster.hpcjob("runs", "show", "emu-ds-1", "--json").stdout)["summary"]["datasets"]
+        assert sorted(copy["node"] for copy in kept) == sorted(found)
