@@ -336,6 +336,24 @@ def test_local_nodes_copy_a_blob_prefix_checked_by_its_md5_and_keep_it(tmp_path:
             [p.read_text(errors="replace") for p in (tmp_path / "share").rglob("*") if p.is_file()]
         )  # nowhere on the share: not in the job, its logs or its history
 
+        # Refused before anything starts, with the job's own credential: a container not there, a prefix
+        # with nothing below it, a key the account refuses.
+        for wrong, key, said in (
+            (f"{service.endpoint}/missing/x", None, "no such container (or account)"),
+            (f"{service.endpoint}/train/nothing", None, "no blobs below train/nothing/"),
+            (source, service.connection_string.replace("AccountKey=Eby8", "AccountKey=AAAA"), "refused"),
+        ):
+            refused = subprocess.run(
+                [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "1", "--no-env",
+                 "--mount-point", str(tmp_path / "share"), "--run-id", "blob-no", "--dataset", wrong,
+                 "--secret", "AZURE_STORAGE_CONNECTION_STRING", str(tmp_path / "code" / "show.py")],
+                capture_output=True, text=True, timeout=120,
+                env={**environ, "AZURE_STORAGE_CONNECTION_STRING": key or service.connection_string},
+            )  # fmt: skip
+            assert refused.returncode == 2, refused.stderr
+            (line,) = refused.stderr.strip().splitlines()
+            assert line.startswith(f"hpcjob: error: --dataset {wrong}: ") and said in line, line
+
         # Bytes that are not the blob's MD5 (a changed blob, its MD5 another's): one line, old copy kept.
         container.upload_blob("shards/a.bin", b"tampered", overwrite=True)
         tampered = container.get_blob_client("shards/a.bin")
@@ -428,3 +446,35 @@ def test_emulated_nodes_copy_a_share_folder_each_onto_its_own_disk(tmp_path: Pat
         assert "datasets: 200.0 KB from the sources, 0 bytes from the nodes' caches, on 2 node(s)" in said
         kept = json.loads(cluster.hpcjob("runs", "show", "emu-ds-1", "--json").stdout)["summary"]["datasets"]
         assert sorted(copy["node"] for copy in kept) == sorted(found)
+
+
+def test_a_share_source_missing_empty_or_too_big_for_a_local_node_is_refused_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil as real_shutil
+
+    from hpcjob.runner import datasets as checks
+    from hpcjob.store.share import LocalFolder
+
+    (tmp_path / "datasets" / "empty").mkdir(parents=True)
+    (tmp_path / "datasets" / "big").mkdir()
+    (tmp_path / "datasets" / "big" / "a.bin").write_bytes(bytes(5000))
+    folder = LocalFolder(tmp_path)
+
+    def check(source: str) -> None:
+        spec = JobSpec(script="train.py", nodes=2, datasets=(source,))
+        checks.check_datasets(spec, make_plan(spec, ["LOCAL1", "LOCAL2"], "run-1"), folder, {}, local=True)
+
+    with pytest.raises(SpecError, match=r"^--dataset datasets/gone: no such folder on the share$"):
+        check("datasets/gone")
+    with pytest.raises(
+        SpecError, match=r"^--dataset datasets/empty: the folder on the share holds no files$"
+    ):
+        check("datasets/empty")
+    check("datasets/big")
+    usage = real_shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda _: usage._replace(free=1000))
+    with pytest.raises(
+        SpecError, match=r"^--dataset datasets/big: LOCAL1 has 1.0 KB free at .*, the dataset is 5.0 KB$"
+    ):
+        check("datasets/big")

@@ -38,7 +38,6 @@ from hpcjob.backends.local.procs import (
 from hpcjob.emulator import props as P
 from hpcjob.emulator.jobs import Job, Task
 from hpcjob.emulator.nodes import NodeRegistry
-from hpcjob.job.datasets import LOCAL_DIR_VAR
 from hpcjob.node.mount_filter import FILTERS_DIR, NODE_ROOT_VAR
 
 OUTPUT_LIMIT = 1500  # bytes of un-redirected stdout/stderr the agent reports (head -c 1500)
@@ -150,8 +149,9 @@ class NodeAgent:
         described = f"{len(nodes)} " + " ".join(f"{name} {cores}" for name, cores in nodes)
         # The task's own variables, as the head node sends them (with what the filter changed).
         variables = {**job.env, **task.env, **(filtered if isinstance(filtered, dict) else {})}
-        # Each emulated node's own disk, where a job names none (hpcjob's datasets and checkpoints).
-        variables.setdefault(LOCAL_DIR_VAR, os.path.join(node_dir, "local"))
+        # Each emulated node's own disk, where a job names none, under the name hpcjob's tasks read it by
+        # (hpcjob.job.datasets.LOCAL_DIR_VAR; the emulator imports nothing of the client's).
+        variables.setdefault("HPCJOB_LOCAL_DIR", os.path.join(node_dir, "local"))
         variables.update(
             CCP_JOBID=str(job.id),
             CCP_TASKID=str(task.number),

@@ -229,6 +229,7 @@ def submit_run(
     spec, `retries` and the mount step, from which whoever follows the run plans its next attempt). The
     run's latest record, and its plan."""
     from hpcjob.job.render import plan_json
+    from hpcjob.runner.datasets import check_datasets
     from hpcjob.runner.resume import check_resume
     from hpcjob.store.runs import SUBMIT_FAILED, RunRecord, check_new_run_id, save_run
     from hpcjob.store.secrets import secret_values, secrets_way
@@ -247,8 +248,9 @@ def submit_run(
     if open_folder is not None:
         code_dir = Path(spec.script).resolve().parent
         folder = open_folder(plan)
-        try:  # on the share the upload opens: the run to start from saved a checkpoint
+        try:  # on the share the upload opens: the run to start from saved a checkpoint; the datasets
             check_resume(spec, plan, folder, local=backend.kind == "local")
+            check_datasets(spec, plan, folder, values, local=local)
         except BaseException:
             folder.close()
             raise
@@ -259,6 +261,7 @@ def submit_run(
         if plan.secrets_file is not None:
             progress(f"hpcjob: {len(values)} secret(s) for the job in {plan.secrets_file}, yours alone")
     else:
+        check_datasets(spec, plan, None, values, local=local)
         progress("hpcjob: warning: no --share: the code must already be in the job folder on the nodes")
     first = RunRecord.of(plan, spec.job_folder, backend.kind, **where(plan))
     latest = first
