@@ -182,14 +182,14 @@ class Checkpoints:
         the one `resume_from` (HPCJOB_RESUME_FROM) names. The step it was saved after (0: none, a fresh
         start); `extra` then holds the script's figures saved with it. Rank 0 chooses the save and every
         rank loads that one (a rank whose view of the share lags cannot pick an older one)."""
-        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
-        from torch.distributed.checkpoint.state_dict_loader import load
-
         found = self._agreed(_newest_save(self.folder, self.resume_from))
         if isinstance(found, str):
             raise CheckpointError(found)
         if found is None:
-            return 0
+            return 0  # a fresh start: DCP (seconds to import) is not needed before the first save
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+        from torch.distributed.checkpoint.state_dict_loader import load
+
         step, path, extra = int(found[0]), str(found[1]), dict(found[2])
         state = self._state(model, optimizer)
         options = {} if self._distributed() else {"no_dist": True}  # the load runs in training's group

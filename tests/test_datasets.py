@@ -478,3 +478,32 @@ def test_a_share_source_missing_empty_or_too_big_for_a_local_node_is_refused_bef
         SpecError, match=r"^--dataset datasets/big: LOCAL1 has 1.0 KB free at .*, the dataset is 5.0 KB$"
     ):
         check("datasets/big")
+
+
+@pytest.mark.slow
+def test_two_runs_at_once_share_each_node_s_cache_under_its_lock(tmp_path: Path) -> None:
+    """Two runs of one user start together on the same local nodes: one copies, the other waits for the
+    lock and finds the copy done (each node reads the source once), and both see the same bytes."""
+    source = tmp_path / "share" / "datasets" / "tiny"
+    source.mkdir(parents=True)
+    blob = os.urandom(2_000_000)
+    (source / "a.bin").write_bytes(blob)
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "show.py").write_text(SHOW)
+    command = [sys.executable, "-m", "hpcjob.cli", "run", "--local", "-n", "2", "--mount-point",
+               str(tmp_path / "share"), "--dataset", "datasets/tiny",
+               str(tmp_path / "code" / "show.py")]  # fmt: skip
+    runs = [
+        subprocess.Popen([*command[:4], "--run-id", f"both-{i}", *command[4:]], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for i in (1, 2)
+    ]  # fmt: skip
+    said = []
+    for run in runs:
+        out, err = run.communicate(timeout=180)
+        assert run.returncode == 0, err[-3000:]
+        said.append(out + err)
+        assert all(files == {"tiny/a.bin": hashlib.sha256(blob).hexdigest()} for files in held(out).values())
+    for node in ("LOCAL1", "LOCAL2"):
+        read = [re.findall(rf"dataset tiny on {node}: (.+?) from the source", text) for text in said]
+        assert sorted(r[0] for r in read) == ["0 bytes", "2.0 MB"], read  # once from the source, once cached

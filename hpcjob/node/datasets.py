@@ -282,6 +282,7 @@ def _size_of(path: str) -> int:
 
 
 def _size(count: float) -> str:
+    """Bytes for people, as hpcjob.job.datasets.size_text (a node file imports nothing of hpcjob)."""
     for unit in ("bytes", "KB", "MB", "GB"):
         if count < 1000 or unit == "GB":
             return ("%d %s" if unit == "bytes" else "%.1f %s") % (count, unit)
