@@ -78,11 +78,15 @@ def one_run(head: HeadNode, env: dict[str, str], share: Path, args: argparse.Nam
     logs = share / "hpcjob" / "alice" / "run_ddp" / "logs" / summary["run_id"]
     first = [e for e in events(logs) if e["event"] == "epoch" and float(str(e["t"])) <= lost]
     second = [e for e in events(logs / "2") if e["event"] == "first_step"]
+    began = [e for e in events(logs / "2") if e["event"] == "start"]  # the program's start, torch imported
+    resumed = [e for e in events(logs / "2") if e["event"] == "resume"]
     submitted = next(t for t, line in said if line.startswith("attempt 2 of 2: job "))
     last_checkpoint = float(str(first[-1]["t"])) if first else lost
     return {
         "noticed": args.detection_delay,
         "submitted": submitted - lost,
+        "program started": float(str(began[0]["t"])) - lost,
+        "resumed": float(str(resumed[0]["t"])) - lost if resumed else float("nan"),
         "first step": float(str(second[0]["t"])) - lost,
         "training lost": lost - last_checkpoint,
         "resumed at epoch": float(summary["metrics"].get("resumed_from_epoch", 0)),
