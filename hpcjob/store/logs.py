@@ -170,15 +170,18 @@ class RunLogs:
         lines = [line for node in self.nodes for line in output_tail(self.folder, self.log_folder, node)]
         return gpu_use_of_run(find_metrics(lines)) or latest_gpu_use(lines)
 
+    def _files(self, folder: str, ending: str) -> list[str]:
+        """The names in a folder of the run's logs that end so, sorted; none where the folder is not."""
+        try:
+            return sorted(n for n in self.folder.listdir(folder) if n.endswith(ending))
+        except FileNotFoundError:
+            return []
+
     def datasets(self) -> list[DatasetCopy]:
         """What each task copied of the job's datasets (hpcjob/node/datasets.py's figures files)."""
         folder = _join(self.log_folder, DONE_FOLDER)
-        try:
-            names = sorted(n for n in self.folder.listdir(folder) if n.endswith(".json"))
-        except FileNotFoundError:
-            return []
         copies = []
-        for name in names:
+        for name in self._files(folder, ".json"):
             with contextlib.suppress(UnreadableFile, ValueError):
                 copies += dataset_copies(
                     untrusted_json(self.folder.read_capped(f"{folder}/{name}", DONE_BYTES))
@@ -189,12 +192,8 @@ class RunLogs:
         """Every rank's metrics over time (metrics/*.jsonl, written by the training program; of each, its
         newest TIMELINE_BYTES), in time order; a line cut short or not JSON is skipped."""
         folder = _join(self.log_folder, TIMELINE_FOLDER)
-        try:
-            names = sorted(n for n in self.folder.listdir(folder) if n.endswith(".jsonl"))
-        except FileNotFoundError:
-            return []
         lines = []
-        for name in names:
+        for name in self._files(folder, ".jsonl"):
             try:
                 data = self.folder.read_capped(f"{folder}/{name}", TIMELINE_BYTES, from_end=True)
             except UnreadableFile:
