@@ -131,6 +131,10 @@ def test_the_job_says_its_datasets_in_one_variable_and_each_task_copies_first() 
         "run-1",
     )
     assert dict(nvme.env)[LOCAL_DIR_VAR] == "/mnt/nvme"
+    assert "cache_bytes" not in json.loads(dict(nvme.env)[SOURCES_VAR])  # no cap: all the disk holds
+    capped = make_plan(JobSpec(script="train.py", nodes=1, datasets=("datasets/x",), dataset_cache_gb=500),
+                       ["N1"], "run-1")  # fmt: skip
+    assert json.loads(dict(capped.env)[SOURCES_VAR])["cache_bytes"] == 500_000_000_000
 
 
 def test_a_data_node_copies_for_its_role() -> None:
@@ -248,7 +252,7 @@ def test_local_nodes_copy_a_share_folder_keep_it_and_fetch_only_what_changed(tmp
     said = gone.stdout + gone.stderr
     assert f"hpcjob: error: LOCAL1: {source} holds no files" in said, said[-3000:]
     cache = Path(os.environ["XDG_CACHE_HOME"]) / "hpcjob" / "nodes" / "LOCAL1" / "hpcjob"
-    (kept,) = cache.glob("*/datasets/tiny-*/current/a.bin")
+    (kept,) = cache.glob("*/datasets/tiny-*/v*/a.bin")
     assert kept.read_bytes() == blob
 
 
@@ -365,7 +369,7 @@ def test_local_nodes_copy_a_blob_prefix_checked_by_its_md5_and_keep_it(tmp_path:
             in bad.stdout + bad.stderr
         ), (bad.stdout + bad.stderr)[-3000:]
     cache = Path(os.environ["XDG_CACHE_HOME"]) / "hpcjob" / "nodes" / "LOCAL1" / "hpcjob"
-    (kept,) = cache.glob("*/datasets/shards-*/current/a.bin")
+    (kept,) = cache.glob("*/datasets/shards-*/v*/a.bin")
     assert kept.read_bytes() == payload["shards/a.bin"]
 
 
@@ -507,3 +511,119 @@ def test_two_runs_at_once_share_each_node_s_cache_under_its_lock(tmp_path: Path)
     for node in ("LOCAL1", "LOCAL2"):
         read = [re.findall(rf"dataset tiny on {node}: (.+?) from the source", text) for text in said]
         assert sorted(r[0] for r in read) == ["0 bytes", "2.0 MB"], read  # once from the source, once cached
+
+
+NODE_HELPER = Path(__file__).resolve().parent.parent / "hpcjob" / "node" / "datasets.py"
+
+
+class NodeCache:
+    """The node helper run as node.sh runs it, for a task whose shell is `holder`, in a local folder of
+    tmp_path's: each call an attempt of its own, one node, share folders as sources."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.local = tmp_path / "local"
+        self.calls = 0
+
+    def source(self, name: str, data: bytes) -> dict[str, str]:
+        folder = self.tmp_path / "share" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "data.bin").write_bytes(data)
+        return {"name": name, "kind": SHARE, "role": "trainers", "path": str(folder)}
+
+    def copy(
+        self, sources: list[dict[str, str]], holder: int, cap: int | None = None, nodes: int = 1
+    ) -> tuple[Path, str]:
+        """The task's folder of datasets, and what it said."""
+        done = self.run(sources, holder, cap, nodes)
+        assert done.returncode == 0, done.stderr
+        return Path(done.stdout.strip()), done.stderr
+
+    def log_dir(self) -> Path:
+        """The next call's attempt's log folder."""
+        return self.tmp_path / "logs" / f"attempt-{self.calls + 1}"
+
+    def run(
+        self, sources: list[dict[str, str]], holder: int, cap: int | None = None, nodes: int = 1
+    ) -> subprocess.CompletedProcess[str]:
+        log_dir = self.log_dir()
+        self.calls += 1
+        job: dict[str, object] = {"sources": sources, "nodes": nodes, "timeout_s": 60}
+        if cap:
+            job["cache_bytes"] = cap
+        env = {**os.environ, SOURCES_VAR: json.dumps(job), LOCAL_DIR_VAR: str(self.local),
+               "HPCJOB_LOG_DIR": str(log_dir), "HPCJOB_NODE": "N1"}  # fmt: skip
+        return subprocess.run([sys.executable, str(NODE_HELPER), "trainers", str(holder)], env=env,
+                              capture_output=True, text=True, timeout=90)  # fmt: skip
+
+    def kept(self) -> list[str]:
+        """The sources the cache holds, by name."""
+        return sorted(p.name.rsplit("-", 1)[0] for p in self.local.glob("hpcjob/*/datasets/*"))
+
+
+def test_a_running_task_keeps_its_copy_and_the_cache_drops_the_least_recently_used(tmp_path: Path) -> None:
+    """A copy a live task reads stays as it was while a newer one is made; once the task is gone, its view
+    and the old copy go; the cap drops the least recently used source no live task reads, never one that
+    one does (it says so), and never the sources the task itself uses."""
+    cache = NodeCache(tmp_path)
+    first, second = subprocess.Popen(["sleep", "120"]), subprocess.Popen(["sleep", "120"])
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    try:
+        a = cache.source("a", b"1" * 1_000_000)
+        held_by_first, _ = cache.copy([a], first.pid)
+        a = cache.source("a", b"2" * 1_100_000)  # the source changes while the first task reads it
+        held_by_ended, _ = cache.copy([a], ended.pid)
+        assert (held_by_first / "a" / "data.bin").read_bytes()[:1] == b"1"
+        assert (held_by_ended / "a" / "data.bin").read_bytes()[:1] == b"2"
+        versions = list(cache.local.glob("hpcjob/*/datasets/a-*/v*"))
+        assert len(versions) == 2
+
+        first.kill()
+        first.wait()
+        b = cache.source("b", b"3" * 1_000_000)
+        held_b, _ = cache.copy([b], second.pid, cap=2_500_000)
+        # The ended tasks' views and the copy only the first read are gone; a's current copy stays.
+        assert not held_by_first.exists() and not held_by_ended.exists()
+        assert len(list(cache.local.glob("hpcjob/*/datasets/a-*/v*"))) == 1
+        assert cache.kept() == ["a", "b"]
+
+        c = cache.source("c", b"4" * 1_000_000)
+        third = subprocess.Popen(["sleep", "120"])
+        try:
+            _, said = cache.copy([c], third.pid, cap=2_500_000)  # 3.1 MB: a, the least recently used, goes
+            dropped = r"dataset cache on N1: dropped a-\w+ \(1.1 MB, over the cap of 2.5 MB\)"
+            assert re.search(dropped, said), said
+            assert cache.kept() == ["b", "c"]
+
+            _, said = cache.copy([a], ended.pid, cap=1_500_000)  # b and c are read by live tasks
+            assert "dropped" not in said
+            assert "dataset cache on N1: 3.1 MB kept, over the cap of 1.5 MB: running jobs read it" in said
+            assert cache.kept() == ["a", "b", "c"]
+            assert (held_b / "b" / "data.bin").read_bytes() == b"3" * 1_000_000
+        finally:
+            third.kill()
+            third.wait()
+        second.kill()
+        second.wait()
+        _, said = cache.copy([c], ended.pid, cap=1_500_000)  # now nobody reads a or b: both go, oldest first
+        assert re.findall(r"dropped (\w)-", said) == ["b", "a"], said
+        assert cache.kept() == ["c"]
+    finally:
+        for task in (first, second):
+            task.kill()
+            task.wait()
+
+
+def test_the_other_nodes_do_not_wait_for_one_whose_task_ended(tmp_path: Path) -> None:
+    """Another node's task that ended before its copy was done (its exit record) never will be: the others
+    fail at once naming it, not after --dataset-timeout (60 s here)."""
+    cache = NodeCache(tmp_path)
+    log_dir = cache.log_dir()
+    log_dir.mkdir(parents=True)
+    (log_dir / "N2.exit").write_text("1 1795954215.5\n")
+    done = cache.run([cache.source("a", b"1")], os.getpid(), nodes=2)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        "hpcjob: error: N1: N2 ended before its datasets were copied (its log says why): the job cannot start"
+    )

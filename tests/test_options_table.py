@@ -131,6 +131,7 @@ def test_each_profile_key_of_the_table_is_a_profile_field_that_fills_in_the_opti
         "secrets": ("HF_TOKEN",),
         "datasets": ("datasets/imagenet",),
         "local_dir": "/scratch",
+        "dataset_cache_gb": 500,
     }
     profile_fields = {f.name for f in dataclasses.fields(ClusterProfile)}
     assert set(profile_keys()) <= profile_fields and set(profile_keys()) == set(values)

@@ -25,7 +25,7 @@ from hpcjob.job.spec import SpecError
 TRAINERS, DATA, ALL = "trainers", "data", "all"
 ROLES = (TRAINERS, DATA, ALL)
 BLOB, SHARE = "blob", "share"
-# The job's variable: what each task copies ({"sources": [...], "nodes": N, "timeout_s": S}).
+# The job's variable: what each task copies ({"sources": [...], "nodes": N, "timeout_s": S[, "cache_bytes": B]}).
 SOURCES_VAR = "HPCJOB_DATASET_SOURCES"
 # The node helper's: where the task finds its datasets, one subfolder each.
 DATASETS_VAR = "HPCJOB_DATASETS"
@@ -184,14 +184,18 @@ def needs(dataset: Dataset, role: str) -> bool:
     return dataset.role in (ALL, role)
 
 
-def sources_value(datasets: Sequence[Dataset], share_root: str, nodes: int, timeout_s: float) -> str:
-    """The job's SOURCES_VAR: the sources, the number of tasks whose copies the rendezvous waits for, and
-    how long it waits."""
-    value = {
+def sources_value(
+    datasets: Sequence[Dataset], share_root: str, nodes: int, timeout_s: float, cache_bytes: int | None = None
+) -> str:
+    """The job's SOURCES_VAR: the sources, the number of tasks whose copies the rendezvous waits for, how
+    long it waits, and the cap of a user's cache on a node (absent: none)."""
+    value: dict[str, object] = {
         "sources": [dataset.on_node(share_root.rstrip("/")) for dataset in datasets],
         "nodes": nodes,
         "timeout_s": timeout_s,
     }
+    if cache_bytes:
+        value["cache_bytes"] = cache_bytes
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 

@@ -192,6 +192,12 @@ class JobOptions:
         flag="--dataset-timeout", kind=DURATION, metavar="DURATION", heading=DATASETS,
         help="How long the nodes wait for the slowest node's copy before they fail [default: 1h].",
     )  # fmt: skip
+    dataset_cache_gb: int | None = _option(
+        flag="--dataset-cache-gb", kind=COUNT, low=1, high=1_000_000, metavar="GB", heading=DATASETS,
+        profile=True,
+        help="Keep at most GB gigabytes of datasets a user on each node, dropping the least recently used "
+        "no running job reads [default: all the disk holds, dropped as a copy needs room].",
+    )  # fmt: skip
     local_dir: str | None = _option(
         flag=None, kind=TEXT, heading=DATASETS, profile=True,
         help="The nodes' own local folder for datasets (HPCJOB_LOCAL_DIR) [default: by VM size].",

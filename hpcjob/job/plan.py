@@ -550,7 +550,8 @@ def dataset_env(spec: JobSpec, root: str, tasks: int) -> tuple[tuple[str, str], 
     given = {name for name, _ in spec.env}
     if not spec.datasets:
         return ((LOCAL_DIR_VAR, spec.local_dir),) if spec.local_dir and LOCAL_DIR_VAR not in given else ()
-    value = sources_value(parse_datasets(spec.datasets), root, tasks, spec.dataset_timeout_s)
+    cache_bytes = spec.dataset_cache_gb * 10**9 if spec.dataset_cache_gb else None
+    value = sources_value(parse_datasets(spec.datasets), root, tasks, spec.dataset_timeout_s, cache_bytes)
     env: tuple[tuple[str, str], ...] = ((SOURCES_VAR, value),)
     local = local_dir(spec.local_dir, spec.vm_size)
     if local is not None and LOCAL_DIR_VAR not in given:

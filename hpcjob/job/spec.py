@@ -347,10 +347,12 @@ class JobSpec:
     secrets: tuple[str, ...] = ()
     # Datasets each task copies onto its node's own disk before the program starts (`--dataset`; issue
     # 41; hpcjob.job.datasets), waiting at most dataset_timeout_s for the slowest node; local_dir: the
-    # nodes' local folder for them (HPCJOB_LOCAL_DIR; None: by the VM size, or as the node finds it).
+    # nodes' local folder for them (HPCJOB_LOCAL_DIR; None: by the VM size, or as the node finds it);
+    # dataset_cache_gb: what a user's cache on a node keeps at most (None: all it can hold).
     datasets: tuple[str, ...] = ()
     dataset_timeout_s: float = 3600.0
     local_dir: str | None = None
+    dataset_cache_gb: int | None = None
 
     def __post_init__(self) -> None:
         name = self.name or PurePosixPath(self.script_name).stem

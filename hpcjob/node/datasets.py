@@ -9,15 +9,21 @@ It prints the folder that holds one subfolder per source this task's role needs,
 read. Each node keeps what it copied, in its local folder (HPCJOB_LOCAL_DIR), its owner's alone:
 
     <local>/hpcjob/<user>/            0700, nobody else's (the checks of env.py's environments)
-        .lock                         held while a copy changes the cache (two jobs of the user on a node)
-        datasets/<key>/current/       the last good copy of a source: its files
-        datasets/<key>/current.json   each file's key (what the source says of it, unread) and size
-        runs/<attempt>-<node>/<name>  a link to a source's `current`: the task's HPCJOB_DATASETS
+        .lock                         held while a task changes the cache (two jobs of the user on a node)
+        datasets/<key>/v<N>/          a copy of a source: its files
+        datasets/<key>/current.json   the last good copy's version, each file's key (what the source says
+                                      of it, unread) and size
+        datasets/<key>/used           its time: when a task last used the source
+        runs/<attempt>-<node>.json    the task that holds the view: its process, and the copies it reads
+        runs/<attempt>-<node>/<name>  a link to the copy the task reads: its HPCJOB_DATASETS
 
 A file is fetched again only when what its source says of it changed: a share file's size and time, a
 blob's Content-MD5 where set, else its ETag and size. A new copy is built beside the old one (unchanged
-files linked, changed ones fetched and checked: the blob's MD5 where set, else the size) and takes its place
-only whole: a copy that fails leaves the last good one, and the task fails in one line naming the node.
+files linked, changed ones fetched and checked: the blob's MD5 where set, else the size) and becomes the
+current one only whole: a copy that fails leaves the last good one, and the task fails in one line naming
+the node. A running task keeps reading the copy it started with: an older copy, and a whole source, is
+removed only once no live task holds it (its process is gone). The cache is kept under the job's cap
+(`cache_bytes`) and, when a copy needs room, made smaller, the least recently used source first.
 Then the task writes its figures to the attempt's log folder (`.hpcjob-datasets/<NODE>.json`) and waits
 until every task of the job has (the rendezvous waits for the slowest node), at most the job's timeout.
 
@@ -34,7 +40,7 @@ import shutil
 import stat
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import env  # type: ignore[import-not-found,unused-ignore]  # beside this one in .hpcjob/: a user's folder
 
@@ -174,19 +180,148 @@ def source_key(source: Dict[str, Any]) -> str:
     return "%s-%s" % (source["name"], hashlib.sha256(where.encode()).hexdigest()[:16])
 
 
-def read_manifest(path: str) -> Dict[str, List[Any]]:
+def read_manifest(path: str) -> Dict[str, Any]:
+    """A source's current.json: {"version": folder, "files": {name: [key, size]}}; {} where none is whole."""
     try:
         with open(path) as manifest:
             kept = json.load(manifest)
-        return kept if isinstance(kept, dict) else {}
     except (OSError, ValueError):
         return {}
+    return kept if isinstance(kept, dict) and isinstance(kept.get("files"), dict) else {}
 
 
-def copy_source(source: Dict[str, Any], cache: str) -> Dict[str, Any]:
-    """Bring the cache's copy of `source` up to date (the caller holds the cache's lock): its figures."""
+def process_start(pid: int) -> Optional[str]:
+    """When a process started (its /proc stat's start time: a pid used again is another process), "" where
+    the node has no /proc, None where the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as stat_file:
+            return stat_file.read().rsplit(")", 1)[1].split()[19]
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except OSError:
+            pass
+        return ""
+
+
+class Cache:
+    """A user's cache on this node (the caller holds its lock): which copies live tasks hold, what may be
+    dropped to make room or to keep under the cap, never a source this task uses (`keep`)."""
+
+    def __init__(self, folder: str, keep: List[str], cap: Any) -> None:
+        self.folder = folder
+        self.datasets = os.path.join(folder, "datasets")
+        self.runs = os.path.join(folder, "runs")
+        self.keep = set(keep)
+        self.cap = int(cap) if cap else None
+        self.held: Set[str] = set()
+        for path in (self.datasets, self.runs):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+
+    def tidy(self) -> None:
+        """Forget the views of tasks that ended, and the copies nobody reads (older versions, a build a
+        task that died left)."""
+        for name in os.listdir(self.runs):
+            path = os.path.join(self.runs, name)
+            if name.endswith(".json"):
+                holder = read_json(path)
+                pid = holder.get("pid")
+                start = process_start(pid) if isinstance(pid, int) else None
+                if start is not None and start == holder.get("start"):
+                    self.held.update(holder.get("copies") or [])
+                    continue
+                os.remove(path)
+                path = path[: -len(".json")]
+            elif os.path.exists(path + ".json"):
+                continue
+            if os.path.islink(path):
+                os.remove(path)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+        for key in os.listdir(self.datasets):
+            folder = os.path.join(self.datasets, key)
+            current = read_manifest(os.path.join(folder, "current.json")).get("version")
+            for name in os.listdir(folder):
+                path = os.path.join(folder, name)
+                if name not in ("current.json", "used", current) and path not in self.held:
+                    shutil.rmtree(path, ignore_errors=True)
+
+    def sizes(self) -> List[Tuple[float, str, int]]:
+        """Each source's (last use, key, bytes of its current copy), least recently used first."""
+        found = []
+        for key in os.listdir(self.datasets):
+            folder = os.path.join(self.datasets, key)
+            files = read_manifest(os.path.join(folder, "current.json")).get("files", {})
+            try:
+                used = os.stat(os.path.join(folder, "used")).st_mtime
+            except OSError:
+                used = 0.0
+            found.append((used, key, sum(int(size) for _, size in files.values())))
+        return sorted(found)
+
+    def droppable(self) -> List[Tuple[float, str, int]]:
+        """What may go, least recently used first: no source this task uses, none a live task reads."""
+        out = []
+        for used, key, size in self.sizes():
+            folder = os.path.join(self.datasets, key)
+            if key in self.keep or any(path.startswith(folder + os.sep) for path in self.held):
+                continue
+            out.append((used, key, size))
+        return out
+
+    def drop(self, key: str, why: str) -> int:
+        folder = os.path.join(self.datasets, key)
+        files = read_manifest(os.path.join(folder, "current.json")).get("files", {})
+        size = sum(int(each) for _, each in files.values())
+        shutil.rmtree(folder, ignore_errors=True)
+        env.say("dataset cache on %s: dropped %s (%s, %s)" % (node(), key, _size(size), why))
+        return size
+
+    def make_room(self, needed: int) -> int:
+        """Free bytes on the cache's disk, after dropping the least recently used sources it may until
+        `needed` fit."""
+        free = shutil.disk_usage(self.folder).free
+        for _, key, _ in self.droppable():
+            if free >= needed:
+                break
+            self.drop(key, "room for a copy")
+            free = shutil.disk_usage(self.folder).free
+        return free
+
+    def trim(self) -> None:
+        """Under the cap: the least recently used sources no live task reads dropped first."""
+        if self.cap is None:
+            return
+        total = sum(size for _, _, size in self.sizes())
+        for _, key, _ in self.droppable():
+            if total <= self.cap:
+                return
+            total -= self.drop(key, "over the cap of %s" % _size(self.cap))
+        if total > self.cap:
+            env.say(
+                "dataset cache on %s: %s kept, over the cap of %s: running jobs read it"
+                % (node(), _size(total), _size(self.cap))
+            )
+
+
+def read_json(path: str) -> Dict[str, Any]:
+    try:
+        with open(path) as file:
+            said = json.load(file)
+    except (OSError, ValueError):
+        return {}
+    return said if isinstance(said, dict) else {}
+
+
+def copy_source(source: Dict[str, Any], cache: Cache) -> Dict[str, Any]:
+    """Bring the cache's copy of `source` up to date (the caller holds the cache's lock): its figures, and
+    the copy's folder in "copy"."""
     began = time.time()
-    folder = os.path.join(cache, "datasets", source_key(source))
+    folder = os.path.join(cache.datasets, source_key(source))
     os.makedirs(folder, mode=0o700, exist_ok=True)
     if source["kind"] == "share":
         listing = share_listing(source["path"])
@@ -206,9 +341,10 @@ def copy_source(source: Dict[str, Any], cache: str) -> Dict[str, Any]:
         def fetch(relative: str, out: Any, expected: Tuple[str, int]) -> None:
             blob_fetch(container, source["prefix"], relative, out, expected)
 
-    current = os.path.join(folder, "current")
-    manifest_path = current + ".json"
-    held = read_manifest(manifest_path) if os.path.isdir(current) else {}
+    manifest_path = os.path.join(folder, "current.json")
+    manifest = read_manifest(manifest_path)
+    held = manifest.get("files", {})
+    current = os.path.join(folder, str(manifest.get("version")))
     unchanged = [
         name
         for name, (key, size) in listing.items()
@@ -216,17 +352,20 @@ def copy_source(source: Dict[str, Any], cache: str) -> Dict[str, Any]:
     ]
     wanted = sorted(set(listing) - set(unchanged))
     needed = sum(listing[name][1] for name in wanted)
-    free = shutil.disk_usage(folder).free
+    with open(os.path.join(folder, "used"), "a"):
+        os.utime(os.path.join(folder, "used"))
+    if not wanted and sorted(held) == sorted(listing):
+        return _figures(source, 0, sum(size for _, size in listing.values()), len(listing), began, current)
+    free = cache.make_room(needed)
     if needed > free:
         raise CopyError(
             "%s has %s free at %s, the dataset %s needs %s more"
-            % (node(), _size(free), cache, source["name"], _size(needed))
+            % (node(), _size(free), cache.folder, source["name"], _size(needed))
         )
-    if not wanted and sorted(held) == sorted(listing):
-        return _figures(source, 0, sum(size for _, size in listing.values()), len(listing), began)
-    building = os.path.join(folder, "next-%d" % os.getpid())
-    shutil.rmtree(building, ignore_errors=True)
+    version = "v%d" % int(time.time() * 1e6)
+    building = os.path.join(folder, version)
     try:
+        os.makedirs(building, mode=0o700)
         for name in unchanged:  # the new copy shares the old one's unchanged files
             target = os.path.join(building, name)
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -246,31 +385,32 @@ def copy_source(source: Dict[str, Any], cache: str) -> Dict[str, Any]:
         with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
             for done in [pool.submit(one, name) for name in wanted]:
                 done.result()
+        # The copy becomes the current one in one step; the last one stays while a live task reads it.
         env.write_atomically(
-            manifest_path + ".next", json.dumps({n: list(v) for n, v in listing.items()}, sort_keys=True)
+            manifest_path,
+            json.dumps({"version": version, "files": {n: list(v) for n, v in listing.items()}}),
         )
-        old = os.path.join(folder, "old-%d" % os.getpid())
-        if os.path.isdir(current):
-            os.rename(current, old)
-        os.rename(building, current)
-        os.rename(manifest_path + ".next", manifest_path)
-        shutil.rmtree(old, ignore_errors=True)
     except CopyError:
         shutil.rmtree(building, ignore_errors=True)
         raise
     except Exception as exc:  # a source that went away, a full disk, the SDK's errors: the old copy stays
         shutil.rmtree(building, ignore_errors=True)
         raise CopyError("copying %s: %s" % (source["name"], _first_line(exc))) from None
-    return _figures(source, needed, sum(listing[n][1] for n in unchanged), len(listing), began)
+    if current not in cache.held:
+        shutil.rmtree(current, ignore_errors=True)
+    return _figures(source, needed, sum(listing[n][1] for n in unchanged), len(listing), began, building)
 
 
-def _figures(source: Dict[str, Any], read: int, cached: int, files: int, began: float) -> Dict[str, Any]:
+def _figures(
+    source: Dict[str, Any], read: int, cached: int, files: int, began: float, copy: str
+) -> Dict[str, Any]:
     return {
         "name": source["name"],
         "bytes_source": read,
         "bytes_cache": cached,
         "files": files,
         "seconds": round(time.time() - began, 3),
+        "copy": copy,
     }
 
 
@@ -299,17 +439,29 @@ def _first_line(exc: BaseException) -> str:
 
 
 def wait_for_all(done_folder: str, nodes: int, timeout_s: float) -> None:
-    """Until every task of the job has said its copy is done (a file each), at most `timeout_s`."""
+    """Until every task of the job has said its copy is done (a file each), at most `timeout_s`; at once
+    where another node's task ended first (its exit record, node.sh's, beside the folder): it never will."""
+    log_dir = os.path.dirname(done_folder)
     deadline = time.time() + timeout_s
     while True:
         try:
             ready = sorted(
                 name[: -len(".json")] for name in os.listdir(done_folder) if name.endswith(".json")
             )
+            ended = sorted(
+                name[: -len(".exit")]
+                for name in os.listdir(log_dir)
+                if name.endswith(".exit") and name[: -len(".exit")] not in ready
+            )
         except OSError:
-            ready = []
+            ready, ended = [], []
         if len(ready) >= nodes:
             return
+        if ended:
+            raise CopyError(
+                "%s ended before its datasets were copied (its log says why): the job cannot start"
+                % ", ".join(ended)
+            )
         if time.time() > deadline:
             raise CopyError(
                 "%d of the job's %d nodes copied their datasets within %ds (done: %s): the others are slow "
@@ -318,7 +470,9 @@ def wait_for_all(done_folder: str, nodes: int, timeout_s: float) -> None:
         time.sleep(1.0)
 
 
-def main(role: str) -> str:
+def main(role: str, task_pid: int) -> str:
+    """Copy what this task's role needs, hold it for the task's process `task_pid` (node.sh's shell: the
+    copies it reads stay while it lives), say the figures and wait for the other tasks: the task's folder."""
     job = json.loads(os.environ[SOURCES_VAR])
     mine = [s for s in job["sources"] if s["role"] in ("all", role)]
     root = os.path.join(local_folder(), "hpcjob")
@@ -327,13 +481,13 @@ def main(role: str) -> str:
         with contextlib.suppress(OSError):
             os.makedirs(root, exist_ok=True)
             os.chmod(root, 0o1777)
-    cache = env.owner_folder(root, on_node=True)
     log_dir = os.environ["HPCJOB_LOG_DIR"]
     attempt = os.path.basename(log_dir.rstrip("/"))
-    view = os.path.join(cache, "runs", "%s-%s" % (attempt, node()))
     figures = []
-    with open(os.path.join(cache, ".lock"), "a") as lock:
+    with open(os.path.join(env.owner_folder(root, on_node=True), ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another job of this user on this node waits its turn
+        cache = Cache(os.path.dirname(lock.name), [source_key(s) for s in mine], job.get("cache_bytes"))
+        cache.tidy()
         for source in mine:
             said = copy_source(source, cache)
             figures.append(said)
@@ -348,13 +502,17 @@ def main(role: str) -> str:
                     said["seconds"],
                 )
             )
+        view = os.path.join(cache.runs, "%s-%s" % (attempt, node()))
+        copies = [said.pop("copy") for said in figures]
+        # The holder first: a view without one is a leftover, removed by the next task's tidy().
+        holder = {"pid": task_pid, "start": process_start(task_pid), "copies": copies}
+        env.write_atomically(view + ".json", json.dumps(holder))
         shutil.rmtree(view, ignore_errors=True)
         os.makedirs(view, mode=0o700)
-        for source in mine:
-            os.symlink(
-                os.path.join(cache, "datasets", source_key(source), "current"),
-                os.path.join(view, source["name"]),
-            )
+        for index, source in enumerate(mine):
+            os.symlink(copies[index], os.path.join(view, source["name"]))
+        cache.held.update(copies)
+        cache.trim()
     done_folder = os.path.join(log_dir, DONE_FOLDER)
     os.makedirs(done_folder, exist_ok=True)
     env.write_atomically(
@@ -366,6 +524,11 @@ def main(role: str) -> str:
 
 if __name__ == "__main__":
     try:
-        print(main(sys.argv[1] if len(sys.argv) > 1 else "trainers"))
+        print(
+            main(
+                sys.argv[1] if len(sys.argv) > 1 else "trainers",
+                int(sys.argv[2]) if len(sys.argv) > 2 else os.getppid(),
+            )
+        )
     except CopyError as exc:
         env.fail("%s: %s" % (node(), exc))

@@ -98,9 +98,10 @@ if [ -n "$HPCJOB_SECRETS_FILE" ]; then
 fi
 # A job with --dataset: the command line calls this with the task's Python (and `data` on a data node) once
 # the environment is there; it copies the sources onto this node's disk (.hpcjob/datasets.py), waits for the
-# other nodes' copies, and names the task's folder of them.
+# other nodes' copies, and names the task's folder of them; the copies it names stay on the node while this
+# task's shell ($$, in the command substitution too) lives.
 hpcjob_datasets() {
-    HPCJOB_DATASETS=$("$1" .hpcjob/datasets.py "${2:-trainers}") && export HPCJOB_DATASETS
+    HPCJOB_DATASETS=$("$1" .hpcjob/datasets.py "${2:-trainers}" $$) && export HPCJOB_DATASETS
 }
 # Where this node is on the job's network, in a person's words: the one that hosts the rendezvous says so.
 if [ "$HPCJOB_IS_HOST" = 1 ]; then

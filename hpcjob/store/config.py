@@ -170,9 +170,11 @@ class ClusterProfile:
     # (names only, never a value: hpcjob reads each from the environment at submission).
     secrets: tuple[str, ...] | None = None
     # Datasets every job of the cluster copies onto its nodes (`--dataset`, when a job gives none), and
-    # the nodes' own local folder they are copied into (HPCJOB_LOCAL_DIR; default: by the VM size).
+    # the nodes' own local folder they are copied into (HPCJOB_LOCAL_DIR; default: by the VM size), and
+    # what a user's cache of them on a node keeps at most, in GB (default: all the disk holds).
     datasets: tuple[str, ...] | None = None
     local_dir: str | None = None
+    dataset_cache_gb: int | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)

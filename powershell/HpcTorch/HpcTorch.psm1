@@ -51,6 +51,7 @@ $script:JobOptions = @{
     DataWait     = '--data-wait'
     Dataset      = '--dataset'
     DatasetTimeout = '--dataset-timeout'
+    DatasetCacheGb = '--dataset-cache-gb'
 }
 $script:SmbOptions = @{ SmbUser = '--smb-user'; SmbServer = '--smb-server'; SmbPort = '--smb-port' }
 $script:ClusterOptions = @{ Cluster = '--cluster'; Backend = '--backend' }
@@ -422,6 +423,7 @@ function Submit-HpcTorchJob {
         [string]$DataWait,
         [string[]]$Dataset,
         [string]$DatasetTimeout,
+        [ValidateRange(1, 1000000)][int]$DatasetCacheGb,
         [string]$SmbUser,
         [string]$SmbServer,
         [ValidateRange(1, 65535)][int]$SmbPort,
@@ -513,6 +515,7 @@ function Invoke-HpcTorchJob {
         [string]$DataWait,
         [string[]]$Dataset,
         [string]$DatasetTimeout,
+        [ValidateRange(1, 1000000)][int]$DatasetCacheGb,
         [hashtable]$Tag,
         [switch]$Quiet,
         [ValidateRange(0, 86400)][double]$GracePeriod,
