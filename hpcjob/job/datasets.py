@@ -25,7 +25,8 @@ from hpcjob.job.spec import SpecError
 TRAINERS, DATA, ALL = "trainers", "data", "all"
 ROLES = (TRAINERS, DATA, ALL)
 BLOB, SHARE = "blob", "share"
-# The job's variable: what each task copies ({"sources": [...], "nodes": N, "timeout_s": S[, "cache_bytes": B]}).
+# The job's variable: what each task copies
+# ({"sources": [...], "nodes": N, "timeout_s": S[, "cache_bytes": B]}).
 SOURCES_VAR = "HPCJOB_DATASET_SOURCES"
 # The node helper's: where the task finds its datasets, one subfolder each.
 DATASETS_VAR = "HPCJOB_DATASETS"
