@@ -627,3 +627,21 @@ def test_the_other_nodes_do_not_wait_for_one_whose_task_ended(tmp_path: Path) ->
     assert done.stderr.strip().splitlines()[-1] == (
         "hpcjob: error: N1: N2 ended before its datasets were copied (its log says why): the job cannot start"
     )
+
+
+def test_the_node_helper_s_names_are_the_client_s() -> None:
+    """The node helper imports nothing of hpcjob: its copies of the job's names are kept one here."""
+    import importlib.util
+
+    from hpcjob.job import datasets as job
+
+    sys.path.insert(0, str(NODE_HELPER.parent))  # its `env`, beside it as on the node
+    try:
+        spec = importlib.util.spec_from_file_location("node_datasets", NODE_HELPER)
+        assert spec is not None and spec.loader is not None
+        node = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(node)
+    finally:
+        sys.path.remove(str(NODE_HELPER.parent))
+    for name in ("SOURCES_VAR", "LOCAL_DIR_VAR", "DONE_FOLDER", "RESOURCE_DISKS"):
+        assert getattr(node, name) == getattr(job, name), name

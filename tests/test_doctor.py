@@ -130,9 +130,13 @@ def test_a_healthy_cluster_passes_every_check_and_then_a_slow_node_is_found_betw
     found = checks(done)
     assert list(found) == [
         *("head node", "credentials", "nodes", "GPUs", "share mounted", "torch", "Python", "agent"),
-        *("all-reduce", "fabric", "all-reduce per node", "all-reduce between nodes", "rendezvous port"),
-        "share",
+        *("local disk", "all-reduce", "fabric", "all-reduce per node", "all-reduce between nodes"),
+        *("rendezvous port", "share"),
     ]
+    # Each emulated node's own disk (the emulator's HPCJOB_LOCAL_DIR), a folder of this machine's.
+    result, detail = found.pop("local disk")
+    assert result == "info" and len(detail.split("; ")) == 3, detail
+    assert re.search(r"/nodes/NODE002/local on 1 node\(s\)(, on the OS disk)?: [0-9.]+ [GT]B free", detail)
     assert found.pop("fabric") == ("skip", "no NCCL: the all-reduce ran on the CPU (gloo)")
     assert found.pop("rendezvous port")[0] == "info"  # the profile does not say its nodes are here
     # The mount point here is long (tmp_path): no room for the agent (tests/test_doctor_checks.py).

@@ -4,6 +4,7 @@ pairs."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
 
@@ -15,7 +16,10 @@ from hpcjob.checks.verdicts import (
     INFO,
     PASS,
     SKIP,
+    Check,
     fabric_check,
+    local_disk_check,
+    local_probe_command,
     node_allreduce_check,
     pair_rounds,
     pairs_check,
@@ -318,3 +322,53 @@ def test_an_ended_jobs_connections_on_the_rendezvous_port_are_no_bar() -> None:
 
 def here_profile(**changes: object) -> ClusterProfile:
     return ClusterProfile(name="p", url="https://head", user="alice", **changes)  # type: ignore[arg-type]
+
+
+def test_each_node_s_local_folder_and_free_space_are_said_from_the_probe_run_here(tmp_path: Path) -> None:
+    """The probe runs in a real shell: the folder the profile names, the node's own HPCJOB_LOCAL_DIR before
+    it, a folder that is not there (a failure only where the profile copies datasets); many nodes are said
+    by the least and most free."""
+    import os
+    import subprocess
+
+    def probe(folder: str | None, **env: str) -> str:
+        done = subprocess.run(["bash", "-c", local_probe_command(folder)], capture_output=True, text=True,
+                              env={**os.environ, **env}, check=True)  # fmt: skip
+        return done.stdout
+
+    here = probe(str(tmp_path))
+    check = local_disk_check([("GPU1", here)], datasets=True)
+    assert check.result == INFO and check.detail.startswith(f"{tmp_path} on 1 node(s)"), check
+    free = float(check.detail.split(": ")[-1].split()[0]) * {"GB": 1e9, "TB": 1e12}[check.detail.split()[-2]]
+    assert abs(free - shutil.disk_usage(tmp_path).free) < 0.1 * free  # df's figure, as Python sees it
+    own = probe("/nowhere", HPCJOB_LOCAL_DIR=str(tmp_path))  # the node's own name for it wins
+    assert local_disk_check([("GPU1", own)], datasets=True).detail.startswith(f"{tmp_path} on 1 node(s)")
+
+    gone = probe(str(tmp_path / "missing"))
+    failed = local_disk_check([("GPU1", here), ("GPU2", gone)], datasets=True)
+    assert failed.result == FAIL and failed.detail.startswith(
+        f"GPU2: no local folder at {tmp_path}/missing; "
+    )
+    assert "local_dir" in failed.fix
+    assert local_disk_check([("GPU2", gone)], datasets=False) == Check(
+        "local disk", INFO, f"GPU2: no local folder at {tmp_path}/missing (--dataset needs one)"
+    )
+
+
+def test_the_resource_disk_is_a_mount_point_of_its_own_and_many_nodes_say_least_and_most() -> None:
+    def said(rows: str) -> str:
+        return f"HPCJOB_PROBE local=/mnt/resource /mnt\nHPCJOB_PROBE df={rows}\n"
+
+    resource = "/dev/sdb1,,,300000000,,100,,,299000000,,,1%,/mnt;"
+    os_disk = "/dev/sda1,,,30000000,,100,,,20000000,,,40%,/;"
+    answers = [("GPU1", said(resource)), ("GPU2", said(resource.replace("299000000", "100000000")))]
+    assert local_disk_check(answers, datasets=True) == Check(
+        "local disk", INFO, "/mnt on 2 node(s): 102.4 GB free at least (GPU2), 306.2 GB at most"
+    )
+    # /mnt/resource and /mnt there, but on the OS disk: no resource disk.
+    check = local_disk_check([("GPU3", said(os_disk + os_disk))], datasets=True)
+    assert check.result == FAIL and check.detail == "GPU3: no local folder at /mnt/resource or /mnt"
+    on_os = "HPCJOB_PROBE local=/scratch\nHPCJOB_PROBE df=" + os_disk
+    assert local_disk_check([("GPU1", on_os)], datasets=False).detail == (
+        "/scratch on 1 node(s), on the OS disk: 20.5 GB free"
+    )

@@ -86,6 +86,7 @@ def checkup(
                 )
                 expected, _ = gpus_per_node(None, profile.gpus_per_node, profile.vm_size)
                 checks += probe_checks(answers, expected, mount_point, profile.share)
+                checks.append(_nodes_local_disk(access, usable))
                 checks += _allreduce(
                     access, fit_nodes(answers), mount_point, requirements, image, progress, command
                 )
@@ -174,6 +175,23 @@ def _allreduce(
     if len(fit) > 2:
         checks.append(_pairs_allreduce(access, fit, mount_point, progress, command))
     return checks
+
+
+def _nodes_local_disk(access: ClusterAccess, usable: list[str]) -> Check:
+    """Each node's local folder and free space, from a short job of its own (the first probe's line has
+    no room left for it under the scheduler's limit)."""
+    from hpcjob.checks.verdicts import local_disk_check, local_probe_command
+    from hpcjob.job.datasets import local_dir
+    from hpcjob.job.render import JobShape
+
+    profile = access.profile
+    _, answers = access.backend.run_on_nodes(
+        f"hpcjob-doctor-disk-{int(time.time())}",
+        local_probe_command(local_dir(profile.local_dir, profile.vm_size)),
+        JobShape(tuple(usable), profile.node_group),
+        lambda line: None,
+    )
+    return local_disk_check(answers, bool(profile.datasets))
 
 
 def _data_nodes(

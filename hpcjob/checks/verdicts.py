@@ -70,6 +70,68 @@ def probe_command(mount_point: str, python: str = "python3", limit: int = DEFAUL
     return command + agent if len(command + agent) <= limit else command
 
 
+def local_probe_command(folder: str | None) -> str:
+    """One shell line for every node: where its local folder is (the node's own HPCJOB_LOCAL_DIR where it
+    has one, else `folder`, else the resource disk's mount points) and `df`'s line for it."""
+    from hpcjob.job.datasets import LOCAL_DIR_VAR, RESOURCE_DISKS
+
+    asked = folder or " ".join(RESOURCE_DISKS)
+    return (
+        f"P={PROBE_PREFIX};d=${{{LOCAL_DIR_VAR}:-{asked}}};echo $P local=$d;"
+        f'echo $P df=$(df -Pk $d 2>&-|tail -n +2|tr " \n" ",;")'
+    )
+
+
+def local_disk_check(answers: Sequence[tuple[str, str]], datasets: bool) -> Check:
+    """Each node's local folder (`local_probe_command`'s answers) and its free space: the datasets' and
+    the checkpoints' place on the node. A node without one fails only where the profile copies datasets
+    (`datasets`); the least free space is what a dataset may take."""
+    from hpcjob.job.datasets import size_text
+
+    found: dict[str, tuple[str, str, int]] = {}  # node: (folder, its file system's mount point, free bytes)
+    missing: dict[str, str] = {}
+    for node, output in answers:
+        said = parse_probe(output)
+        asked = said.get("local", "").split()
+        if not asked:
+            continue
+        rows = [[field for field in row.split(",") if field] for row in said.get("df", "").split(";")]
+        rows = [row for row in rows if len(row) >= 6 and row[3].isdigit()]
+        if len(asked) == 1 and rows:  # the folder named: df's line is its file system's
+            found[node] = (asked[0], rows[0][5], int(rows[0][3]) * 1024)
+            continue
+        mounted = [row for row in rows if row[5] in asked]  # the resource disk: a mount point of its own
+        if len(asked) > 1 and mounted:
+            found[node] = (mounted[0][5], mounted[0][5], int(mounted[0][3]) * 1024)
+        else:
+            missing[node] = " or ".join(asked)
+    if not found and not missing:
+        return Check("local disk", SKIP, "no node answered the probe")
+    parts = []
+    for folder in sorted({where for where, _, _ in found.values()}):
+        nodes = sorted((free, node) for node, (where, _, free) in found.items() if where == folder)
+        mounts = {mount for node, (where, mount, _) in found.items() if where == folder}
+        on = "" if mounts == {folder} or "/" not in mounts else ", on the OS disk"
+        least, most = nodes[0], nodes[-1]
+        range_ = (
+            f"{size_text(least[0])} free"
+            if least[0] == most[0]
+            else (f"{size_text(least[0])} free at least ({least[1]}), {size_text(most[0])} at most")
+        )
+        parts.append(f"{folder} on {len(nodes)} node(s){on}: {range_}")
+    if missing:
+        where = sorted(set(missing.values()))
+        detail = f"{', '.join(sorted(missing))}: no local folder at {'; '.join(where)}"
+        fix = (
+            "set local_dir in the cluster's profile to a folder on the nodes' own disk (a size with NVMe "
+            "disks: the share's mount step assembles them at /mnt/nvme)"
+        )
+        if datasets:
+            return Check("local disk", FAIL, "; ".join([detail, *parts]), fix)
+        return Check("local disk", INFO, "; ".join([detail + " (--dataset needs one)", *parts]))
+    return Check("local disk", INFO, "; ".join(parts))
+
+
 def parse_probe(output: str) -> dict[str, str]:
     found = {}
     for line in output.splitlines():

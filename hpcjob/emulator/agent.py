@@ -152,6 +152,7 @@ class NodeAgent:
         # Each emulated node's own disk, where a job names none, under the name hpcjob's tasks read it by
         # (hpcjob.job.datasets.LOCAL_DIR_VAR; the emulator imports nothing of the client's).
         variables.setdefault("HPCJOB_LOCAL_DIR", os.path.join(node_dir, "local"))
+        os.makedirs(os.path.join(node_dir, "local"), exist_ok=True)
         variables.update(
             CCP_JOBID=str(job.id),
             CCP_TASKID=str(task.number),

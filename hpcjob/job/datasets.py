@@ -40,6 +40,9 @@ MAX_DATASETS = 32
 BLOB_REQUIREMENT = "azure-storage-blob==12.31.1"
 # Where a size with local NVMe disks has them, as one volume (the mount step assembles it).
 NVME_MOUNT = "/mnt/nvme"
+# Where an Azure VM's resource disk is mounted (the Linux agent's and cloud-init's), the local folder of a
+# job that names none on a size without NVMe disks. UNVERIFIED on HPC Pack's own images.
+RESOURCE_DISKS = ("/mnt/resource", "/mnt")
 # Where an account's own host name ends (the public cloud and the national ones): the virtual-host form.
 BLOB_SUFFIXES = (
     ".blob.core.windows.net",

@@ -49,8 +49,8 @@ LOCAL_DIR_VAR = "HPCJOB_LOCAL_DIR"
 DONE_FOLDER = ".hpcjob-datasets"
 CHUNK = 1 << 20  # bytes read and written at a time: a copy's memory is this per thread
 THREADS = 8
-# Where an Azure VM's resource disk is mounted (the Linux agent's and cloud-init's), when the job names no
-# local folder and its size has no NVMe disks. UNVERIFIED on HPC Pack's own images.
+# Where an Azure VM's resource disk is mounted, when the job names no local folder and its size has no NVMe
+# disks (hpcjob.job.datasets.RESOURCE_DISKS: a test keeps them one).
 RESOURCE_DISKS = ("/mnt/resource", "/mnt")
 
 
