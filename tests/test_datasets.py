@@ -615,6 +615,27 @@ def test_a_running_task_keeps_its_copy_and_the_cache_drops_the_least_recently_us
             task.wait()
 
 
+def test_a_task_in_a_container_holds_its_copy_until_its_exit_record_is_there(tmp_path: Path) -> None:
+    """A task in another pid namespace (an `--image` container: its processes are not seen from here)
+    holds its copy while its exit record is missing; once node.sh wrote it, the copy may go."""
+    cache = NodeCache(tmp_path)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    a = cache.source("a", b"1" * 1000)
+    view, _ = cache.copy([a], ended.pid)
+    holder_file = view.parent / f"{view.name}.json"
+    holder = json.loads(holder_file.read_text())
+    exit_record = Path(holder["exit"])
+    assert exit_record == cache.tmp_path / "logs" / "attempt-1" / "N1.exit"
+    holder_file.write_text(json.dumps({**holder, "pidns": "pid:[1]"}))  # another container's task
+    cache.source("a", b"2" * 1000)
+    cache.copy([a], ended.pid)
+    assert (view / "a" / "data.bin").read_bytes() == b"1" * 1000  # still held
+    exit_record.write_text("0 1795954215.5\n")
+    cache.copy([a], ended.pid)
+    assert not view.exists() and len(list(cache.local.glob("hpcjob/*/datasets/a-*/v*"))) == 1
+
+
 def test_the_other_nodes_do_not_wait_for_one_whose_task_ended(tmp_path: Path) -> None:
     """Another node's task that ended before its copy was done (its exit record) never will be: the others
     fail at once naming it, not after --dataset-timeout (60 s here)."""
@@ -645,3 +666,24 @@ def test_the_node_helper_s_names_are_the_client_s() -> None:
         sys.path.remove(str(NODE_HELPER.parent))
     for name in ("SOURCES_VAR", "LOCAL_DIR_VAR", "DONE_FOLDER", "RESOURCE_DISKS"):
         assert getattr(node, name) == getattr(job, name), name
+
+
+@pytest.mark.parametrize(
+    ("given", "volume"),
+    [
+        ({"vm_size": "Standard_ND96isr_H200_v5"}, "/mnt/nvme:/mnt/nvme"),
+        ({"vm_size": "Standard_NC24ads_A100_v4"}, "/mnt:/mnt"),  # the resource disk, found on the node
+        ({"vm_size": "Standard_NC24ads_A100_v4", "local_dir": "/scratch"}, "/scratch:/scratch"),
+        ({}, None),  # not a cluster's size: the backend's own (a local run's node folders)
+    ],
+)
+def test_a_container_gets_the_node_s_local_folder(given: dict[str, str], volume: str | None) -> None:
+    from hpcjob.job.plan import DOCKER_VOLUMES_VAR
+
+    image = "nvcr.io/nvidia/pytorch:24.05-py3"
+    spec = JobSpec(script="train.py", nodes=1, image=image, datasets=("datasets/x",), **given)  # type: ignore[arg-type]
+    volumes = dict(make_plan(spec, ["N1"], "run-1").env)[DOCKER_VOLUMES_VAR].split(",")
+    local = [v for v in volumes if v.startswith(("/mnt", "/scratch"))]
+    assert local == ([volume] if volume else [])
+    plain = JobSpec(script="train.py", nodes=1, image=image, vm_size="Standard_ND96isr_H200_v5")
+    assert "/mnt/nvme:/mnt/nvme" not in dict(make_plan(plain, ["N1"], "run-1").env)[DOCKER_VOLUMES_VAR]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcjob.backends.local import free_port
+from hpcjob.backends.local import free_port, local_node_folder
 from hpcjob.job.plan import (
     DOCKER_IMAGE_VAR,
     DOCKER_NVIDIA_VAR,
@@ -215,3 +215,7 @@ def test_a_local_run_with_an_image_runs_each_node_in_a_container(
     calls = [json.loads(line) for line in Path(fake_docker["FAKE_DOCKER_LOG"]).read_text().splitlines()]
     assert [call[:3] for call in calls] == [["run", "--rm", "--network=host"]] * 2
     assert all(f"{share}:{share}" in call and f"{os.getuid()}:{os.getgid()}" in call for call in calls)
+    # Each node's own disk (its HPCJOB_LOCAL_DIR: datasets, checkpoints) is in its container.
+    for node in ("LOCAL1", "LOCAL2"):
+        own = local_node_folder(node)
+        assert own.is_dir() and [call for call in calls if f"{own}:{own}" in call and node in " ".join(call)]

@@ -12,9 +12,17 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from pathlib import PurePosixPath
 from typing import Any
 
-from hpcjob.job.datasets import LOCAL_DIR_VAR, SOURCES_VAR, local_dir, parse_datasets, sources_value
+from hpcjob.job.datasets import (
+    LOCAL_DIR_VAR,
+    RESOURCE_DISKS,
+    SOURCES_VAR,
+    local_dir,
+    parse_datasets,
+    sources_value,
+)
 from hpcjob.job.fabric import TOPOLOGY_FOLDER, nccl_env
 from hpcjob.job.hangs import beat_interval
 from hpcjob.job.spec import (
@@ -241,6 +249,12 @@ def docker_env(spec: JobSpec, root: str) -> tuple[tuple[str, str], ...]:
         volumes.append(f"{spec.node_env_dir}:{spec.node_env_dir}")
     if nccl_env(spec.vm_size):  # the size's topology files, which its NCCL settings name
         volumes.append(f"{TOPOLOGY_FOLDER}:{TOPOLOGY_FOLDER}:ro")
+    if spec.datasets or spec.local_dir:  # the node's own disk: the datasets' cache, HPCJOB_LOCAL_DIR
+        local = local_dir(spec.local_dir, spec.vm_size)
+        if local is None and spec.vm_size is not None:  # the resource disk the node finds, below /mnt:
+            local = str(PurePosixPath(RESOURCE_DISKS[0]).parent)  # Docker binds what is mounted below too
+        if local is not None:
+            volumes.append(f"{local}:{local}")
     env = [
         (DOCKER_IMAGE_VAR, spec.image),
         (DOCKER_OPTIONS_VAR, options),

@@ -14,7 +14,8 @@ read. Each node keeps what it copied, in its local folder (HPCJOB_LOCAL_DIR), it
         datasets/<key>/current.json   the last good copy's version, each file's key (what the source says
                                       of it, unread) and size
         datasets/<key>/used           its time: when a task last used the source
-        runs/<attempt>-<node>.json    the task that holds the view: its process, and the copies it reads
+        runs/<attempt>-<node>.json    the task that holds the view: its process (and exit record), and the
+                                      copies it reads
         runs/<attempt>-<node>/<name>  a link to the copy the task reads: its HPCJOB_DATASETS
 
 A file is fetched again only when what its source says of it changed: a share file's size and time, a
@@ -208,6 +209,24 @@ def process_start(pid: int) -> Optional[str]:
         return ""
 
 
+def pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def holds(holder: Dict[str, Any]) -> bool:
+    """Whether the task a view's holder names still runs: its process, started when it says, where it is in
+    this process's pid namespace; a task in another (a container of `--image`, whose processes are not seen
+    from here) until its exit record (node.sh's) is there."""
+    if holder.get("pidns", "") != pid_namespace():
+        return bool(holder.get("exit")) and not os.path.exists(holder["exit"])
+    pid = holder.get("pid")
+    start = process_start(pid) if isinstance(pid, int) else None
+    return start is not None and start == holder.get("start")
+
+
 class Cache:
     """A user's cache on this node (the caller holds its lock): which copies live tasks hold, what may be
     dropped to make room or to keep under the cap, never a source this task uses (`keep`)."""
@@ -229,9 +248,7 @@ class Cache:
             path = os.path.join(self.runs, name)
             if name.endswith(".json"):
                 holder = read_json(path)
-                pid = holder.get("pid")
-                start = process_start(pid) if isinstance(pid, int) else None
-                if start is not None and start == holder.get("start"):
+                if holds(holder):
                     self.held.update(holder.get("copies") or [])
                     continue
                 os.remove(path)
@@ -505,7 +522,13 @@ def main(role: str, task_pid: int) -> str:
         view = os.path.join(cache.runs, "%s-%s" % (attempt, node()))
         copies = [said.pop("copy") for said in figures]
         # The holder first: a view without one is a leftover, removed by the next task's tidy().
-        holder = {"pid": task_pid, "start": process_start(task_pid), "copies": copies}
+        holder = {
+            "pid": task_pid,
+            "start": process_start(task_pid),
+            "pidns": pid_namespace(),
+            "exit": os.path.join(log_dir, node() + ".exit"),
+            "copies": copies,
+        }
         env.write_atomically(view + ".json", json.dumps(holder))
         shutil.rmtree(view, ignore_errors=True)
         os.makedirs(view, mode=0o700)

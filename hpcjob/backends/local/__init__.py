@@ -632,6 +632,10 @@ class LocalBackend:
             variables = {**variables, ENVS_VAR: folder}
             if envs.startswith("~"):
                 volumes.append(f"{folder}:{folder}")
+        own_disk = local_node_folder(task.node)
+        if variables.get(LOCAL_DIR_VAR) == str(own_disk):  # the node's own disk, as the job's volume is
+            own_disk.mkdir(parents=True, exist_ok=True)
+            volumes.append(f"{own_disk}:{own_disk}")
         env_file = Path(plan.log_dir) / f"{task.node}.container-env"
         with os.fdopen(os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
             out.write("".join(f"{name}={value}\n" for name, value in variables.items()))
