@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Sets up .venv for hpcjob: the package with its training (torch, torchvision), REST, share and
 # development extras. Safe to run again: it does nothing when pyproject.toml has not changed.
-#   --test   also install what the multi-host tests need from the system (samba, smbclient), with
-#            apt-get, when running as root and they are missing.
+#   --test   also install what the multi-host tests need from the system (samba, smbclient), and the
+#            local disks' tests (mdadm), with apt-get, when running as root and they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ "${1:-}" = "--test" ] && ! command -v smbd >/dev/null; then
+if [ "${1:-}" = "--test" ] && { ! command -v smbd >/dev/null || ! command -v mdadm >/dev/null; }; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "bootstrap: installing samba and smbclient for the multi-host tests" >&2
-        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq samba smbclient >/dev/null
+        echo "bootstrap: installing samba, smbclient and mdadm for the multi-host and local disks' tests" >&2
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq samba smbclient mdadm >/dev/null
     else
         echo "bootstrap: samba is missing and cannot be installed here: the multi-host tests will be skipped" >&2
     fi

@@ -25,6 +25,7 @@ import pytest
 
 import hpctorch
 from hpcjob.job.plan import CONTAINER_OPTIONS, AllowedShare, ContainerPolicy, user_mount_point
+from hpcjob.job.render.job_xml import MOUNT_CHECK
 from hpcjob.job.render.text import CHAINED_SUFFIX, filter_config, filter_install_command
 from hpcjob.job.spec import SpecError
 from hpcjob.node import mount_filter
@@ -181,6 +182,32 @@ def test_the_filter_mounts_the_owners_own_folder_with_their_credentials_and_noth
     assert "mounted" in node.log() and PASSWORD not in node.log()
     assert stat.S_IMODE((node.root / mount_filter.LOG_FILE.lstrip("/")).stat().st_mode) == 0o600
     assert node.result() == "already mounted"
+
+
+def test_the_local_disks_result_reaches_the_task_beside_the_share_s(node: Node, tmp_path: Path) -> None:
+    """Where the administrator's file names local disks, each task start says what the filter did with
+    them (here: no such disk on this machine), and the share is mounted all the same; the mount job's
+    task says it before its own line, and `hpcjob mount` shows it."""
+    from hpcjob.backends.scheduler import mount_results
+    from hpcjob.job.results import JobInfo, State, TaskInfo
+
+    point = tmp_path / "nvme"
+    done = node.shell(filter_install_command((node.allowed,), None, str(point)))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().strip().endswith(f"with no container policy, its free NVMe disks at {point}")
+    answer = json.loads(node.start(task_start(node.asking())))["m_Item2"]["environmentVariables"]
+    assert answer[mount_filter.RESULT_VAR] == "mounted"
+    said = f"failed: no free disk matches {mount_filter.NVME_DEVICES} to assemble at {point}"
+    assert answer[mount_filter.LOCAL_DISK_RESULT_VAR] == said
+    assert "local disks: " + said in node.log()
+    check = subprocess.run(["bash", "-c", MOUNT_CHECK], env={**answer, "PATH": os.environ["PATH"]},
+                           capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0 and check.stdout.splitlines() == ["local disks: " + said, "mounted"]
+    task = TaskInfo(1, "mount NODE1", State.FINISHED, 0, "NODE1")
+    info = JobInfo("7", "mount", State.FINISHED, "", (task,))
+    assert mount_results(info, [("NODE1", check.stdout)])[0].message == "local disks: " + said
+    with pytest.raises(ValueError, match="is not a pattern of devices below /dev"):
+        mount_filter.check_local_disks({"mount": "/mnt/nvme", "devices": "/etc/../dev/sda"})
 
 
 @pytest.mark.parametrize(

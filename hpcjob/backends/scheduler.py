@@ -117,12 +117,19 @@ def mount_results(info: JobInfo, outputs: Iterable[tuple[str, str]]) -> list[Mou
     hpcjob's execution filter did), which the scheduler keeps in the task's Output property (documented
     for a task without a stdout file). Where it kept none, the task's state says enough: it finishes
     only when the share is there."""
-    said = {node.upper(): (text.strip().splitlines() or [""])[-1].strip() for node, text in outputs}
+    from hpcjob.job.plan import LOCAL_DISKS_SAID
+
+    lines = {node.upper(): [line.strip() for line in text.strip().splitlines()] for node, text in outputs}
+    said = {node: (found or [""])[-1] for node, found in lines.items()}
+    disks = {
+        node: next((line for line in found if line.startswith(LOCAL_DISKS_SAID)), "")
+        for node, found in lines.items()
+    }
     results = []
     for task in info.tasks:
         line = said.get(task.node.upper(), "")
         if task.state == State.FINISHED and line in (MOUNTED, ALREADY_MOUNTED):
-            results.append(MountResult(task.node, line))
+            results.append(MountResult(task.node, line, disks.get(task.node.upper(), "")))
         elif task.state == State.FINISHED and not line:
             results.append(MountResult(task.node, MOUNTED, NO_OUTPUT_KEPT))
         elif not line:

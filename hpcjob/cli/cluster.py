@@ -622,7 +622,10 @@ def nodes(
 @cli.command(
     short_help="Mount the share on the nodes, with your own credentials.",
     groups=headed(
-        {FILTER: "install mount_options allow_images allow_docker_options allow_volumes", OUTPUT: "dry_run"}
+        {
+            FILTER: "install mount_options allow_images allow_docker_options allow_volumes local_disks",
+            OUTPUT: "dry_run",
+        }
     ),
     epilog="""\b
     Examples:
@@ -689,6 +692,14 @@ def nodes(
     "read-only; repeatable; given, the list replaces the default [default: the mount root, /home, the "
     "host's users and topology files read-only].",
 )
+@click.option(
+    "--local-disks",
+    type=TEXT,
+    metavar="PATH",
+    help="With --install: at each job's start on a node, its free NVMe disks (no partition, file system "
+    "or mount) become one RAID 0 volume mounted at PATH, once; `none`: left alone [default: /mnt/nvme "
+    "where the profile's vm_size has NVMe disks].",
+)
 @click.option("--dry-run", is_flag=True, help="Print what would run on the head node, and send nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print each node's result as JSON.")
 def mount(
@@ -703,6 +714,7 @@ def mount(
     allow_images: tuple[str, ...],
     allow_docker_options: tuple[str, ...],
     allow_volumes: tuple[str, ...],
+    local_disks: str | None,
     dry_run: bool,
     as_json: bool,
 ) -> None:
@@ -719,11 +731,13 @@ def mount(
     from hpcjob.runner import ClusterAccess, mount_preview, mount_request, mount_share
     from hpcjob.store.config import get_profile
 
-    if (allow_images or allow_docker_options or allow_volumes) and not install:
-        raise SpecError("--allow-image, --allow-docker-option and --allow-volume go with --install")
+    if (allow_images or allow_docker_options or allow_volumes or local_disks) and not install:
+        raise SpecError(
+            "--allow-image, --allow-docker-option, --allow-volume and --local-disks go with --install"
+        )
     request = mount_request(
         get_profile(cluster_name), share, mount_point, mount_options, node_group, node_names,
-        allow_images, allow_docker_options, allow_volumes,
+        allow_images, allow_docker_options, allow_volumes, local_disks,
     )  # fmt: skip
     if dry_run:
         click.echo(mount_preview(request, install=install))

@@ -180,6 +180,8 @@ def flight_recorder_env(log_dir: str) -> tuple[tuple[str, str], ...]:
 MOUNT_VAR = "HPCJOB_MOUNT"
 # What the filter did, in the task's environment: mounted, already mounted, or "failed: <why>".
 MOUNT_RESULT_VAR = "HPCJOB_MOUNT_RESULT"
+LOCAL_DISK_RESULT_VAR = mount_filter.LOCAL_DISK_RESULT_VAR  # what it did with the node's local disks
+LOCAL_DISKS_SAID = "local disks: "  # how a mount job's task says it, before the mount's own line
 # The job's environment (hpcjob/node/env.py): its requirements file in the job folder, and the folder of
 # environments: each node's own (spec.node_env_dir), or the share's, beside the job folders (`--env-on`).
 REQUIREMENTS_VAR = "HPCJOB_REQUIREMENTS"

@@ -32,6 +32,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 REQUEST_VAR = "HPCJOB_MOUNT"
 RESULT_VAR = "HPCJOB_MOUNT_RESULT"
+# What the filter did with the node's local NVMe disks, where the administrator's file names them
+# ("local_disks": {"mount": "/mnt/nvme", "devices": "/dev/nvme*n1"}): "ready", "assembled ..." or "failed:".
+LOCAL_DISK_RESULT_VAR = "HPCJOB_LOCAL_DISK_RESULT"
+# The label of the file system the filter makes on them, and the name of their RAID 0 array: what tells a
+# volume of its own (mounted again after a reboot) from a disk it must never touch.
+LOCAL_DISK_LABEL = "hpcjob-local"
+DEVICE_PATTERN = re.compile(r"/dev/[A-Za-z0-9_*?/\[\]-]+")
+NVME_DEVICES = "/dev/nvme*n1"  # each NVMe disk's first (on Azure's sizes, only) namespace
 MOUNTED = "mounted"
 ALREADY_MOUNTED = "already mounted"
 CONFIG_FILE = "hpcjob-mounts.json"
@@ -147,6 +155,9 @@ def main(argv: List[str]) -> int:
         result = f"failed: hpcjob's filter met an error ({type(err).__name__}); see {LOG_FILE} on the node"
         log("error", type(err).__name__)  # never its text: it may quote what it was given
     env[RESULT_VAR] = result
+    disks = local_disks_result(started)
+    if disks:
+        env[LOCAL_DISK_RESULT_VAR] = disks
     ids = request.get("m_Item1") if isinstance(request.get("m_Item1"), dict) else {}
     log(
         "job {!r} task {!r} {} of {!r}: {} ({:.1f} s)".format(
@@ -446,6 +457,151 @@ def handle(event: str, wanted: str, request: Dict[str, Any], env: Dict[str, str]
     return MOUNTED
 
 
+def local_disks_result(started: float) -> str:
+    """local_disks under the node's lock, within what is left of the filter's time: what it did, or
+    "failed: why" (the task goes on: the share's mount is its own result)."""
+    try:
+        config = read_config()
+        if not config.get("local_disks"):
+            return ""
+        deadline = started + float(config.get("timeout_s", BUDGET_S))
+        with node_lock(deadline):
+            result = local_disks(config, deadline)
+    except Refused as why:
+        result = "failed: " + one_line(str(why))
+    except Exception as err:  # as handle's: never stop the task's start
+        result = f"failed: hpcjob's filter met an error ({type(err).__name__}); see {LOG_FILE} on the node"
+        log("error", type(err).__name__)
+    log("local disks:", result)
+    return result
+
+
+def local_disks(config: Config, deadline: float) -> str:
+    """The node's local NVMe disks as one volume at the administrator's mount point, made once and
+    mounted again after a reboot (the caller holds the node's lock): what was done, in a line ("" where
+    the file names none). Only disks the administrator's pattern names with no partition table, no file
+    system or other signature and nothing mounted (lsblk, blkid): never the OS or the resource disk,
+    never a disk that holds anything. The volume's `hpcjob` folder is everyone's to make their own
+    folder in, as /tmp (hpcjob/node/datasets.py keeps each user's there)."""
+    entry = config.get("local_disks")
+    if not entry:
+        return ""
+    point = str(entry["mount"])
+    safe_folder(point)
+    if not is_mounted(point, deadline):
+        safe_folder(point, make=True)  # never mounted over what a folder holds
+        devices = entry.get("devices", NVME_DEVICES)
+        patterns = [devices] if isinstance(devices, str) else list(devices)
+        volume = labelled_volume(patterns, deadline)
+        if volume:
+            mount_local(volume, point, deadline)
+            said = "mounted its volume again at " + point
+        else:
+            disks = free_disks(patterns, deadline)
+            if not disks:
+                raise Refused(f"no free disk matches {' '.join(patterns)} to assemble at {point}")
+            volume = disks[0] if len(disks) == 1 else raid0(disks, deadline)
+            make_file_system(volume, deadline)
+            mount_local(volume, point, deadline)
+            said = f"assembled {len(disks)} disk(s) into one volume at {point}"
+    else:
+        said = "ready"
+    shared = os.path.join(point, "hpcjob")
+    if not os.path.lexists(shared):
+        os.mkdir(shared, 0o755)
+        os.chmod(shared, 0o1777)
+    return said
+
+
+def command_output(argv: List[str], deadline: float) -> Tuple[Optional[int], str]:
+    """A short command's exit code (None: it did not end in time) and output, bounded by the deadline."""
+    said_path = os.path.join(private_folder(NODE_ROOT + RUN_DIR), f"disk-{os.getpid()}.txt")
+    try:
+        code = bounded(argv, max(1.0, deadline - time.monotonic()), said_path)
+        with open(said_path, "rb") as f:
+            said = f.read(1 << 20).decode("utf-8", "replace")
+    finally:
+        if os.path.lexists(said_path):
+            os.unlink(said_path)
+    return code, said
+
+
+def checked_run(argv: List[str], deadline: float) -> str:
+    code, said = command_output(argv, deadline)
+    if code != 0:
+        why = "no answer in time" if code is None else one_line(said) or f"exit code {code}"
+        raise Refused(f"{argv[0]}: {why}")
+    return said
+
+
+def labelled_volume(patterns: List[str], deadline: float) -> str:
+    """The volume this filter made before, after a reboot found again: its RAID array, or one of the
+    administrator's disks, whose file system has the filter's label as the disk itself says (blkid's
+    low-level probe: its cache may name a disk that is gone); "" where none is."""
+    import glob
+
+    array = "/dev/md/" + LOCAL_DISK_LABEL
+    if os.path.exists("/proc/mdstat") and not os.path.exists(array):
+        command_output(["mdadm", "--assemble", "--scan"], deadline)  # a reboot leaves the array apart
+    for path in [array, *sorted({path for pattern in patterns for path in glob.glob(pattern)})]:
+        if os.path.exists(path):
+            code, said = command_output(["blkid", "-p", "-s", "LABEL", "-o", "value", path], deadline)
+            if code == 0 and said.strip() == LOCAL_DISK_LABEL:
+                return path
+    return ""
+
+
+def free_disks(patterns: List[str], deadline: float) -> List[str]:
+    """The disks `pattern` names that hold nothing: whole disks (no partitions), nothing mounted, and no
+    signature blkid's low-level probe finds (file system, partition table, RAID member)."""
+    import glob
+
+    found = []
+    for path in sorted({path for pattern in patterns for path in glob.glob(pattern)}):
+        try:
+            if not stat.S_ISBLK(os.stat(path).st_mode):
+                continue
+        except OSError:
+            continue
+        # Its partitions and mounts (the kernel's, through sysfs); what it holds, read from the disk itself
+        # by blkid's low-level probe (lsblk's FSTYPE is udev's record, which may be old).
+        code, said = command_output(["lsblk", "-J", "-o", "NAME,MOUNTPOINT", path], deadline)
+        if code != 0:
+            continue
+        device = (json.loads(said).get("blockdevices") or [{}])[0]
+        if device.get("children") or device.get("mountpoint"):
+            continue
+        code, _ = command_output(["blkid", "-p", path], deadline)
+        if code == 2:  # blkid: nothing found on it
+            found.append(path)
+    return found
+
+
+def raid0(disks: List[str], deadline: float) -> str:
+    if not os.path.exists("/proc/mdstat"):
+        raise Refused(f"{len(disks)} disks to assemble, and this kernel has no RAID (md) driver")
+    volume = "/dev/md/" + LOCAL_DISK_LABEL
+    argv = ["mdadm", "--create", volume, "--run", "--level=0", f"--raid-devices={len(disks)}"]
+    checked_run([*argv, "--name=" + LOCAL_DISK_LABEL, *disks], deadline)
+    return volume
+
+
+def make_file_system(volume: str, deadline: float) -> None:
+    """XFS where the node has its tools (what Azure's HPC images use for the NVMe array, and quick to make
+    on many terabytes), else ext4 with its tables made later, in the background: seconds either way."""
+    import shutil
+
+    if shutil.which("mkfs.xfs"):
+        checked_run(["mkfs.xfs", "-f", "-K", "-L", LOCAL_DISK_LABEL, volume], deadline)
+    else:
+        options = "lazy_itable_init=1,lazy_journal_init=1,nodiscard"
+        checked_run(["mkfs.ext4", "-q", "-F", "-L", LOCAL_DISK_LABEL, "-E", options, volume], deadline)
+
+
+def mount_local(volume: str, point: str, deadline: float) -> None:
+    checked_run(["mount", "-o", "noatime,nosuid,nodev", volume, point], deadline)
+
+
 def job_id(request: Dict[str, Any]) -> int:
     """The job's id as the agent gave it (m_Item1.JobId): the key of the owner's record."""
     ids = request.get("m_Item1")
@@ -564,6 +720,8 @@ def read_config() -> Config:
                 check_entry(entry)
             if config.get("containers") is not None:
                 check_policy(config["containers"])
+            if config.get("local_disks") is not None:
+                check_local_disks(config["local_disks"])
             timeout = config.get("timeout_s", BUDGET_S)
             if not isinstance(timeout, (int, float)) or not 1 <= timeout <= MAX_BUDGET_S:
                 raise ValueError(f"timeout_s must be a number of seconds from 1 to {MAX_BUDGET_S:.0f}")
@@ -580,6 +738,15 @@ def check_entry(entry: Dict[str, str]) -> None:
     for option in filter(None, entry["options"].split(",")):
         if not ALLOWED_OPTIONS.fullmatch(option):
             raise ValueError(f"mount option {option!r} is not one the filter allows")
+
+
+def check_local_disks(entry: Dict[str, str]) -> None:
+    """The administrator's local disks: a mount point in no system folder, devices by a pattern below /dev."""
+    check_mount_root(entry["mount"], "local disks' mount point")
+    devices = entry.get("devices", NVME_DEVICES)
+    for pattern in [devices] if isinstance(devices, str) else devices:
+        if not isinstance(pattern, str) or not DEVICE_PATTERN.fullmatch(pattern) or ".." in pattern:
+            raise ValueError(f"local disks {pattern!r} is not a pattern of devices below /dev")
 
 
 def check_mount_root(path: str, what: str = "mount root") -> None:
@@ -769,6 +936,8 @@ def check_install(config_text: bytes) -> int:
             safe_folder(entry["mount_root"], strict_last=True)
         if config.get("containers") is not None:
             check_policy(config["containers"])
+        if config.get("local_disks") is not None:
+            check_local_disks(config["local_disks"])
     except (ValueError, KeyError, TypeError) as err:
         print(f"hpcjob: the allowed shares are not valid ({err})")
         return 1

@@ -26,6 +26,7 @@ class MountRequest:
     group: str | None
     nodes: tuple[str, ...]
     containers: ContainerPolicy | None = None  # with --install: the administrator's container policy
+    local_disks: str | None = None  # with --install: where the filter assembles the nodes' NVMe disks
 
 
 def mount_request(
@@ -38,10 +39,13 @@ def mount_request(
     allow_images: Sequence[str] = (),
     allow_docker_options: Sequence[str] = (),
     allow_volumes: Sequence[str] = (),
+    local_disks: str | None = None,
 ) -> MountRequest:
     """The mount as asked (the profile filling in), checked: the share, a mount point that is the user's
-    own folder of its mount root, the filter's options from its short list, the group's name; and the
-    container policy to install, when images are allowed."""
+    own folder of its mount root, the filter's options from its short list, the group's name; the
+    container policy to install, when images are allowed; and where the filter assembles the nodes' free
+    NVMe disks (`local_disks`: a path, or "none"; not given: /mnt/nvme on a size whose row has NVMe
+    disks)."""
     from hpcjob.job.plan import AllowedShare, ContainerPolicy, user_mount_point
     from hpcjob.job.spec import FILTER_MOUNT_OPTIONS, GROUP_NAME, parse_node_names, parse_share
 
@@ -70,7 +74,27 @@ def mount_request(
         containers = ContainerPolicy.checked(allow_images, allow_docker_options, allow_volumes, [root])
     elif allow_docker_options or allow_volumes:
         raise SpecError("a container policy names its images: give --allow-image PREFIX")
-    return MountRequest(allowed, point, group, parse_node_names(names) if names else (), containers)
+    return MountRequest(
+        allowed, point, group, parse_node_names(names) if names else (), containers,
+        _local_disks(local_disks, profile.vm_size),
+    )  # fmt: skip
+
+
+def _local_disks(given: str | None, vm_size: str | None) -> str | None:
+    from hpcjob.job.datasets import NVME_MOUNT
+    from hpcjob.job.sizes import size_table
+    from hpcjob.node.mount_filter import check_local_disks
+
+    if given == "none":
+        return None
+    if given is None:
+        size = size_table().find(vm_size) if vm_size else None
+        return NVME_MOUNT if size is not None and size.nvme_disks else None
+    try:
+        check_local_disks({"mount": given})
+    except ValueError as err:
+        raise SpecError(f"--local-disks: {err}") from None
+    return given
 
 
 def mount_preview(request: MountRequest, *, install: bool) -> str:
@@ -86,7 +110,7 @@ def mount_preview(request: MountRequest, *, install: bool) -> str:
     lines = []
     if install:
         lines.append(f"# would run as root on {', '.join(nodes)} (clusrun /user:system or an admin job):")
-        lines.append(filter_install_command([request.allowed], request.containers))
+        lines.append(filter_install_command([request.allowed], request.containers, request.local_disks))
     step = mount_step(request.allowed.unc, request.point, request.allowed.options, nodes)
     job = mount_check_job_xml(new_run_id("mount"), step, JobShape(nodes))  # named: no group (mount_share)
     lines.append(f"# would submit, as you, the mount job:\n{job}")
@@ -139,7 +163,7 @@ def mount_share(
     kept_to = None if request.nodes else group
     shape = JobShape(nodes, kept_to, None, None)
     if install:
-        command = filter_install_command([allowed], request.containers)
+        command = filter_install_command([allowed], request.containers, request.local_disks)
         ok, said = backend.install_filter(command, shape, progress)
         for line in said.splitlines():
             progress(line)

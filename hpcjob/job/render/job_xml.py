@@ -13,7 +13,14 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpcjob.job.plan import MOUNT_RESULT_VAR, JobPlan, MountStep, mount_job_name
+from hpcjob.job.plan import (
+    LOCAL_DISK_RESULT_VAR,
+    LOCAL_DISKS_SAID,
+    MOUNT_RESULT_VAR,
+    JobPlan,
+    MountStep,
+    mount_job_name,
+)
 from hpcjob.job.spec import NOT_XML, SpecError
 
 JOB_NAMESPACE = "http://schemas.microsoft.com/HPCS2008R2/scheduler/"
@@ -153,8 +160,10 @@ def job_xml(plan: JobPlan) -> str:
     return _text(job)
 
 
-# Each task of a mount job: what hpcjob's execution filter did on its node, failing unless mounted.
+# Each task of a mount job: what hpcjob's execution filter did on its node, failing unless mounted; first
+# what it did with the node's local disks, where the administrator's file names them.
 MOUNT_CHECK = (
+    f'l=${LOCAL_DISK_RESULT_VAR}; [ -z "$l" ] || echo "{LOCAL_DISKS_SAID}$l"; '
     f'r=${MOUNT_RESULT_VAR}; echo "${{r:-failed: the hpcjob execution filter is not installed on this node: '
     'an HPC administrator runs hpcjob mount --install once}"; case $r in mounted|"already mounted") ;; '
     "*) exit 1;; esac"

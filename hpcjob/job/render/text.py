@@ -142,20 +142,28 @@ def _packed(data: bytes) -> str:
     return base64.b64encode(gzip.compress(data, mtime=0)).decode("ascii")
 
 
-def filter_config(shares: Sequence[AllowedShare], containers: ContainerPolicy | None = None) -> str:
-    """FILTERS/hpcjob-mounts.json: the shares jobs may name, and nothing else a job can change; and the
-    administrator's container policy, when there is one."""
+def filter_config(
+    shares: Sequence[AllowedShare], containers: ContainerPolicy | None = None, local_disks: str | None = None
+) -> str:
+    """FILTERS/hpcjob-mounts.json: the shares jobs may name, and nothing else a job can change; the
+    administrator's container policy, when there is one; and where the nodes' free NVMe disks are
+    assembled, when they are."""
     config: dict[str, object] = {"shares": [dataclasses.asdict(share) for share in shares]}
     if containers is not None:
         config["containers"] = {k: list(v) for k, v in dataclasses.asdict(containers).items()}
+    if local_disks is not None:
+        config["local_disks"] = {"mount": local_disks}
     return json.dumps(config, indent=2) + "\n"
 
 
-def filter_install_command(shares: Sequence[AllowedShare], containers: ContainerPolicy | None = None) -> str:
+def filter_install_command(
+    shares: Sequence[AllowedShare], containers: ContainerPolicy | None = None, local_disks: str | None = None
+) -> str:
     """Bash, run as root on each node (clusrun /user:system, or an administrator's job): install
     hpcjob's execution filter (hpcjob/node/mount_filter.py behind filter.sh, as OnJobTaskStart.sh and
-    OnTaskStart.sh), the shares it may mount and the container policy it applies (none: containers as
-    the agent runs them). A filter already there is kept and chained after hpcjob's; installing again
+    OnTaskStart.sh), the shares it may mount, the container policy it applies (none: containers as
+    the agent runs them) and where it assembles the nodes' free NVMe disks (none: it leaves them). A
+    filter already there is kept and chained after hpcjob's; installing again
     replaces hpcjob's files, the allowed shares and the policy, nothing else. No secret is in it: the
     filter gets each job owner's credentials from the node agent."""
     from importlib import resources
@@ -165,8 +173,10 @@ def filter_install_command(shares: Sequence[AllowedShare], containers: Container
     node = resources.files("hpcjob") / "node"
     code = _packed((node / "mount_filter.py").read_bytes())
     entry = _packed((node / "filter.sh").read_bytes())
-    config = _packed(filter_config(shares, containers).encode("utf-8"))
+    config = _packed(filter_config(shares, containers, local_disks).encode("utf-8"))
     policy = "with a container policy" if containers else "with no container policy"
+    if local_disks:
+        policy += f", its free NVMe disks at {local_disks}"
     # Each file is written beside, then renamed over the old one: an agent starting a filter meanwhile
     # runs the old file or the new, never half of one.
     chain = " ".join(
