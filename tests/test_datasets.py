@@ -394,21 +394,30 @@ def test_a_task_s_figures_are_read_as_untrusted_and_said_in_one_line() -> None:
     assert JobSummary.from_json(summary.to_json()) == summary
 
 
-def test_a_blob_source_brings_its_pinned_sdk_into_the_job_s_environment(tmp_path: Path) -> None:
+def test_a_blob_source_brings_its_pinned_sdk_into_the_job_s_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tomllib
 
-    from hpcjob.job.datasets import BLOB_REQUIREMENT
+    from hpcjob.job.datasets import BLOB_REQUIREMENT, IDENTITY_REQUIREMENT
     from hpcjob.job.options import JobOptions
     from hpcjob.runner.submit import job_spec
     from hpcjob.store.config import ClusterProfile
 
+    monkeypatch.setenv("AZURE_STORAGE_SAS_TOKEN", "sv=2026-01-01&sig=x")
     pinned = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
     assert pinned["optional-dependencies"]["blob"] == [BLOB_REQUIREMENT]  # one pin: the client's, the nodes'
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")
     profile = ClusterProfile("lab", "https://head", "alice", share="//HEAD/CcpSpoolDir", local_dir="/scratch")
-    blob = {"script": str(script), "datasets": [f"{AZURITE}/train/x"]}
+    blob = {"script": str(script), "datasets": [f"{AZURITE}/train/x"], "secrets": ["AZURE_STORAGE_SAS_TOKEN"]}
     assert job_spec(JobOptions.read(blob), profile).requirements == f"{BLOB_REQUIREMENT}\n"  # made for it
+    # No credential handed to the nodes: their managed identity, read with azure-identity.
+    identity = {**blob, "secrets": []}
+    assert (
+        job_spec(JobOptions.read(identity), profile).requirements
+        == f"{BLOB_REQUIREMENT}\n{IDENTITY_REQUIREMENT}\n"
+    )
     (tmp_path / "requirements.txt").write_text("numpy==2.1\n")
     assert job_spec(JobOptions.read(blob), profile).requirements == f"numpy==2.1\n{BLOB_REQUIREMENT}\n"
     (tmp_path / "requirements.txt").write_text("Azure_Storage_Blob==12.20.0\n")  # the user's own wins
@@ -664,7 +673,14 @@ def test_the_node_helper_s_names_are_the_client_s() -> None:
         spec.loader.exec_module(node)
     finally:
         sys.path.remove(str(NODE_HELPER.parent))
-    for name in ("SOURCES_VAR", "LOCAL_DIR_VAR", "DONE_FOLDER", "RESOURCE_DISKS"):
+    for name in (
+        "SOURCES_VAR",
+        "LOCAL_DIR_VAR",
+        "DONE_FOLDER",
+        "RESOURCE_DISKS",
+        "CONNECTION_STRING",
+        "SAS_TOKEN",
+    ):
         assert getattr(node, name) == getattr(job, name), name
 
 

@@ -38,6 +38,10 @@ MAX_DATASETS = 32
 # What the nodes copy Blob sources with, pinned (the `blob` extra in pyproject.toml pins the same: a test
 # keeps them one), added to the job's environment by the client.
 BLOB_REQUIREMENT = "azure-storage-blob==12.31.1"
+# The variables a node reads a Blob source's credential from (the job's --secret); with neither, the
+# node's managed identity, read with azure-identity, pinned and added the same way.
+CONNECTION_STRING, SAS_TOKEN = "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_SAS_TOKEN"
+IDENTITY_REQUIREMENT = "azure-identity==1.25.1"
 # Where a size with local NVMe disks has them, as one volume (the mount step assembles it).
 NVME_MOUNT = "/mnt/nvme"
 # Where an Azure VM's resource disk is mounted (the Linux agent's and cloud-init's), the local folder of a
@@ -276,8 +280,18 @@ def copies_line(copies: Sequence[DatasetCopy]) -> str:
     )
 
 
-def names_blob_sdk(requirements: str) -> bool:
-    """Whether a requirements file already names the Blob Storage SDK (a version of the user's own wins)."""
+def blob_packages(secrets: Iterable[str]) -> tuple[str, ...]:
+    """What a job with a Blob source adds to its environment: the SDK, and azure-identity where the job
+    hands its nodes no credential (`secrets`: its --secret names), so that they use their managed identity."""
+    given = {CONNECTION_STRING, SAS_TOKEN} & set(secrets)
+    return (BLOB_REQUIREMENT,) if given else (BLOB_REQUIREMENT, IDENTITY_REQUIREMENT)
+
+
+def names_package(requirements: str, requirement: str) -> bool:
+    """Whether a requirements file already names the package `requirement` pins (a version of the user's
+    own wins); names compared as pip does (case, and -, _ and . alike)."""
+    name = re.split(r"[=<>!~\[ ;]", requirement, maxsplit=1)[0]
+    pattern = r"[-_.]".join(re.escape(part) for part in re.split(r"[-_.]", name))
     return (
-        re.search(r"^\s*azure[-_.]storage[-_.]blob\b", requirements, re.IGNORECASE | re.MULTILINE) is not None
+        re.search(rf"^\s*{pattern}(?![A-Za-z0-9_.-])", requirements, re.IGNORECASE | re.MULTILINE) is not None
     )

@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import env  # type: ignore[import-not-found,unused-ignore]  # beside this one in .hpcjob/: a user's folder
 
 SOURCES_VAR = "HPCJOB_DATASET_SOURCES"
+CONNECTION_STRING, SAS_TOKEN = "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_SAS_TOKEN"
 LOCAL_DIR_VAR = "HPCJOB_LOCAL_DIR"
 DONE_FOLDER = ".hpcjob-datasets"
 CHUNK = 1 << 20  # bytes read and written at a time: a copy's memory is this per thread
@@ -126,7 +127,7 @@ def blob_container(source: Dict[str, Any]) -> Any:
         raise CopyError(
             "a Blob dataset needs azure-storage-blob on the node: add it to the job's --requirements"
         ) from None
-    connection = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    connection = os.environ.get(CONNECTION_STRING)
     if connection:
         from azure.storage.blob import BlobServiceClient
 
@@ -135,14 +136,14 @@ def blob_container(source: Dict[str, Any]) -> Any:
             # The account the URL names is the one read, with the string's key.
             service = BlobServiceClient(source["endpoint"], credential=service.credential)
         return service.get_container_client(source["container"])
-    credential = os.environ.get("AZURE_STORAGE_SAS_TOKEN")  # type: Any
+    credential = os.environ.get(SAS_TOKEN)  # type: Any
     if not credential:
         try:
             from azure.identity import ManagedIdentityCredential
         except ImportError:
             raise CopyError(
-                "no credential for %s: give AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_SAS_TOKEN with "
-                "--secret (or azure-identity, on nodes with a managed identity)" % source["endpoint"]
+                "no credential for %s: give %s or %s with --secret (or azure-identity, on nodes with a "
+                "managed identity)" % (source["endpoint"], CONNECTION_STRING, SAS_TOKEN)
             ) from None
         credential = ManagedIdentityCredential()
     return ContainerClient(source["endpoint"], source["container"], credential=credential)

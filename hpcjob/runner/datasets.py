@@ -10,16 +10,13 @@ import shutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from hpcjob.job.datasets import BLOB, Dataset, parse_datasets, size_text
+from hpcjob.job.datasets import BLOB, CONNECTION_STRING, SAS_TOKEN, Dataset, parse_datasets, size_text
 from hpcjob.job.spec import SpecError
 
 if TYPE_CHECKING:
     from hpcjob.job.plan import JobPlan
     from hpcjob.job.spec import JobSpec
     from hpcjob.store.share import ShareFolder
-
-CONNECTION_STRING = "AZURE_STORAGE_CONNECTION_STRING"
-SAS_TOKEN = "AZURE_STORAGE_SAS_TOKEN"
 
 
 def check_datasets(

@@ -7,7 +7,7 @@ import contextlib
 import importlib.util
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -189,12 +189,15 @@ def requirements_text(script: Path, given: str | Path | None, no_env: bool, prog
     return read_requirements(path, f"--requirements {given}" if given is not None else str(path))
 
 
-def blob_requirements(requirements: str | None, *, no_env: bool, local: bool) -> str | None:
-    """The job's requirements with the pinned Blob Storage SDK its nodes copy datasets with
-    (hpcjob.job.datasets.BLOB_REQUIREMENT), an environment made for it where the job has none. With
-    --no-env: a local run whose Python (this one's) has the SDK runs as it is; a cluster's nodes' own
-    Python is not known here: refused."""
-    from hpcjob.job.datasets import BLOB_REQUIREMENT, names_blob_sdk
+def blob_requirements(
+    requirements: str | None, secrets: Iterable[str], *, no_env: bool, local: bool
+) -> str | None:
+    """The job's requirements with the pinned packages its nodes copy Blob datasets with
+    (hpcjob.job.datasets.blob_packages: the SDK, and azure-identity where `secrets` hand the nodes no
+    credential), an environment made for them where the job has none. With --no-env: a local run whose
+    Python (this one's) has the SDK runs as it is; a cluster's nodes' own Python is not known here:
+    refused."""
+    from hpcjob.job.datasets import blob_packages, names_package
 
     if no_env:
         if local and importlib.util.find_spec("azure.storage.blob") is not None:
@@ -203,9 +206,10 @@ def blob_requirements(requirements: str | None, *, no_env: bool, local: bool) ->
             "--dataset: a Blob source is copied with azure-storage-blob, and --no-env runs the nodes' own "
             "Python: leave --no-env out (hpcjob adds it to the job's environment), or use --requirements"
         )
-    if requirements is not None and names_blob_sdk(requirements):
+    added = [pin for pin in blob_packages(secrets) if not names_package(requirements or "", pin)]
+    if not added:
         return requirements
-    return f"{(requirements or '').rstrip()}\n{BLOB_REQUIREMENT}\n".lstrip("\n")
+    return "\n".join([*filter(None, [(requirements or "").rstrip()]), *added]) + "\n"
 
 
 def submit_run(
@@ -326,7 +330,7 @@ def job_spec(
     datasets = parse_datasets(options.datasets)  # before anything is uploaded
     if any(dataset.kind == BLOB for dataset in datasets):
         requirements = blob_requirements(
-            requirements, no_env=options.no_env, local=local and options.python is None
+            requirements, options.secrets, no_env=options.no_env, local=local and options.python is None
         )
     resume_dir = resolve(options, local=local)
     spec = JobSpec(**options.spec_fields(), requirements=requirements, resume_dir=resume_dir)
