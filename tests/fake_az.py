@@ -101,6 +101,11 @@ COMMANDS: dict[str, tuple[set[str], set[str]]] = {
     # or by resource group and name; --no-wait (AZ_SUPPORT_NO_WAIT).
     "vm deallocate": ({"--ids", "--resource-group", "-g", "--name", "-n", "--vm-name", "--no-wait"}, set()),
     "vm start": ({"--ids", "--resource-group", "-g", "--name", "-n", "--vm-name", "--no-wait"}, set()),
+    # vm/_params.py ('vm identity assign': --identities nargs='*', --role, --scope; the VM's name and group).
+    "vm identity assign": (
+        {"--ids", "--resource-group", "-g", "--name", "-n", "--identities", "--role", "--scope"},
+        set(),
+    ),
 }
 FLAGS = {"--all", "--yes", "-y", "--no-wait", "--only-show-errors", "--debug", "--verbose", "--no-prompt",
          "--no-pretty-print", "--what-if", "-c", "--confirm-with-what-if",
@@ -589,6 +594,22 @@ def answer(command: str, options: dict[str, list[str]], stdin: str) -> Any:
     if command == "deployment operation group list":
         grown = state["grows"].get(first["--resource-group"].lower(), {}).get(first["--name"])
         return operations(state, first["--resource-group"]) if grown is None else grow_operations(grown)
+    if command == "vm identity assign":
+        group, name, identity = (
+            first.get("--resource-group", ""),
+            first.get("--name", ""),
+            first.get("--identities"),
+        )
+        need_group(state, group)
+        if name.lower() not in {str(v["name"]).lower() for v in state["vms"].get(group.lower(), [])}:
+            fail(f"(ResourceNotFound) The Resource 'Microsoft.Compute/virtualMachines/{name}' under resource "
+                 f"group '{group}' was not found.", 3)  # fmt: skip
+        if identity and "/providers/Microsoft.ManagedIdentity/userAssignedIdentities/" not in identity:
+            fail(f"(InvalidIdentityValues) Invalid value for the identities '{identity}'.")
+        state.setdefault("identities", {})[f"{group.lower()}/{name.lower()}"] = identity or "[system]"
+        save(state)
+        given = {identity: {"clientId": "c", "principalId": "p"}} if identity else {}
+        return {"type": "UserAssigned" if identity else "SystemAssigned", "userAssignedIdentities": given}
     if command == "vm list":
         group = first.get("--resource-group")
         if group is None:

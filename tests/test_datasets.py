@@ -703,3 +703,12 @@ def test_a_container_gets_the_node_s_local_folder(given: dict[str, str], volume:
     assert local == ([volume] if volume else [])
     plain = JobSpec(script="train.py", nodes=1, image=image, vm_size="Standard_ND96isr_H200_v5")
     assert "/mnt/nvme:/mnt/nvme" not in dict(make_plan(plain, ["N1"], "run-1").env)[DOCKER_VOLUMES_VAR]
+
+
+def test_a_blob_source_read_with_the_nodes_identity_is_said_unchecked_before_submit() -> None:
+    from hpcjob.runner.access import HpcjobWarning
+    from hpcjob.runner.datasets import check_datasets
+
+    spec = JobSpec(script="train.py", nodes=1, datasets=(f"{AZURITE}/train/x",))
+    with pytest.warns(HpcjobWarning, match="read with the nodes' managed identity, which only they hold"):
+        check_datasets(spec, make_plan(spec, ["N1"], "run-1"), None, {}, local=False)

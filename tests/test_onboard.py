@@ -999,3 +999,46 @@ def test_the_packaged_add_nodes_template_is_the_pinned_one() -> None:
     parameters = json.loads(data)["parameters"]
     assert parameters["useSpotInstances"]["defaultValue"] == "No"
     assert parameters["computeNodeNumber"]["maxValue"] == 50
+
+
+IDENTITY = (
+    "/subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/rg-ids/providers/"
+    "Microsoft.ManagedIdentity/userAssignedIdentities/hpc-data"
+)
+
+
+def test_onboarding_gives_every_node_the_managed_identity_and_grow_the_new_ones(
+    hpcjob: CommandRunner, az_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The pinned template passes its compute nodes no identity: each node VM gets it once deployed (az
+    vm identity assign), the profile keeps it, and `cluster grow` hands it to the add-nodes template's own
+    parameter. A malformed ID is one line before az runs."""
+    from hpcjob.azure.template import GrowRequest, grow_parameters
+
+    done = onboard(hpcjob, "--identity", IDENTITY)
+    assert done.returncode == 0, done.stderr
+    state = json.loads((Path(az_env["FAKE_AZ_STATE"]) / "state.json").read_text())
+    assert state["identities"] == {"rg-gpu1/iaaslnxcn000": IDENTITY, "rg-gpu1/iaaslnxcn001": IDENTITY}
+    assert "hpcjob: giving the 2 node(s) the managed identity hpc-data" in done.stderr
+    assert profile_of(az_env)["identity"] == IDENTITY
+    # The deployment first, then the identity: the VMs must be there.
+    order = commands(az_calls(az_env))
+    assert order.index("vm identity assign") > order.index("deployment group create")
+
+    printed = onboard(hpcjob, "--identity", IDENTITY, "--print-only", "--out", str(tmp_path / "p"))
+    assert printed.returncode == 0, printed.stderr
+    assert (f"az vm identity assign --resource-group rg-gpu1 --name IaaSLnxCN001 --identities {IDENTITY} "
+            "--output json") in printed.stdout.splitlines()  # fmt: skip
+
+    grow = GrowRequest("gpu1", "rg-gpu1", "eastus", A100_SIZE, 2, "hpcadmin", identity=IDENTITY)
+    add_nodes = json.loads((TEMPLATE.parent / "add-lnx-compute-nodes.json").read_text())
+    assert grow_parameters(grow)["userAssignedIdentity"] == IDENTITY
+    assert "userAssignedIdentity" in add_nodes["parameters"]  # the template's own name for it
+    assert "userAssignedIdentity" not in grow_parameters(replace(grow, identity=None))
+
+    before = len(az_calls(az_env))
+    bad = onboard(hpcjob, "--identity", "hpc-data")
+    assert bad.returncode == 2 and error_lines(bad)[0].startswith(
+        "hpcjob: error: --identity 'hpc-data' must be a user-assigned identity's resource ID"
+    )
+    assert len(az_calls(az_env)) == before

@@ -192,6 +192,8 @@ def onboard(
         progress(f"hpcjob: purging the deleted Key Vault {vault.name} (a few minutes)")
         run_az(commands.purge(vault))
     dns = _deploy(request, commands, secrets_json, options.poll_interval_s, progress)
+    if request.identity:
+        _assign_identity(request, commands, progress)
     done.profile = _write_profile(
         request, table, commands, dns, options.password_env if from_env else None, secret, options, progress
     )
@@ -277,6 +279,19 @@ def _deploy(
     return dns
 
 
+def _assign_identity(request: OnboardRequest, commands: AzCommands, progress: Progress) -> None:
+    """The user-assigned identity given to each node VM, so that their tasks read Blob Storage with it
+    (azure-identity's ManagedIdentityCredential; the identity needs a data role on the account, such as
+    Storage Blob Data Reader, which an owner of the account grants)."""
+    from hpcjob.azure.az import run_az
+
+    assert request.identity is not None
+    name = request.identity.rsplit("/", 1)[-1]
+    progress(f"hpcjob: giving the {request.nodes} node(s) the managed identity {name}")
+    for vm in request.node_names:
+        run_az(commands.assign_identity(request.resource_group, vm, request.identity))
+
+
 def _write_profile(
     request: OnboardRequest,
     table: SizeTable,
@@ -329,6 +344,7 @@ def _write_profile(
         vm_size=request.vm_size,
         region=request.location,  # with the size, the price runs are counted at
         spot=request.spot,  # useSpotInstanceForComputeNodes: Spot nodes are counted at the Spot price
+        identity=request.identity,  # what `cluster grow` gives its new nodes too
     )
     if not options.key_from_env:
         _keep_key(request.name, secret.authentication_key)
@@ -498,6 +514,7 @@ def grow(
         image=image or DEFAULT_IMAGE,
         node_prefix=node_prefix or (DATA_PREFIX if data else DEFAULT_PREFIX),
         data=data,
+        identity=profile.identity,  # onboarding's: the new nodes read Blob datasets as the others do
     )
     table = size_table()
     parameters = grow_parameters(request)

@@ -82,6 +82,7 @@ class OnboardRequest:
     node_prefix: str = DEFAULT_PREFIX
     head_node_size: str | None = None
     spot: bool = False  # the compute nodes as Spot VMs (useSpotInstanceForComputeNodes)
+    identity: str | None = None  # a user-assigned managed identity's resource ID, given to every node
 
     @property
     def deployment(self) -> str:
@@ -105,6 +106,26 @@ class Secrets:
             "adminPassword": {"value": self.admin_password},
             "authenticationKey": {"value": self.authentication_key},
         }
+
+
+# A user-assigned managed identity, by its resource ID (Microsoft.ManagedIdentity/userAssignedIdentities:
+# a name of 3 to 128 letters, digits, - and _, starting with a letter or digit).
+_IDENTITY = re.compile(
+    r"/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[-\w.()]{1,90}/providers/"
+    r"Microsoft\.ManagedIdentity/userAssignedIdentities/[A-Za-z0-9][A-Za-z0-9_-]{2,127}",
+    re.IGNORECASE,
+)
+
+
+def identity_problem(identity: str) -> str | None:
+    """Why `identity` is not a user-assigned identity's resource ID (None: it is)."""
+    if _IDENTITY.fullmatch(identity):
+        return None
+    return (
+        f"--identity {identity!r} must be a user-assigned identity's resource ID: /subscriptions/ID/"
+        "resourceGroups/RG/providers/Microsoft.ManagedIdentity/userAssignedIdentities/NAME (az identity show "
+        "--query id)"
+    )
 
 
 def check_request(request: OnboardRequest, table: SizeTable) -> dict[str, str]:
@@ -132,6 +153,8 @@ def check_request(request: OnboardRequest, table: SizeTable) -> dict[str, str]:
         problems["computeNodeNamePrefix"] = (
             f"node prefix {request.node_prefix!r} must be 1 to 12 letters and digits"
         )
+    if request.identity is not None and (why := identity_problem(request.identity)):
+        problems["identity"] = why
     problems.update(_check_size_and_image(request, table))
     return problems
 
@@ -458,6 +481,17 @@ class AzCommands:
     def purge(vault: DeletedVault) -> list[str]:
         return ["az", "keyvault", "purge", "--name", vault.name, "--location", vault.location]
 
+    @staticmethod
+    def assign_identity(resource_group: str, vm: str, identity: str) -> list[str]:
+        """The identity given to one node VM: the pinned template's own nodes get none (its compute-node
+        module takes a userAssignedIdentity, which the template passes no value of: only the add-nodes
+        template has the parameter), so onboarding assigns it once they are deployed (azure-cli
+        vm/_params.py: `vm identity assign --identities`, space-separated)."""
+        return [
+            "az", "vm", "identity", "assign", "--resource-group", resource_group, "--name", vm,
+            "--identities", identity, "--output", "json",
+        ]  # fmt: skip
+
 
 def az_commands(request: OnboardRequest, parameters_file: str) -> AzCommands:
     rg = ["--resource-group", request.resource_group]
@@ -516,6 +550,7 @@ class GrowRequest:
     image: str = DEFAULT_IMAGE
     node_prefix: str = DEFAULT_PREFIX
     data: bool = False  # CPU data nodes (`--data-nodes`): a CPU size, no GPU image needed
+    identity: str | None = None  # a user-assigned managed identity's resource ID, given to the new nodes
 
     def deployment(self, stamp: str) -> str:
         return f"hpcjob-{self.cluster}-grow-{stamp}"
@@ -568,6 +603,8 @@ def grow_parameters(request: GrowRequest) -> dict[str, Any]:
         else "",
         "clusterConnectionString": request.cluster,  # the head node's name: no domain
         "useSpotInstances": "Yes" if request.spot else "No",
+        # The add-nodes template's own (Bicep/add-lnx-compute-nodes.bicep L3-89): each new VM gets it.
+        **({"userAssignedIdentity": request.identity} if request.identity else {}),
     }
 
 

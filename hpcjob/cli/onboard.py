@@ -20,7 +20,7 @@ from hpcjob.store.credentials import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV
     groups=headed(
         {
             AZURE: "resource_group location vm_size node_count spot data_nodes data_vm_size admin_user image "
-            "node_prefix head_node_size template_file",
+            "node_prefix head_node_size identity template_file",
             CREDENTIALS: "password_env key_env",
             OUTPUT: "what_if print_only out_dir",
             OTHER: "purge_deleted_vault no_check poll_interval make_default",
@@ -69,6 +69,14 @@ from hpcjob.store.credentials import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV
     default=None,
     metavar="SIZE",
     help="The head node's VM size [default: Standard_DS4_v2].",
+)
+@click.option(
+    "--identity",
+    default=None,
+    metavar="RESOURCE_ID",
+    help="A user-assigned managed identity (az identity show --query id) for every node, and for the nodes "
+    "`cluster grow` adds: their jobs read Blob --dataset sources with it, no credential handed to them. "
+    "Give it a data role on the storage account (Storage Blob Data Reader).",
 )
 @click.option(
     "--password-env",
@@ -171,6 +179,7 @@ def cluster_onboard(
         node_prefix=options["node_prefix"] or DEFAULT_PREFIX,
         head_node_size=options["head_node_size"],
         spot=options["spot"],
+        identity=options["identity"],
     )
     terminal = sys.stdin.isatty()
 
@@ -205,6 +214,9 @@ def cluster_onboard(
     if print_only:
         for argv in (done.commands.group, done.commands.deploy):
             click.echo(" ".join(argv))
+        if (identity := request.identity) is not None:
+            for vm in request.node_names:
+                click.echo(" ".join(done.commands.assign_identity(request.resource_group, vm, identity)))
         click.echo(
             "# the deploy command reads the secrets on its standard input, as JSON: "
             '{"adminPassword": {"value": "..."}, "authenticationKey": {"value": "..."}}'

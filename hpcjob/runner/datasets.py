@@ -79,7 +79,17 @@ def _check_blob(dataset: Dataset, secrets: Mapping[str, str]) -> None:
     """With the job's own credential (a connection string or a SAS among its --secret values) and the SDK
     here: the container is there, the prefix holds a blob, and the account takes the credential."""
     if not secrets.get(CONNECTION_STRING) and not secrets.get(SAS_TOKEN):
-        return  # a managed identity, or a credential only the nodes hold: their tasks say
+        import warnings
+
+        from hpcjob.runner.access import HpcjobWarning
+
+        warnings.warn(
+            f"--dataset {dataset.text}: read with the nodes' managed identity, which only they hold: not "
+            "checked from here (a node that cannot read it says so)",
+            HpcjobWarning,
+            stacklevel=2,
+        )
+        return
     try:
         from azure.core.exceptions import (
             AzureError,

@@ -175,6 +175,9 @@ class ClusterProfile:
     datasets: tuple[str, ...] | None = None
     local_dir: str | None = None
     dataset_cache_gb: int | None = None
+    # The user-assigned managed identity (its resource ID) onboarding gave the nodes, and `cluster grow`
+    # gives the new ones: the nodes read Blob datasets with it where a job hands them no credential.
+    identity: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name)
