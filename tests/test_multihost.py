@@ -9,6 +9,7 @@ host's own name resolves to 127.0.1.1. The client reaches the share over SMB onl
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 import os
 import subprocess
@@ -46,6 +47,8 @@ def render_and_upload(
     run_id: str,
     *script_args: str,
     nodes: tuple[str, ...] = ("--node", "NODE1", "--node", "NODE2"),
+    script: Path = TRAIN,
+    options: tuple[str, ...] = (),
 ) -> ET.Element:
     """`hpcjob render --upload`: the job XML, with training/ sent to the share over SMB."""
     assert bed.smb is not None
@@ -66,7 +69,8 @@ def render_and_upload(
         "60",
         "--run-id",
         run_id,
-        str(TRAIN),
+        *options,
+        str(script),
         *script_args,
     ]
     result = subprocess.run(command, capture_output=True, text=True, env=client_env(bed), timeout=120)
@@ -151,3 +155,42 @@ def test_a_trainer_reads_its_batches_from_a_data_node_on_another_host(bed: TestB
     metrics = next(line for line in logs["NODE1"].splitlines() if line.startswith("HPCJOB_METRICS "))
     served = json.loads(metrics.removeprefix("HPCJOB_METRICS "))["data_node_stats"]
     assert [(s["node"], s["samples"]) for s in served] == [("NODE2", 2048)]
+
+
+def test_each_host_copies_a_dataset_from_the_share_onto_its_own_disk_once(
+    bed: TestBed, tmp_path: Path
+) -> None:
+    """`--dataset` of a share folder: each host's task copies it over SMB onto its own local folder before
+    the program starts, both hold identical bytes, and a second job reads nothing from the share."""
+    from .test_datasets import SHOW
+
+    source = bed.share_folder / "datasets" / "tiny"
+    (source / "sub").mkdir(parents=True)
+    blob = os.urandom(200_000)
+    (source / "a.bin").write_bytes(blob)
+    (source / "sub" / "b.txt").write_text("hello\n")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "show.py").write_text(SHOW)
+    said = []
+    for number, run_id in enumerate(("multihost-ds-1", "multihost-ds-2")):
+        job = render_and_upload(bed, run_id, script=code / "show.py", options=("--dataset", "datasets/tiny"))
+        processes = start_job(bed, job, str(110 + number), tmp_path / run_id)
+        logs = bed.share_folder / "hpcjob" / getpass.getuser() / "show" / "logs" / run_id
+        codes = wait_all(processes, logs, 120)
+        out = {n: (logs / f"{n}.out").read_text() for n in ("NODE1", "NODE2")}
+        err = {n: (logs / f"{n}.err").read_text() for n in ("NODE1", "NODE2")}
+        assert codes == [0, 0], err
+        held = {
+            n: sorted(line.split()[2:] for line in out[n].splitlines() if line.startswith("HAS "))
+            for n in out
+        }
+        wanted = [
+            ["tiny/a.bin", hashlib.sha256(blob).hexdigest()],
+            ["tiny/sub/b.txt", hashlib.sha256(b"hello\n").hexdigest()],
+        ]
+        assert held["NODE1"] == held["NODE2"] == wanted
+        said.append(err)
+    for node in ("NODE1", "NODE2"):  # each host copied it once, and kept it: the second job read nothing
+        assert f"dataset tiny on {node}: 200.0 KB from the source, 0 bytes from" in said[0][node]
+        assert f"dataset tiny on {node}: 0 bytes from the source, 200.0 KB from the node's" in said[1][node]

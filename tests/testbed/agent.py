@@ -60,7 +60,9 @@ def start_job(
 ) -> list[subprocess.Popen[str]]:
     """Start every task of a job XML on the host its RequiredNodes names, each with the job's
     EnvironmentVariables, as the agent gives them to every task, and the task's own over them; `cpus`:
-    each node's CPUs (start_task), by HPC Pack node name."""
+    each node's CPUs (start_task), by HPC Pack node name. The hosts share this machine's disk: each gets a
+    local folder of its own (HPCJOB_LOCAL_DIR, where the job names none), as a node has its own disk, kept
+    from one job to the next while the bed lasts."""
     env = variables_of(job)
     tasks = job.findall(f"{NAMESPACE}Tasks/{NAMESPACE}Task")
     return [
@@ -70,7 +72,11 @@ def start_job(
             index,
             job_id,
             folder / f"task{index}",
-            {**env, **variables_of(task)},
+            {
+                "HPCJOB_LOCAL_DIR": str(bed.local_folder(task.get("RequiredNodes") or "")),
+                **env,
+                **variables_of(task),
+            },  # fmt: skip
             (cpus or {}).get(task.get("RequiredNodes") or ""),
         )
         for index, task in enumerate(tasks, 1)

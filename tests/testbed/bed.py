@@ -45,6 +45,12 @@ class TestBed:
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]
 
+    def local_folder(self, hpc_name: str) -> Path:
+        """A host's own local disk: a folder of the bed's, made on first use, removed with the bed."""
+        folder = self.share_folder.parents[1] / "local" / hpc_name
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
     def __enter__(self) -> Self:
         with contextlib.ExitStack() as stack:
             tmp = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-share-"))
