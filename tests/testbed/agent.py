@@ -76,7 +76,7 @@ def start_job(
                 "HPCJOB_LOCAL_DIR": str(bed.local_folder(task.get("RequiredNodes") or "")),
                 **env,
                 **variables_of(task),
-            },  # fmt: skip
+            },
             (cpus or {}).get(task.get("RequiredNodes") or ""),
         )
         for index, task in enumerate(tasks, 1)
