@@ -433,11 +433,17 @@ def test_a_blob_source_brings_its_pinned_sdk_into_the_job_s_environment(
 
 
 @pytest.mark.slow
-def test_emulated_nodes_copy_a_share_folder_each_onto_its_own_disk(tmp_path: Path) -> None:
+def test_emulated_nodes_copy_a_share_folder_and_a_blob_prefix_each_onto_its_own_disk(tmp_path: Path) -> None:
     """Through the head node (REST, the real smbd, hpcjob's mount filter): two nodes of an Azure size
-    without NVMe disks copy the dataset, each into its own local folder, and the run's history keeps it."""
+    without NVMe disks copy a share folder and a prefix of a real Azurite (its connection string a
+    --secret, the SDK in the job's environment), each into its own local folder, and the run's history
+    keeps it."""
+    from azure.storage.blob import BlobServiceClient
+
+    from .azurite import azurite, require_azurite
     from .test_rest_e2e import emulated_cluster
 
+    require_azurite()
     for cluster in emulated_cluster(tmp_path):
         source = cluster.share_dir / "datasets" / "tiny"
         source.mkdir(parents=True)
@@ -445,20 +451,31 @@ def test_emulated_nodes_copy_a_share_folder_each_onto_its_own_disk(tmp_path: Pat
         (source / "a.bin").write_bytes(blob)
         (tmp_path / "code").mkdir()
         (tmp_path / "code" / "show.py").write_text(SHOW)
-        done = cluster.submit(
-            "--wait", "-n", "2", "--run-id", "emu-ds-1", "--vm-size", "Standard_NC24ads_A100_v4",
-            "--dataset", "datasets/tiny", str(tmp_path / "code" / "show.py"),
-        )  # fmt: skip
+        with azurite() as service:
+            client = BlobServiceClient.from_connection_string(service.connection_string)
+            container = client.create_container("train")
+            container.upload_blob("shards/s.bin", b"shard\n")
+            cluster.env["AZURE_STORAGE_CONNECTION_STRING"] = service.connection_string
+            done = cluster.submit(
+                "--wait", "-n", "2", "--run-id", "emu-ds-1", "--vm-size", "Standard_NC24ads_A100_v4",
+                "--dataset", "datasets/tiny", "--dataset", f"{service.endpoint}/train/shards",
+                "--secret", "AZURE_STORAGE_CONNECTION_STRING", str(tmp_path / "code" / "show.py"),
+            )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         logs = cluster.share_dir / "hpcjob" / "alice" / "show" / "logs" / "emu-ds-1"
         outputs = "".join(path.read_text() for path in sorted(logs.glob("*.out")))
-        digest = hashlib.sha256(blob).hexdigest()
+        wanted = {
+            "tiny/a.bin": hashlib.sha256(blob).hexdigest(),
+            "shards/s.bin": hashlib.sha256(b"shard\n").hexdigest(),
+        }
         found = held(outputs)
-        assert len(found) == 2 and all(files == {"tiny/a.bin": digest} for files in found.values()), outputs
+        assert len(found) == 2 and all(files == wanted for files in found.values()), outputs
         said = done.stdout + done.stderr
         assert "datasets: 200.0 KB from the sources, 0 bytes from the nodes' caches, on 2 node(s)" in said
+        assert service.connection_string.split("AccountKey=")[1].split(";")[0] not in said
         kept = json.loads(cluster.hpcjob("runs", "show", "emu-ds-1", "--json").stdout)["summary"]["datasets"]
-        assert sorted(copy["node"] for copy in kept) == sorted(found)
+        copies = sorted((copy["node"], copy["name"]) for copy in kept)
+        assert copies == sorted((node, name) for node in found for name in ("shards", "tiny"))
 
 
 def test_a_share_source_missing_empty_or_too_big_for_a_local_node_is_refused_before_it_starts(
