@@ -85,3 +85,32 @@ def test_a_process_forked_after_the_sigint_gets_its_own() -> None:
     took = time.monotonic() - started
     assert exit_code(task.popen.wait()) != 137
     assert took < 3, f"the late child waited for the SIGKILL ({took:.1f} s)"
+
+
+def test_the_emulator_reads_the_process_table_once_a_tick_for_all_its_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each tick, every running task learns its new descendants from one read of the process table and
+    one map of it (issue 42: a 1,000-task job must leave the machine to the client being measured); each
+    still finds its own grandchildren."""
+    from hpcjob.backends.local import procs
+    from hpcjob.emulator import agent
+
+    tasks = [
+        TaskProcess(["/bin/bash", "-c", "sleep 30 & wait"], cwd="/", env=os.environ,
+                    marker=f"tick-{i}-{os.getpid()}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for i in range(4)
+    ]  # fmt: skip
+    try:
+        time.sleep(0.3)  # each bash has started its sleep
+        reads, maps = [], []
+        real_table, real_children = procs.process_table, procs.children_of
+        monkeypatch.setattr(agent, "process_table", lambda: reads.append(1) or real_table())
+        monkeypatch.setattr(agent, "children_of", lambda table: maps.append(1) or real_children(table))
+        agent.NodeAgent.refresh(tasks)
+        assert (len(reads), len(maps)) == (1, 1)
+        for task in tasks:
+            assert len(task.live(deep=False)) == 2  # bash and its sleep
+    finally:
+        for task in tasks:
+            task.kill()

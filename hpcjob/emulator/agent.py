@@ -31,6 +31,7 @@ from hpcjob.backends.local.procs import (
     MARKER_VAR,
     TaskProcess,
     Watchdog,
+    children_of,
     exit_code,
     marked_processes,
     process_table,
@@ -325,11 +326,13 @@ class NodeAgent:
 
     @staticmethod
     def refresh(processes: list[TaskProcess]) -> None:
-        """Remember the tasks' descendants while they live (called without the lock)."""
+        """Remember the tasks' descendants while they live (called without the lock): one read of the
+        process table and one map of it for all of them, whatever their number."""
         if processes:
             table = process_table()
+            children = children_of(table)
             for process in processes:
-                process.refresh(table)
+                process.refresh(table, children)
 
     # ------------------------------------------------------------------------------------- clusrun
 

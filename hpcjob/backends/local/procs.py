@@ -95,6 +95,14 @@ def process_table() -> dict[int, tuple[int, int, bytes]]:
     return table
 
 
+def children_of(table: Mapping[int, tuple[int, int, bytes]]) -> dict[int, list[int]]:
+    """parent pid -> its children's pids, from one process table: made once for every task that reads it."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    return children
+
+
 def marked_processes(needle: bytes, table: Mapping[int, tuple[int, int, bytes]] | None = None) -> set[Proc]:
     """Live processes whose environment holds a variable starting with ``needle`` (``NAME=value...``)."""
     table = process_table() if table is None else table
@@ -151,12 +159,15 @@ class TaskProcess:
     def pid(self) -> int:
         return self.popen.pid
 
-    def refresh(self, table: Mapping[int, tuple[int, int, bytes]] | None = None) -> None:
-        """Record the descendants of every live process of the task (called while it runs)."""
+    def refresh(
+        self,
+        table: Mapping[int, tuple[int, int, bytes]] | None = None,
+        children: Mapping[int, list[int]] | None = None,
+    ) -> None:
+        """Record the descendants of every live process of the task (called while it runs); `children`:
+        the table's parent-to-children map, where the caller made it once for many tasks."""
         table = process_table() if table is None else table
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _, _) in table.items():
-            children.setdefault(ppid, []).append(pid)
+        children = children_of(table) if children is None else children
         with self._lock:
             stack = [pid for pid, start in self._seen if table.get(pid, (0, -1, b""))[1] == start]
             while stack:
