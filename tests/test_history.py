@@ -248,3 +248,37 @@ def test_timeline_lines_keep_only_fields_of_the_right_type() -> None:
         {"t": 5, "event": "step", "node": 3, "rank": "1", "step": 10, "loss": float("nan"), "epoch": True,
          "samples_per_sec": 12, "note": "x"}
     ) == {"t": 5.0, "event": "step", "step": 10, "samples_per_sec": 12.0}  # fmt: skip
+
+
+def test_the_newest_few_of_a_long_history_are_read_alone_and_the_json_streams_whole() -> None:
+    """`--last`, the state and the tags are the query's: the newest few of 600 runs (more than are looked
+    up by run id) come with their own tags and attempts, as the whole listing gives them, and `runs --json`
+    writes the same runs as one JSON array."""
+    from hpcjob.store.runs import iter_history, record_attempt_end
+
+    for index in range(600):
+        run_id = f"long-{index:04d}"
+        state = "failed" if index % 7 == 0 else "submitted"
+        save_run(record(run_id, "prod", state=state), tags={"n": str(index)} if index % 2 else None)
+    record_state("long-0598", "Running", None)
+    record_attempt_end(record("long-0599", "prod"), None, "lost", "GPU2 was lost", retried=True)
+    whole = history()
+    assert len(whole) == 600 and [e.record.run_id for e in whole[:3]] == [
+        "long-0599",
+        "long-0598",
+        "long-0597",
+    ]
+    newest = history(last=3)
+    assert [(e.record.run_id, e.tags, len(e.attempts)) for e in newest] == [
+        (e.record.run_id, e.tags, len(e.attempts)) for e in whole[:3]
+    ]
+    assert newest[0].attempts and newest[0].tags == {"n": "599"}
+    failed = [
+        e.record.run_id for e in whole if "failed" in (str(e.state).lower(), str(e.record.state).lower())
+    ]
+    assert [e.record.run_id for e in history(state="Failed")] == failed  # the record's step, any case
+    assert [e.record.run_id for e in history(state="running")] == ["long-0598"]  # the job's state
+    assert [e.record.run_id for e in iter_history(tags={"n": "5"}, last=5)] == ["long-0005"]
+    streamed = runs()
+    assert [r["run_id"] for r in streamed] == [e.record.run_id for e in whole]
+    assert runs("--last", "2") == [json.loads(json.dumps(e.to_dict())) for e in whole[:2]]

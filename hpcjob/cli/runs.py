@@ -81,9 +81,9 @@ def runs(
     if ctx.invoked_subcommand is not None:
         return
     from hpcjob.job.spec import parse_tags
-    from hpcjob.store.runs import history
+    from hpcjob.store.runs import iter_history
 
-    entries = history(
+    found = iter_history(
         cluster=cluster_name,
         backend=backend_kind,
         state=state,
@@ -91,9 +91,13 @@ def runs(
         since=parse_since(since, time.time()) if since else None,
         last=last,
     )
-    if as_json:
-        click.echo(json.dumps([entry.to_dict() for entry in entries]))
+    if as_json:  # one JSON array, written a run at a time as the history gives them
+        click.echo("[", nl=False)
+        for index, entry in enumerate(found):
+            click.echo(("," if index else "") + json.dumps(entry.to_dict()), nl=False)
+        click.echo("]")
         return
+    entries = list(found)
     from hpcjob.cli.tables import duration, number, table
     from hpcjob.job.prices import money
 

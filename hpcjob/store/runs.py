@@ -15,12 +15,13 @@ migration for each; the runs.jsonl of hpcjob 0.1 is imported once, when the data
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import Field, asdict, dataclass, field, fields, replace
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -486,6 +487,11 @@ _RECORD_INTS = {"smb_port", "pid", "pid_start", "attempt"}
 _RECORD_REQUIRED = {"run_id", "name", "backend", "job_folder"}
 
 
+@functools.cache
+def _record_fields() -> tuple[Field[Any], ...]:
+    return fields(RunRecord)
+
+
 def _record_of(text: str) -> RunRecord:
     """A RunRecord from its JSON; ValueError when the text is not one (keys of a newer hpcjob are
     left out, values of the wrong type are not taken)."""
@@ -496,7 +502,7 @@ def _record_of(text: str) -> RunRecord:
     if not isinstance(data, dict):
         raise ValueError("not an object")
     values: dict[str, Any] = {}
-    for f in fields(RunRecord):
+    for f in _record_fields():
         value = data.get(f.name)
         if f.name == "nodes":
             if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
@@ -651,7 +657,24 @@ def history(
     last: int | None = None,
 ) -> list[HistoryEntry]:
     """The runs recorded here, newest first, of `cluster`/`backend`, in `state` (the job's, else the
-    submission's last step), with every one of `tags`, started at or after `since`."""
+    submission's last step), with every one of `tags`, started at or after `since`; `last`: the newest
+    so many."""
+    return list(
+        iter_history(cluster=cluster, backend=backend, state=state, tags=tags, since=since, last=last)
+    )
+
+
+def iter_history(
+    *,
+    cluster: str | None = None,
+    backend: str | None = None,
+    state: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    since: float | None = None,
+    last: int | None = None,
+) -> Iterator[HistoryEntry]:
+    """history's runs one at a time, as the database gives them: the filters and `last` are the query's,
+    so that the newest few of a long history read only those few (issue 42: 10,000 runs)."""
     query = f"SELECT {_ENTRY_COLUMNS} FROM runs WHERE 1 = 1"
     values: list[Any] = []
     for column, wanted in (("cluster", cluster), ("backend", backend)):
@@ -661,18 +684,20 @@ def history(
     if since is not None:
         query += " AND started >= ?"
         values.append(since)
+    if state is not None:  # the job's state, else the submission's last step (the record's)
+        query += " AND (lower(state) = ? OR lower(json_extract(record, '$.state')) = ?)"
+        values += [state.lower(), state.lower()]
     for key, value in (tags or {}).items():
         query += (
             " AND EXISTS (SELECT 1 FROM tags t WHERE t.run_id = runs.run_id AND t.key = ? AND t.value = ?)"
         )
         values += [key, value]
     query += " ORDER BY started DESC, rowid DESC"
+    if last is not None:
+        query += " LIMIT ?"
+        values.append(last)
     with _history(write=False) as connection:
-        entries = _entries(connection, connection.execute(query, values).fetchall())
-    if state is not None:
-        wanted = state.lower()
-        entries = [e for e in entries if wanted in (str(e.state).lower(), str(e.record.state).lower())]
-    return entries[:last]
+        yield from _entries(connection, connection.execute(query, values).fetchall())
 
 
 def _lookup(run_or_job_id: str, cluster: str | None = None) -> HistoryEntry | None:
@@ -685,7 +710,7 @@ def _lookup(run_or_job_id: str, cluster: str | None = None) -> HistoryEntry | No
     query += "ORDER BY run_id = ? DESC, updated DESC, rowid DESC LIMIT 1"
     values = [run_or_job_id, run_or_job_id, run_or_job_id, cluster, cluster, run_or_job_id]
     with _history(write=False) as connection:
-        found = _entries(connection, connection.execute(query, values).fetchall())
+        found = list(_entries(connection, connection.execute(query, values).fetchall()))
     return found[0] if found else None
 
 
@@ -697,24 +722,32 @@ def find_entry(run_or_job_id: str) -> HistoryEntry:
     return entry
 
 
+_FEW_ROWS = 500  # rows whose tags and attempts are looked up by run id (below SQLite's 999 parameters)
 _ENTRY_COLUMNS = (
     "run_id, started, updated, state, exit_code, wall_s, gpus_per_node, record, command, plan, summary, "
     "attempt_started"
 )
 
 
-def _entries(connection: sqlite3.Connection, rows: list[Any]) -> list[HistoryEntry]:
-    """Rows of _ENTRY_COLUMNS as entries; a row whose record cannot be read is left out, a summary or
-    plan that cannot be read (a newer hpcjob's, a hand's) is shown as missing."""
+def _entries(connection: sqlite3.Connection, rows: list[Any]) -> Iterator[HistoryEntry]:
+    """Rows of _ENTRY_COLUMNS as entries, one at a time; a row whose record cannot be read is left out, a
+    summary or plan that cannot be read (a newer hpcjob's, a hand's) is shown as missing. Their tags and
+    attempts are read for those rows alone where they are few, else for all at once."""
     from hpcjob.job.results import JobSummary
 
+    where, chosen = "", []
+    if len(rows) <= _FEW_ROWS:
+        where, chosen = f" WHERE run_id IN ({', '.join('?' * len(rows))})", [row[0] for row in rows]
     tags: dict[str, dict[str, str]] = {}
-    for run_id, key, value in connection.execute("SELECT run_id, key, value FROM tags ORDER BY key"):
+    for run_id, key, value in connection.execute(
+        f"SELECT run_id, key, value FROM tags{where} ORDER BY key", chosen
+    ):
         tags.setdefault(run_id, {})[key] = value
     attempts: dict[str, list[AttemptEntry]] = {}
-    for row in connection.execute(f"SELECT run_id, {_ATTEMPT_COLUMNS} FROM attempts ORDER BY attempt"):
+    for row in connection.execute(
+        f"SELECT run_id, {_ATTEMPT_COLUMNS} FROM attempts{where} ORDER BY attempt", chosen
+    ):
         attempts.setdefault(row[0], []).append(_attempt_of(row[1:]))
-    entries = []
     for (
         run_id,
         started,
@@ -741,24 +774,21 @@ def _entries(connection: sqlite3.Connection, rows: list[Any]) -> list[HistoryEnt
             job = json.loads(plan) if plan else None
         except ValueError:
             job = None
-        entries.append(
-            HistoryEntry(
-                run,
-                started,
-                updated,
-                job_state,
-                exit_code,
-                wall_s,
-                gpus,
-                command,
-                job,
-                ended,
-                tags.get(run_id, {}),
-                attempts.get(run_id, []),
-                since,
-            )
+        yield HistoryEntry(
+            run,
+            started,
+            updated,
+            job_state,
+            exit_code,
+            wall_s,
+            gpus,
+            command,
+            job,
+            ended,
+            tags.get(run_id, {}),
+            attempts.get(run_id, []),
+            since,
         )
-    return entries
 
 
 def _records_newest_first() -> Iterator[RunRecord]:
