@@ -109,6 +109,7 @@ def test_run_logs_ended_reads_the_local_summary(share: Path) -> None:
     logs = RunLogs(LocalFolder(share), LOG, ("NODE1", "NODE2"))
     assert logs.ended() is None
     (share / LOG / "summary.json").write_text('{"exit_code": 130}')
+    logs.look()  # a follower's next poll
     assert logs.ended() == 130
 
 
@@ -133,3 +134,44 @@ def test_logs_of_a_failed_run_start_with_its_first_failure(share: Path) -> None:
         "[NODE1] one", "[NODE1] two", "[NODE1 err] warn", "[NODE2] three", "[NODE2] partial",
         "[NODE2 err] Traceback (most recent call last):", "[NODE2 err] ValueError: bad shape",
     ]  # fmt: skip
+
+
+def test_a_poll_reads_what_changed_not_every_node_s_every_file(share: Path) -> None:
+    """Issue 42: a poll of a 300-node run (one look, its end, its lines, its tasks' exit codes) lists the
+    log folder once and reads the outputs that grew and the exit records not yet read; each output is
+    read at least every UNCHANGED_LOOKS looks anyway (a listing may show a file being written at an
+    older size). Before, a poll read every node's .out, .err and .exit."""
+    from typing import cast
+
+    from hpcjob.store.logs import UNCHANGED_LOOKS
+    from hpcjob.store.share import CountingFolder, ShareFolder
+
+    nodes = [f"GPU{index:03d}" for index in range(300)]
+    log = share / LOG
+    for node in nodes:
+        (log / f"{node}.out").write_text("epoch 1\n")
+        (log / f"{node}.err").write_text("")
+    counting = CountingFolder(LocalFolder(share))
+    logs = RunLogs(cast(ShareFolder, counting), LOG, nodes)
+
+    def poll() -> tuple[list[str], dict[str, int]]:
+        counting.reset()
+        logs.look()
+        assert logs.ended() is None
+        said = [line for _, _, line in logs.lines()]
+        logs.exit_codes()
+        return said, dict(counting.calls)
+
+    anyway = 2 * 300 // UNCHANGED_LOOKS  # the outputs whose turn it is to be read anyway, a look
+    said, calls = poll()
+    assert len(said) == 300 and calls == {"scan": 1, "read_capped": 300 + anyway}  # the .out files that grew
+    with open(log / "GPU007.out", "a") as out:
+        out.write("epoch 2\n")
+    (log / "GPU042.exit").write_text("1 1795956528.5\n")
+    said, calls = poll()
+    assert said == ["epoch 2"]
+    # One listing; GPU007's output; GPU042's exit record; the outputs whose turn it is.
+    assert calls == {"scan": 1, "read_capped": 1 + 1 + anyway}, calls
+    assert logs.exit_codes() == {"GPU042": 1}
+    said, calls = poll()
+    assert said == [] and calls == {"scan": 1, "read_capped": anyway}  # the exit record is not read again

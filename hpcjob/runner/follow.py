@@ -194,6 +194,7 @@ class RunOutput:
         logs = self._logs
         quiet_since = time.monotonic()
         while True:
+            logs.look()  # one listing of the log folder a poll: the reads below take what changed
             ended = self._ended() if follow else 0
             said = False
             for node, stream, line in logs.lines(final=ended is not None):

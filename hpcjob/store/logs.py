@@ -35,7 +35,7 @@ from hpcjob.job.results import (
     untrusted_json,
 )
 from hpcjob.job.tracebacks import RANK_PREFIX, cause_of, plain_reason
-from hpcjob.store.share import ShareFolder, UnreadableFile
+from hpcjob.store.share import ShareEntry, ShareFolder, UnreadableFile
 
 SUMMARY_FILE = "summary.json"
 # Where the training program writes each rank's metrics over time (training/timeline.py).
@@ -114,8 +114,19 @@ def output_line(node: str, stream: str, line: str) -> str:
     return f"[{node}{' err' if stream == 'stderr' else ''}] {line}"
 
 
+# A node's output is read when the folder's listing says it grew, and at least every this many looks
+# anyway: a Windows server may list a file that a node keeps open for writing at an older size (NTFS
+# updates a directory entry lazily: UNVERIFIED over SMB for the head node's share).
+UNCHANGED_LOOKS = 10
+
+
 class RunLogs:
-    """The logs of one run: its nodes' files and whether the run has ended."""
+    """The logs of one run: its nodes' files and whether the run has ended.
+
+    What it reads of the share does not grow with the nodes where it need not (issue 42): a follower
+    calls `look()` once a poll, one listing of the log folder, and the poll's reads take from it what
+    changed: the outputs that grew (each also every UNCHANGED_LOOKS looks), the exit records not read
+    yet (each is written once), the local backend's summary once it is there."""
 
     def __init__(self, folder: ShareFolder, log_folder: str, nodes: Sequence[str]) -> None:
         self.folder = folder
@@ -126,6 +137,25 @@ class RunLogs:
             for node in self.nodes
             for stream, ending in (("stdout", "out"), ("stderr", "err"))
         ]
+        self._listed: dict[str, ShareEntry] | None = None
+        self._looks = 0
+        # Each exit record read, by file name, with its time and size as listed: read again only where
+        # they changed (a job HPC Pack requeued writes its tasks' records again).
+        self._ends: dict[str, tuple[int, int, TaskEnd]] = {}
+
+    def look(self) -> None:
+        """List the log folder once: what the reads until the next look go by."""
+        self._looks += 1
+        try:
+            self._listed = {entry.name: entry for entry in self.folder.scan(self.log_folder)}
+        except OSError:  # not there yet, or not a folder hpcjob reads
+            self._listed = {}
+
+    def _listing(self) -> dict[str, ShareEntry]:
+        if self._listed is None:
+            self.look()
+        assert self._listed is not None
+        return self._listed
 
     def _nodes_found(self) -> list[str]:
         try:
@@ -135,8 +165,18 @@ class RunLogs:
         return sorted({n.rsplit(".", 1)[0] for n in names if n.endswith((".out", ".err"))})
 
     def lines(self, final: bool = False) -> Iterator[tuple[str, str, str]]:
-        """The lines written since the last look, as (node, "stdout" or "stderr", line), node by node."""
-        return ((node, stream, line) for node, stream, tail in self._streams for line in tail.read(final))
+        """The lines written since they were last read, as (node, "stdout" or "stderr", line), node by
+        node: of the files the last look saw grow (`final`: of every file, to its end)."""
+        listed = self._listing()
+        for index, (node, stream, tail) in enumerate(self._streams):
+            if not final:
+                entry = listed.get(tail.relative.rpartition("/")[2])
+                if entry is None or entry.kind != "file":
+                    continue
+                if entry.size <= tail.offset and (self._looks + index) % UNCHANGED_LOOKS:
+                    continue
+            for line in tail.read(final):
+                yield node, stream, line
 
     def ended(self) -> int | None:
         """The run's exit code once it has ended, else None.
@@ -145,11 +185,12 @@ class RunLogs:
         names are matched ignoring case: HPC Pack may spell them differently from the job file).
         """
         try:
-            summary = untrusted_json(
-                self.folder.read_capped(_join(self.log_folder, SUMMARY_FILE), SUMMARY_BYTES)
-            )
-            if isinstance(summary, dict):
-                return int(summary["exit_code"])
+            if SUMMARY_FILE in self._listing():  # the local backend's
+                summary = untrusted_json(
+                    self.folder.read_capped(_join(self.log_folder, SUMMARY_FILE), SUMMARY_BYTES)
+                )
+                if isinstance(summary, dict):
+                    return int(summary["exit_code"])
         except (UnreadableFile, ValueError, KeyError, TypeError):
             pass
         codes = self.exit_codes()
@@ -162,8 +203,18 @@ class RunLogs:
         return read_root_cause(self.folder, self.log_folder)
 
     def exit_codes(self) -> dict[str, int]:
-        """Exit codes of the tasks that have ended, by upper-case node name."""
-        return {end.node.upper(): end.exit_code for end in read_task_ends(self.folder, self.log_folder)}
+        """Exit codes of the tasks that have ended, by upper-case node name: the records the last look
+        saw, each read once."""
+        listed = self._listing()
+        new = [
+            name
+            for name, entry in listed.items()
+            if name.endswith(".exit") and self._ends.get(name, (0, 0))[:2] != (entry.mtime_ns, entry.size)
+        ]
+        for end in read_task_ends(self.folder, self.log_folder, new):
+            name = f"{end.node}.exit"
+            self._ends[name] = (listed[name].mtime_ns, listed[name].size, end)
+        return {end.node.upper(): end.exit_code for _, _, end in self._ends.values()}
 
     def gpu_use(self) -> list[GpuUse]:
         """Per node: the run's GPU use once the metrics line is there, else the ranks' latest figures."""
@@ -255,12 +306,14 @@ def output_tail(folder: ShareFolder, log_folder: str, node: str) -> list[str]:
     return _tail_lines(data, OUTPUT_TAIL_BYTES)
 
 
-def read_task_ends(folder: ShareFolder, log_folder: str) -> list[TaskEnd]:
-    """Each ended task's `<NODE>.exit`: its exit code and, when the node wrote it, its end time."""
-    try:
-        names = folder.listdir(log_folder)
-    except FileNotFoundError:
-        return []
+def read_task_ends(folder: ShareFolder, log_folder: str, names: Iterable[str] | None = None) -> list[TaskEnd]:
+    """Each ended task's `<NODE>.exit`: its exit code and, when the node wrote it, its end time; of the
+    files `names` (a listing already made), else of every one in the folder."""
+    if names is None:
+        try:
+            names = folder.listdir(log_folder)
+        except FileNotFoundError:
+            return []
     ends = []
     for name in names:
         if not name.endswith(".exit"):

@@ -7,6 +7,7 @@ when used. The password lives in the SmbFolder object only; it is never printed 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import hashlib
@@ -601,6 +602,38 @@ class SmbFolder:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._smb.reset_connection_cache(connection_cache=self._cache)
+
+
+class CountingFolder:
+    """A ShareFolder that counts what is asked of it: each call by method name (`calls`) and the bytes
+    the reads gave back (`bytes_read`). What a follower costs the share is measured here, at hpcjob's
+    own interface, so that a local folder and an SMB share count alike (benchmarks/bench_many_nodes.py,
+    the tests of a poll's reads)."""
+
+    READS = ("read_bytes", "read_capped")
+
+    def __init__(self, folder: ShareFolder) -> None:
+        self.folder = folder
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.bytes_read = 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.folder, name)
+        if not callable(method):
+            return method
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            result = method(*args, **kwargs)
+            if name in self.READS:
+                self.bytes_read += len(result)
+            return result
+
+        return counted
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.bytes_read = 0
 
 
 def _local_entries(listing: Any) -> list[ShareEntry]:
