@@ -103,6 +103,16 @@ def _parser() -> argparse.ArgumentParser:
         help="putting a node the cluster does not know in a group: skip it (Add-HpcGroup's page) or "
         "refuse the request (default skip; REST: UNVERIFIED)",
     )
+    light = parser.add_argument_group("nodes that cost almost nothing (hpcjob/emulator/standin.py)")
+    light.add_argument(
+        "--stand-in",
+        type=_seconds,
+        metavar="SECONDS",
+        help="each task's node helper runs, then a stand-in takes torchrun's place for SECONDS (in jobs "
+        "that run the nodes' python3): lines, beats, metrics, an exit; no training",
+    )
+    light.add_argument("--stand-in-fail", metavar="NODE:CODE", help="that node fails halfway with CODE")
+    light.add_argument("--stand-in-hang", metavar="NODE", help="that node stops halfway, until killed")
     lost = parser.add_argument_group("lost nodes (see --stdin-commands)")
     lost.add_argument(
         "--detection-delay",
@@ -213,6 +223,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The nodes are this machine: `python3` on them is this Python, which has what hpcjob needs.
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    if args.stand_in is not None:
+        from hpcjob.emulator.standin import stand_in_env
+
+        folder = tempfile.mkdtemp(prefix="hpcjob-emulator-stand-in-")
+        env = stand_in_env(
+            folder, env, seconds=args.stand_in, fail=args.stand_in_fail, hang=args.stand_in_hang
+        )
+    elif args.stand_in_fail or args.stand_in_hang:
+        _fail("--stand-in-fail and --stand-in-hang go with --stand-in SECONDS", 2)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -1,0 +1,78 @@
+#!/bin/bash
+# hpcjob emulator's stand-in for torchrun and the training script (python -m hpcjob.emulator --stand-in):
+# what a node's ranks do for hpcjob's client, in one bash process per node, after the task's real
+# node.sh has run. The emulator's `python3` on the nodes runs this for `python3 -m torch.distributed.run
+# ...` and the real Python for anything else (the node files, the environment).
+#
+# Each rank of the node (--nproc_per_node; its global rank: the task's number - 1, times that, plus the
+# local rank) beats where the job asks (HPCJOB_BEAT_S, HPCJOB_BEAT_DIR: rank-<RANK>.json as worker.py
+# writes it); local rank 0 says a step line every HPCJOB_STANDIN_LINE_S seconds and appends the node's
+# metrics over time (metrics/<NODE>-0.jsonl, as hpctorch does); after HPCJOB_STANDIN_SECONDS the node
+# ends, the first node's rank 0 printing the run's HPCJOB_METRICS line. HPCJOB_STANDIN_FAIL=NODE:CODE:
+# that node's rank fails halfway, recording its exit (the worker shim's record) and ending with CODE;
+# HPCJOB_STANDIN_HANG=NODE: that node stops beating and saying anything halfway, and waits to be killed.
+# No training, no torch, no GPU, no rendezvous: it stands for none of that.
+nproc=1
+for arg in "$@"; do
+    case $arg in
+        --nproc_per_node=*|--nproc-per-node=*) nproc=${arg#*=} ;;
+    esac
+done
+case $nproc in ''|*[!0-9]*) nproc=1 ;; esac
+node=${HPCJOB_NODE:-$(hostname)}
+first=$(( (${CCP_TASKID:-1} - 1) * nproc ))
+seconds=${HPCJOB_STANDIN_SECONDS:-60}
+line_every=${HPCJOB_STANDIN_LINE_S:-2}
+beat_every=${HPCJOB_BEAT_S:-0}
+metrics_every=10
+half=$(( seconds / 2 ))
+fail=
+code=0
+if [ "${HPCJOB_STANDIN_FAIL%%:*}" = "$node" ]; then fail=1; code=${HPCJOB_STANDIN_FAIL#*:}; fi
+hang=
+[ "${HPCJOB_STANDIN_HANG:-}" = "$node" ] && hang=1
+exec {wait_fd}<> <(:)  # `read -t` on a pipe nobody writes: a sleep without a process
+start=${EPOCHREALTIME%.*}
+step=0
+next_line=0
+next_beat=0
+next_metrics=0
+mkdir -p "$HPCJOB_LOG_DIR/metrics" 2>/dev/null
+[ -z "$HPCJOB_BEAT_DIR" ] || [ "$beat_every" = 0 ] || mkdir -p "$HPCJOB_BEAT_DIR" 2>/dev/null
+while :; do
+    now=${EPOCHREALTIME/,/.}
+    elapsed=$(( ${now%.*} - start ))
+    if [ "$elapsed" -ge "$seconds" ]; then break; fi
+    if [ "$elapsed" -ge "$half" ]; then
+        if [ -n "$fail" ]; then
+            echo "RuntimeError: the stand-in of rank $first on $node fails (HPCJOB_STANDIN_FAIL)" >&2
+            [ -z "$HPCJOB_EXIT_DIR" ] || { mkdir -p "$HPCJOB_EXIT_DIR" && echo "$now $first $code $node -" > "$HPCJOB_EXIT_DIR/rank-$first"; } 2>/dev/null
+            exit "$code"
+        fi
+        if [ -n "$hang" ]; then
+            while :; do read -r -t 3600 -u "$wait_fd"; done
+        fi
+    fi
+    step=$(( step + 1 ))
+    if [ "$elapsed" -ge "$next_line" ]; then
+        echo "epoch 1 step $step loss 1.000 (stand-in of $nproc rank(s) on $node)"
+        next_line=$(( elapsed + line_every ))
+    fi
+    if [ "$beat_every" != 0 ] && [ -n "$HPCJOB_BEAT_DIR" ] && [ "$elapsed" -ge "$next_beat" ]; then
+        for (( local = 0; local < nproc; local++ )); do
+            printf '{"t": %s, "rank": %d, "node": "%s", "pid": %d, "collectives": {}}' \
+                "$now" $(( first + local )) "$node" "$$" > "$HPCJOB_BEAT_DIR/rank-$(( first + local )).json" 2>/dev/null
+        done
+        next_beat=$(( elapsed + ${beat_every%.*} ))
+    fi
+    if [ "$elapsed" -ge "$next_metrics" ]; then
+        printf '{"t": %s, "event": "step", "rank": %d, "node": "%s", "epoch": 1, "step": %d}\n' \
+            "$now" "$first" "$node" "$step" >> "$HPCJOB_LOG_DIR/metrics/$node-0.jsonl" 2>/dev/null
+        next_metrics=$(( elapsed + metrics_every ))
+    fi
+    read -r -t 1 -u "$wait_fd"
+done
+if [ "$first" = 0 ]; then
+    echo "HPCJOB_METRICS {\"stand_in\": true, \"epochs_completed\": 1, \"steps\": $step}"
+fi
+exit 0
