@@ -141,26 +141,23 @@ def test_a_poll_reads_what_changed_not_every_node_s_every_file(share: Path) -> N
     log folder once and reads the outputs that grew and the exit records not yet read; each output is
     read at least every UNCHANGED_LOOKS looks anyway (a listing may show a file being written at an
     older size). Before, a poll read every node's .out, .err and .exit."""
-    from typing import cast
-
     from hpcjob.store.logs import UNCHANGED_LOOKS
-    from hpcjob.store.share import CountingFolder, ShareFolder
+    from hpcjob.store.share import counting_share_calls
 
     nodes = [f"GPU{index:03d}" for index in range(300)]
     log = share / LOG
     for node in nodes:
         (log / f"{node}.out").write_text("epoch 1\n")
         (log / f"{node}.err").write_text("")
-    counting = CountingFolder(LocalFolder(share))
-    logs = RunLogs(cast(ShareFolder, counting), LOG, nodes)
+    logs = RunLogs(LocalFolder(share), LOG, nodes)
 
     def poll() -> tuple[list[str], dict[str, int]]:
-        counting.reset()
-        logs.look()
-        assert logs.ended() is None
-        said = [line for _, _, line in logs.lines()]
-        logs.exit_codes()
-        return said, dict(counting.calls)
+        with counting_share_calls() as counts:
+            logs.look()
+            assert logs.ended() is None
+            said = [line for _, _, line in logs.lines()]
+            logs.exit_codes()
+        return said, dict(counts.calls)
 
     anyway = 2 * 300 // UNCHANGED_LOOKS  # the outputs whose turn it is to be read anyway, a look
     said, calls = poll()

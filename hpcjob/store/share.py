@@ -15,8 +15,8 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal, Protocol
@@ -604,36 +604,49 @@ class SmbFolder:
             self._smb.reset_connection_cache(connection_cache=self._cache)
 
 
-class CountingFolder:
-    """A ShareFolder that counts what is asked of it: each call by method name (`calls`) and the bytes
-    the reads gave back (`bytes_read`). What a follower costs the share is measured here, at hpcjob's
-    own interface, so that a local folder and an SMB share count alike (benchmarks/bench_many_nodes.py,
-    the tests of a poll's reads)."""
+@dataclass
+class ShareCounts:
+    """What was asked of the share: each call by method name, and the bytes the reads gave back."""
 
-    READS = ("read_bytes", "read_capped")
-
-    def __init__(self, folder: ShareFolder) -> None:
-        self.folder = folder
-        self.calls: collections.Counter[str] = collections.Counter()
-        self.bytes_read = 0
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self.folder, name)
-        if not callable(method):
-            return method
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[name] += 1
-            result = method(*args, **kwargs)
-            if name in self.READS:
-                self.bytes_read += len(result)
-            return result
-
-        return counted
+    calls: collections.Counter[str] = field(default_factory=collections.Counter)
+    bytes_read: int = 0
 
     def reset(self) -> None:
         self.calls.clear()
         self.bytes_read = 0
+
+
+@contextlib.contextmanager
+def counting_share_calls() -> Iterator[ShareCounts]:
+    """Count every call of every share folder (local and SMB alike, however made) while the block runs:
+    what a follower costs the share, measured at hpcjob's own interface (benchmarks/bench_many_nodes.py,
+    the tests of a poll's reads). Not thread-safe against another counter: one at a time."""
+    counts = ShareCounts()
+    names = [name for name in vars(ShareFolder) if not name.startswith("_")]
+    saved = [
+        (cls, name, vars(cls)[name])
+        for cls in (LocalFolder, SmbFolder)
+        for name in names
+        if name in vars(cls)
+    ]
+
+    def counted(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: object, *args: Any, **kwargs: Any) -> Any:
+            counts.calls[name] += 1
+            result = method(self, *args, **kwargs)
+            if name in ("read_bytes", "read_capped"):
+                counts.bytes_read += len(result)
+            return result
+
+        return call
+
+    try:
+        for cls, name, method in saved:
+            setattr(cls, name, counted(name, method))
+        yield counts
+    finally:
+        for cls, name, method in saved:
+            setattr(cls, name, method)
 
 
 def _local_entries(listing: Any) -> list[ShareEntry]:
