@@ -151,6 +151,14 @@ def test_the_job_s_environment_must_fit_the_scheduler_s_limit_a_task() -> None:
         SpecError, match=r"the job's environment is \d+ characters, more than HPC Pack's 2048"
     ):
         make_plan(JobSpec(script="train.py", nodes=1, datasets=tuple(long)), ["N1"], "run-1")
+    with pytest.raises(SpecError, match=r"more than HPC Pack's 2048 a task: fewer or shorter"):  # any job's
+        make_plan(JobSpec(script="train.py", nodes=1, env=(("BIG", "x" * 2000),)), ["N1"], "run-1")
+    # What grows with the nodes stays out of it: 1,000 nodes' job has the environment of 2 nodes'.
+    sizes = [
+        sum(len(k) + len(v) + 2 for k, v in make_plan(JobSpec(script="t.py", nodes=n), nodes, "run-1").env)
+        for n, nodes in ((2, ["N1", "N2"]), (1000, [f"GPUNODE{i:04d}" for i in range(1000)]))
+    ]
+    assert sizes[0] == sizes[1]
 
 
 # --- two local nodes copy a folder of the share -------------------------------------------------------

@@ -530,8 +530,7 @@ def make_plan(
                 f"{spec.command_limit}: use a shorter --mount-point or job folder"
             )
         env = (*env, *mount.env)  # a node that lost the mount gets it back before the task starts
-    if spec.datasets:
-        check_task_env(env)
+    check_task_env(env)  # every job's: a long --env value, or many, is refused before submit
     return JobPlan(
         name=spec.name,
         run_id=run_id,
