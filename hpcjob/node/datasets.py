@@ -184,12 +184,8 @@ def source_key(source: Dict[str, Any]) -> str:
 
 def read_manifest(path: str) -> Dict[str, Any]:
     """A source's current.json: {"version": folder, "files": {name: [key, size]}}; {} where none is whole."""
-    try:
-        with open(path) as manifest:
-            kept = json.load(manifest)
-    except (OSError, ValueError):
-        return {}
-    return kept if isinstance(kept, dict) and isinstance(kept.get("files"), dict) else {}
+    kept = read_json(path)
+    return kept if isinstance(kept.get("files"), dict) else {}
 
 
 def process_start(pid: int) -> Optional[str]:
