@@ -140,6 +140,7 @@ def test_a_spec_goes_through_json_and_back_whole() -> None:
         datasets=("datasets/imagenet", "https://acct.blob.core.windows.net/train/x:all"),
         dataset_timeout_s=600.0,
         local_dir="/scratch",
+        dataset_cache_gb=500,
     )
     default = JobSpec(script="train.py")
     unset = [f.name for f in fields(JobSpec) if getattr(full, f.name) == getattr(default, f.name)]

@@ -139,6 +139,7 @@ $script:Cli = @{
             Node = '--node'; NodeGroup = '--node-group'; Share = '--share'; MountPoint = '--mount-point'
             MountOptions = '--mount-options'; Install = '--install'; AllowImage = '--allow-image'
             AllowDockerOption = '--allow-docker-option'; AllowVolume = '--allow-volume'
+            LocalDisks = '--local-disks'
         }
         Arguments = @()
         WhatIf    = '--dry-run'
@@ -159,6 +160,7 @@ $script:Cli = @{
             Template = '--template'; NoCheck = '--no-check'; PollSeconds = '--poll-interval'
             PurgeDeletedVault = '--purge-deleted-vault'
             Default = '--default'; DataNodes = '--data-nodes'; DataVmSize = '--data-vm-size'
+            Identity = '--identity'
         }
         Arguments = @('Name')
         WhatIf    = '--print-only'
@@ -819,6 +821,7 @@ function Mount-HpcTorchShare {
         [string[]]$AllowImage,
         [string[]]$AllowDockerOption,
         [string[]]$AllowVolume,
+        [string]$LocalDisks,
         [string]$Cluster,
         [ValidateSet('rest', 'winrm')][string]$Backend,
         [pscredential]$Credential
@@ -907,6 +910,7 @@ function New-HpcTorchCluster {
         [string]$Image,
         [string]$NodePrefix,
         [string]$HeadNodeSize,
+        [string]$Identity,
         [string]$OutputFolder,
         [string]$Template,
         [ValidateRange(1, 3600)][double]$PollSeconds,
