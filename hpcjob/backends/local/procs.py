@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -74,11 +74,11 @@ DEFAULT_SIGNALS = (
 )
 
 
-def process_table() -> dict[int, tuple[int, int, bytes]]:
-    """pid -> (parent pid, start time, state letter) for every process, from /proc."""
+def process_table(pids: Iterable[int] | None = None) -> dict[int, tuple[int, int, bytes]]:
+    """pid -> (parent pid, start time, state letter) for every process (or those of `pids`), from /proc."""
     table: dict[int, tuple[int, int, bytes]] = {}
     try:
-        entries = os.listdir("/proc")
+        entries = [str(pid) for pid in pids] if pids is not None else os.listdir("/proc")
     except FileNotFoundError:
         return table
     for entry in entries:
@@ -149,11 +149,11 @@ class TaskProcess:
             )
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        table = process_table()
-        start = table.get(self.popen.pid, (0, -1, b""))[1]
+        # Its own start time alone: a whole table a start made starting 1,000 tasks read /proc a million
+        # times (issue 42); its descendants are found at the next refresh, or by the marker.
+        start = process_table((self.popen.pid,)).get(self.popen.pid, (0, -1, b""))[1]
         self._seen: set[Proc] = {(self.popen.pid, start)}
         self._interrupted: set[Proc] = set()
-        self.refresh(table)
 
     @property
     def pid(self) -> int:
