@@ -26,6 +26,11 @@ from hpcjob.emulator.base import now
 from hpcjob.emulator.jobs import ACTIVE_TASK, Job, JobBook, Task
 from hpcjob.emulator.nodes import Node, NodeRegistry
 
+# Tasks started a tick (0.1 s) at most: a job of 1,000 tasks starts in batches, the head node's lock let go
+# between them, so that the REST API and WinRM answer while it starts (a real head node starts tasks on
+# their nodes' agents in parallel; the emulator starts each as processes of this machine).
+LAUNCHES_PER_TICK = 32
+
 
 class Scheduler:
     """The scheduler's thread and its decisions, on the jobs of `book` and the nodes of `registry`."""
@@ -54,6 +59,7 @@ class Scheduler:
         self.detection_delay = detection_delay
         self.unreachable_health = unreachable_health
         self.closing = False  # set under the lock: the loop ends at its next step
+        self._launches_left = LAUNCHES_PER_TICK
         self._thread = threading.Thread(target=self._loop, name="hpcjob-emulator-scheduler", daemon=True)
 
     def start(self) -> None:
@@ -81,6 +87,7 @@ class Scheduler:
     def _tick(self) -> None:
         book = self.book
         clock = time.monotonic()
+        self._launches_left = LAUNCHES_PER_TICK
         for node in self.nodes.values():
             if node.lost is not None and (node.unreachable or clock >= node.lost_at + self.detection_delay):
                 if not node.unreachable:  # the heartbeats it missed: the head node gives up on it
@@ -222,6 +229,9 @@ class Scheduler:
                         break
                 if not nodes:
                     continue
+            if self._launches_left <= 0:
+                return  # the rest at the next tick: the lock is let go between them
+            self._launches_left -= 1
             for name, cores in nodes:
                 busy[name] = busy.get(name, 0) + cores
             self._start_task(job, task, nodes)
