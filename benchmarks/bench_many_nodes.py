@@ -92,21 +92,16 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def node_memory_mb(token: str, node: str) -> float:
+def node_memory_mb(node: str) -> float:
     """The proportional memory (PSS) of one node's task processes, by the node in their CCP_NODES."""
+    from hpcjob.backends.local.procs import marked_processes
+
     total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            if f"CCP_NODES=1 {node} ".encode() not in environ or token.encode() not in environ:
-                continue
-            for line in Path(f"/proc/{entry}/smaps_rollup").read_text().splitlines():
+    for pid, _ in marked_processes(f"CCP_NODES=1 {node} ".encode()):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
                     total += int(line.split()[1])
-        except OSError:
-            continue
     return total / 1024
 
 
@@ -165,7 +160,7 @@ def follow(size: int, seconds: float, counts: Counts, folder: Path) -> dict[str,
         counts.reset()
         client_before, began = own_cpu_s(), time.monotonic()
         memory: list[float] = []
-        sampler = threading.Timer(seconds / 2, lambda: memory.append(node_memory_mb("", "NODE0002")))
+        sampler = threading.Timer(seconds / 2, lambda: memory.append(node_memory_mb("NODE0002")))
         sampler.start()
         with counting_share_calls() as share_counts:
             summary = run.wait()

@@ -14,7 +14,6 @@ from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
 from hpcjob.job.hangs import MAX_HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
-from hpcjob.node.mount_filter import image_reference, shown, user_name
 
 # HPC Pack 2008 SDK: "CommandLine is limited to 480 Unicode characters"; unverified for 2016/2019,
 # hence configurable (facts/hpcpack-jobs.md section 1).
@@ -240,6 +239,8 @@ ENVS_NAME, WHEELS_NAME = "envs", "wheels"  # in a user's folder: the environment
 def account_name(owner: str) -> str:
     """The cluster user's account on the nodes, as the node agent and hpcjob's filter take it
     (DOMAIN\\name is name): their mount point's last folder and their folder on the share."""
+    from hpcjob.node.mount_filter import user_name  # when it runs: the command line starts without it
+
     name = user_name(owner)
     if not name:
         raise SpecError(f"user {owner!r} has no name a node can take (letters, digits, . _ -)")
@@ -700,6 +701,8 @@ def check_docker(image: str | None, docker_gpus: str, docker_options: str) -> No
         # As Docker reads it, and as the nodes' filter reads it (one answer: hpcjob.node.mount_filter). A
         # reference holds no `=`, which matters: the agent reads the image back from its env file with
         # `cut -d '=' -f 2`.
+        from hpcjob.node.mount_filter import image_reference, shown
+
         try:
             image_reference(image)
         except ValueError as why:

@@ -647,21 +647,9 @@ class HistoryEntry:
         }
 
 
-def history(
-    *,
-    cluster: str | None = None,
-    backend: str | None = None,
-    state: str | None = None,
-    tags: Mapping[str, str] | None = None,
-    since: float | None = None,
-    last: int | None = None,
-) -> list[HistoryEntry]:
-    """The runs recorded here, newest first, of `cluster`/`backend`, in `state` (the job's, else the
-    submission's last step), with every one of `tags`, started at or after `since`; `last`: the newest
-    so many."""
-    return list(
-        iter_history(cluster=cluster, backend=backend, state=state, tags=tags, since=since, last=last)
-    )
+def history(**filters: Any) -> list[HistoryEntry]:
+    """The runs recorded here, newest first, as iter_history's `filters` choose them, in a list."""
+    return list(iter_history(**filters))
 
 
 def iter_history(
@@ -673,8 +661,10 @@ def iter_history(
     since: float | None = None,
     last: int | None = None,
 ) -> Iterator[HistoryEntry]:
-    """history's runs one at a time, as the database gives them: the filters and `last` are the query's,
-    so that the newest few of a long history read only those few (issue 42: 10,000 runs)."""
+    """The runs recorded here, newest first, one at a time as the database gives them: of
+    `cluster`/`backend`, in `state` (the job's, else the submission's last step), with every one of
+    `tags`, started at or after `since`; `last`: the newest so many. The filters and `last` are the
+    query's, so that the newest few of a long history read only those few (issue 42: 10,000 runs)."""
     query = f"SELECT {_ENTRY_COLUMNS} FROM runs WHERE 1 = 1"
     values: list[Any] = []
     for column, wanted in (("cluster", cluster), ("backend", backend)):
