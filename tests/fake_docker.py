@@ -156,7 +156,7 @@ def run(args: list[str]) -> int:
         "users": ["root"],
     }
     STATE.mkdir(parents=True, exist_ok=True)
-    container_path(name).write_text(json.dumps(container))
+    save(container)
     if cidfile:
         Path(cidfile).write_text(container["id"])
     if "-d" in given or "--detach" in given:
@@ -172,6 +172,15 @@ def run(args: list[str]) -> int:
             container_path(name).unlink(missing_ok=True)
 
 
+def save(container: dict[str, Any]) -> None:
+    """A container's state, whole or not at all, as the daemon keeps it: another task's `docker rm` reads
+    every container's at once (a file half written would fail it, leaving its own container behind)."""
+    path = container_path(container["name"])
+    part = path.with_name(f".{path.name}.{os.getpid()}")
+    part.write_text(json.dumps(container))
+    os.replace(part, path)
+
+
 def run_in(
     container: dict[str, Any], command: list[str], user: str, extra: dict[str, str], workdir: str
 ) -> int:
@@ -181,7 +190,7 @@ def run_in(
         if any(v.split(":")[1] == "/etc/passwd" and v.endswith(":ro") for v in container["volumes"]):
             fail("useradd: cannot lock /etc/passwd; try again later.", 1)
         container["users"].append(command[-1])
-        container_path(container["name"]).write_text(json.dumps(container))
+        save(container)
         return 0
     if command[:1] == ["chown"]:
         return 0
