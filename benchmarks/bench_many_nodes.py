@@ -2,21 +2,30 @@
 
 The local head node (hpcjob.emulator, in a process of its own) with N + 2 nodes whose ranks are stand-ins
 (`--stand-in`: each task's real node.sh runs, then one bash process per node does what its ranks do for
-the client: lines, beats, metrics, an exit record). For each size N, this process is the client: it
-submits a job of N nodes through the REST API (`hpcjob.submit`, the profile's local folder standing in
-for the share, no mount step) and follows it to its end (`Run.wait`), counting what it asks: REST
-requests (at requests.Session), share calls and bytes (at hpcjob.store.share, CountingFolder), and the
-follower's polls (RunLogs.look). Then a job of N nodes of which one fails halfway: how long from that
-node's end to the client naming it. Then the run history: 10,000 runs, and the time of `runs --last 20`,
-`runs show`, all of them and `runs --json` (whole commands, each its own process: the command line's
-start included).
+the client: lines, beats with their collectives, metrics, an exit record). For each size N, this process
+is the client: it submits a run of N nodes through the REST API (`hpcjob.submit`, the profile's local
+folder standing in for the share, no mount step, one retry) and follows it (`Run.wait`) through the
+scenarios in turn:
+1. following for --follow seconds once every node runs, counting what the client asks meanwhile: REST
+   requests (at requests.Session), share calls and bytes (at hpcjob.store.share, counting_share_calls),
+   the polls (RestClient.job_with_tasks), and with the share over smbd, SMB round trips (at
+   smbprotocol's Connection); the client's CPU and the emulator's, a node's memory (PSS);
+2. a node lost (the emulator's `lose NODE`), noticed by the head node after 5 s: how long from then to the
+   client's second attempt submitted, and to all its nodes running (one of them the spare);
+3. a node that hangs halfway through the second attempt: how long until the client names it, from its
+   beats (--hang-timeout: half of --follow, 10 s at least).
+Then the summary and root cause read from the share; a job of N nodes of which one fails halfway (how
+long from that node's end to the client naming it); the sizes of --smb-sizes once more with the share
+served by a real smbd (the test bed's); the run history of --runs runs, and the time of `runs --last
+20`, `runs show`, all of them and `runs --json` (whole commands, each its own process: the command
+line's start included).
 
     .venv/bin/python benchmarks/bench_many_nodes.py [--sizes 16,128,1000] [--follow 120] [--runs 10000]
+    .venv/bin/python benchmarks/bench_many_nodes.py --sizes 16,128 --follow 20 --runs 1000  # a few minutes
 
 Prints a table, then one JSON line per size with at least nodes, requests_per_poll,
 share_reads_per_poll, client_cpu_s_per_min, peak_rss_mb, summary_s, runs_10k_s, and the emulator's own
-CPU beside the client's. Not measured yet (issue 42, open): a hang and a lost node among 1,000 (the
-emulator takes them, `--stand-in-hang` and `lose NODE`), and the 128-node size through the test smbd.
+CPU beside the client's.
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +56,8 @@ from hpcjob.store.share import counting_share_calls  # noqa: E402
 PASSWORD = "bench-Pw-1"
 GPU = ["ComputeNodes", "LinuxNodes", "GPUNodes"]
 TICKS = os.sysconf("SC_CLK_TCK")
+DETECTION_S = 5.0  # how long the head node takes to notice a lost node (--detection-delay)
+LOST, HUNG = "NODE0002", "NODE0001"  # the node lost in the first attempt, the one that hangs in the second
 
 
 class Counts:
@@ -105,24 +118,51 @@ def node_memory_mb(node: str) -> float:
     return total / 1024
 
 
+class Head:
+    """The emulator in its process: its URL, CA file and pid; `command` says a line on its stdin
+    (--stdin-commands) and returns its answer."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None and process.stdin is not None
+        self.process, self.pid = process, process.pid
+        self.url, self.ca_file = process.stdout.readline().strip(), process.stdout.readline().strip()
+        self._answers: list[str] = []
+        self._said = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._said:
+                self._answers.append(line.strip())
+                self._said.notify_all()
+
+    def command(self, line: str) -> str:
+        assert self.process.stdin is not None
+        with self._said:
+            self._answers.clear()
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+            self._said.wait_for(lambda: any(a.startswith(("ok:", "error:")) for a in self._answers), 30)
+            return next((a for a in self._answers if a.startswith(("ok:", "error:"))), "no answer")
+
+
 @contextlib.contextmanager
-def emulator(
-    nodes: int, share: Path, seconds: float, fail: str | None, folder: Path
-) -> Iterator[dict[str, Any]]:
-    """The head node in a process of its own, with `nodes` + 2 stand-in nodes: its URL, CA file, pid."""
+def emulator(nodes: int, share: Path, seconds: float, folder: Path, *stand_in: str) -> Iterator[Head]:
+    """The head node in a process of its own, with `nodes` + 2 stand-in nodes (`stand_in`: more options,
+    --stand-in-fail NODE:CODE, --stand-in-hang NODE), lost nodes noticed after DETECTION_S."""
     spec = [{"Name": f"NODE{i:04d}", "Cores": 4, "Groups": GPU} for i in range(1, nodes + 3)]
     nodes_file = folder / "nodes.json"
     nodes_file.write_text(json.dumps(spec))
     command = [sys.executable, "-m", "hpcjob.emulator", "--user", "alice", "--nodes-file", str(nodes_file),
                "--share-dir", str(share), "--grace-period", "1", "--command-line-limit", "0",
-               "--stand-in", str(seconds)] + (["--stand-in-fail", fail] if fail else [])  # fmt: skip
+               "--detection-delay", str(DETECTION_S), "--stdin-commands", "--stand-in", str(seconds),
+               *stand_in]  # fmt: skip
     env = {**os.environ, "HPCJOB_EMULATOR_PASSWORD": PASSWORD}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    assert process.stdout is not None
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True, env=env)  # fmt: skip
     try:
-        url, ca_file = process.stdout.readline().strip(), process.stdout.readline().strip()
-        threading.Thread(target=process.stdout.read, daemon=True).start()  # the rest of what it says
-        yield {"url": url, "ca_file": ca_file, "pid": process.pid}
+        yield Head(process)
     finally:
         process.terminate()
         try:
@@ -131,67 +171,172 @@ def emulator(
             process.kill()
 
 
-def profile(folder: Path, share: Path, head: dict[str, Any]) -> None:
-    """The cluster `emu` in this benchmark's own config, its share a local folder."""
+@contextlib.contextmanager
+def share_folder(folder: Path, smb: bool) -> Iterator[tuple[Path, list[str], dict[str, str]]]:
+    """The share (the emulator's --share-dir), the profile's options to reach it and the environment
+    it needs: a local folder, or with `smb` the same folder served by a real smbd (the test bed's)."""
+    share = folder / "CcpSpoolDir" / "app"
+    share.mkdir(parents=True)
+    if not smb:
+        yield share, ["--share", "//HEADNODE/CcpSpoolDir", "--local-share", str(share)], {}
+        return
+    from tests.testbed import SmbServer
+
+    with SmbServer(share) as server:
+        options = ["--share", server.folder_unc, "--smb-user", server.username, "--smb-server",
+                   server.address, "--smb-port", str(server.port)]  # fmt: skip
+        yield share, options, {"HPCJOB_SMB_PASSWORD": server.password}
+
+
+def profile(folder: Path, share: Path, head: Head, reach: list[str], env: dict[str, str]) -> None:
+    """The cluster `emu` in this benchmark's own config: the nodes see the share at its own path."""
     os.environ.update(
-        HPCJOB_CONFIG=str(folder / "clusters.toml"), BENCH_PW=PASSWORD, XDG_STATE_HOME=str(folder / "state")
-    )
-    add = [sys.executable, "-m", "hpcjob.cli", "cluster", "add", "emu", "--url", head["url"], "--user",
-           "alice", "--password-env", "BENCH_PW", "--ca-bundle", head["ca_file"], "--share",
-           "//HEADNODE/CcpSpoolDir",
-           "--local-share", str(share), "--mount-point", str(share), "--node-group", "GPUNodes",
-           "--poll-interval", "5"]  # fmt: skip
+        HPCJOB_CONFIG=str(folder / "clusters.toml"), BENCH_PW=PASSWORD, XDG_STATE_HOME=str(folder / "state"),
+        **env,
+    )  # fmt: skip
+    add = [sys.executable, "-m", "hpcjob.cli", "cluster", "add", "emu", "--url", head.url, "--user",
+           "alice", "--password-env", "BENCH_PW", "--ca-bundle", head.ca_file, *reach,
+           "--mount-point", str(share), "--node-group", "GPUNodes", "--poll-interval", "5"]  # fmt: skip
     subprocess.run(add, check=True, capture_output=True)
 
 
-def follow(size: int, seconds: float, counts: Counts, folder: Path) -> dict[str, Any]:
-    """A job of `size` stand-in nodes followed to its end: what it cost the client and the emulator."""
+def smb_round_trips() -> list[int]:
+    """Count every SMB request message sent (a compound of several is one round trip)."""
+    from smbprotocol.connection import Connection
+
+    sent = [0]
+    send, compound = Connection.send, Connection.send_compound
+
+    def counted_send(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent[0] += 1
+        return send(self, *args, **kwargs)
+
+    def counted_compound(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent[0] += 1
+        return compound(self, *args, **kwargs)
+
+    Connection.send = counted_send
+    Connection.send_compound = counted_compound
+    return sent
+
+
+class Said:
+    """The run's progress lines, each with when it came (time.time)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, line: str) -> None:
+        with self.changed:
+            self.lines.append((time.time(), line))
+            self.changed.notify_all()
+
+    def when(self, pattern: str, timeout: float = 0.0) -> float | None:
+        """When the first line matching `pattern` came, waiting up to `timeout` for it."""
+        found = re.compile(pattern)
+        with self.changed:
+            self.changed.wait_for(lambda: any(found.search(line) for _, line in self.lines), timeout)
+            return next((at for at, line in self.lines if found.search(line)), None)
+
+
+def first_steps(share: Path, log_folder: str) -> list[float]:
+    """When each node's stand-in began (its metrics' first line), in a log folder of the share."""
+    starts = []
+    for path in (share / log_folder.lstrip("/") / "metrics").glob("*-0.jsonl"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            starts.append(float(json.loads(path.read_text().splitlines()[0])["t"]))
+    return starts
+
+
+def scenario(size: int, follow_s: float, counts: Counts, folder: Path, smb: bool = False) -> dict[str, Any]:
+    """One run of `size` stand-in nodes carrying the scenarios in turn: followed for `follow_s` (what the
+    client and the emulator cost meanwhile), then LOST loses its node (noticed after DETECTION_S), the
+    run's second attempt goes onto a spare node, where HUNG stops halfway: the hang found by its beats."""
     import hpcjob
+    from hpcjob.job.plan import attempt_log_folder
+    from hpcjob.store.logs import RunLogs, read_root_cause
+    from hpcjob.store.share import LocalFolder
 
-    share = folder / "share"
-    share.mkdir(parents=True)
     script = folder / "train.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text("raise SystemExit('the stand-in runs instead')\n")
-    with emulator(size, share, seconds, None, folder) as head:
-        profile(folder, share, head)
-        emulator_before = cpu_s(head["pid"])
-        options = {"nodes": size, "no_env": True, "rdzv_port": free_port(), "env": {"HPCJOB_IFNAME": "lo"}}
-        run = hpcjob.submit(script, cluster="emu", mount_step=False, hang_timeout_s=600, **options)
-        counts.reset()
-        client_before, began = own_cpu_s(), time.monotonic()
-        memory: list[float] = []
-        sampler = threading.Timer(seconds / 2, lambda: memory.append(node_memory_mb("NODE0002")))
-        sampler.start()
+    seconds = 2 * (follow_s + 10)  # HUNG stops at half: after LOST was lost in attempt 1
+    hang_timeout_s = max(10.0, follow_s / 2)
+    trips = smb_round_trips() if smb else [0]
+    with (
+        share_folder(folder, smb) as (share, reach, env),
+        emulator(size, share, seconds, folder, "--stand-in-hang", HUNG) as head,
+    ):
+        profile(folder, share, head, reach, env)
+        said = Said()
+        options: dict[str, Any] = {"nodes": size, "no_env": True, "rdzv_port": free_port(),
+                                   "env": {"HPCJOB_IFNAME": "lo"},
+                                   "hang_timeout_s": hang_timeout_s}  # fmt: skip
+        run = hpcjob.submit(script, cluster="emu", mount_step=False, retries=1, **options)
+        figures: dict[str, Any] = {"nodes": size, "share": "smb" if smb else "folder"}
         with counting_share_calls() as share_counts:
-            summary = run.wait()
-        sampler.join()
-        took = time.monotonic() - began
-        client = own_cpu_s() - client_before
-        emulator_cpu = cpu_s(head["pid"]) - emulator_before
-        polls = max(1, counts.polls)
-        started = time.perf_counter()
-        from hpcjob.store.logs import RunLogs, read_root_cause
-        from hpcjob.store.share import LocalFolder
+            follower = threading.Thread(target=lambda: figures.update(summary=run.wait(said)))
+            follower.start()
+            deadline = time.monotonic() + 600
+            while len(first_steps(share, run.record.log_folder)) < size:
+                if time.monotonic() > deadline or not follower.is_alive():
+                    raise SystemExit(f"bench_many_nodes: {size} nodes never all ran")
+                time.sleep(0.5)
 
-        log_folder = run.record.log_folder
-        logs = RunLogs(LocalFolder(share), log_folder, run.record.nodes)
+            def figures_now() -> tuple[float, ...]:
+                share_calls = sum(share_counts.calls.values())
+                return (counts.requests, counts.polls, share_calls, share_counts.bytes_read, trips[0],
+                        own_cpu_s(), cpu_s(head.pid), time.monotonic())  # fmt: skip
+
+            before = figures_now()
+            time.sleep(follow_s / 2)
+            figures["node_pss_mb"] = round(node_memory_mb("NODE0002"), 2)
+            time.sleep(follow_s / 2)
+            after = figures_now()
+            lost = time.time()
+            answer = head.command(f"lose {LOST} unreachable")
+            if not answer.startswith("ok:"):
+                raise SystemExit(f"bench_many_nodes: lose {LOST}: {answer}")
+            follower.join()
+        requests, polls, calls, read, sent, client, emulator_cpu, took = (
+            b - a for a, b in zip(before, after, strict=True)
+        )
+        polls = max(1, polls)
+        figures.update(
+            polls=polls,
+            requests_per_poll=round(requests / polls, 2),
+            share_reads_per_poll=round(calls / polls, 2),
+            share_kb_per_poll=round(read / polls / 1024, 1),
+            client_cpu_s_per_min=round(client / took * 60, 2),
+            emulator_cpu_s_per_min=round(emulator_cpu / took * 60, 2),
+            peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        )
+        if smb:
+            figures["smb_round_trips_per_poll"] = round(sent / polls, 2)
+        summary = figures.pop("summary")
+        noticed = lost + DETECTION_S
+        resubmitted = said.when(r"^attempt 2( of \d+)?: job ")
+        second = f"{run.record.job_folder}/logs/{attempt_log_folder(run.run_id, 2)}"
+        starts = first_steps(share, second)
+        named = said.when(rf"on {HUNG} hung")
+        cause = summary.root_cause
+        if resubmitted is None or len(starts) != size or named is None or cause is None or cause.node != HUNG:
+            lines = "\n".join(line for _, line in said.lines[-20:])
+            raise SystemExit(f"bench_many_nodes: the scenarios did not happen as planned:\n{lines}")
+        hung_at = min(starts) + seconds // 2  # the stand-ins of one attempt start within a few seconds
+        figures.update(
+            lost_to_resubmitted_s=round(resubmitted - noticed, 1),
+            lost_to_running_s=round(max(starts) - noticed, 1),
+            hang_named_s=round(named - hung_at, 1),
+            hang_timeout_s=hang_timeout_s,
+        )
+        started = time.perf_counter()
+        logs = RunLogs(LocalFolder(share), second, run.record.nodes)
         logs.exit_codes()
-        read_root_cause(LocalFolder(share), log_folder)
-        summary_s = time.perf_counter() - started
-    return {
-        "nodes": size,
-        "state": summary.state.value,
-        "followed_s": round(took, 1),
-        "polls": counts.polls,
-        "requests_per_poll": round(counts.requests / polls, 2),
-        "share_reads_per_poll": round(sum(share_counts.calls.values()) / polls, 2),
-        "share_kb_per_poll": round(share_counts.bytes_read / polls / 1024, 1),
-        "client_cpu_s_per_min": round(client / took * 60, 2),
-        "emulator_cpu_s_per_min": round(emulator_cpu / took * 60, 2),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "node_pss_mb": round(memory[0], 1) if memory else None,
-        "summary_s": round(summary_s, 3),
-    }
+        read_root_cause(LocalFolder(share), second)
+        figures["summary_s"] = round(time.perf_counter() - started, 3)
+    return figures
 
 
 def failing(size: int, folder: Path) -> float:
@@ -199,12 +344,14 @@ def failing(size: int, folder: Path) -> float:
     end of the run naming it."""
     import hpcjob
 
-    share = folder / "share"
-    share.mkdir(parents=True)
     script = folder / "train.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text("raise SystemExit('the stand-in runs instead')\n")
-    with emulator(size, share, 20, "NODE0002:3", folder) as head:
-        profile(folder, share, head)
+    with (
+        share_folder(folder, False) as (share, reach, env),
+        emulator(size, share, 20, folder, "--stand-in-fail", "NODE0002:3") as head,
+    ):
+        profile(folder, share, head, reach, env)
         run = hpcjob.submit(script, cluster="emu", mount_step=False, nodes=size, no_env=True,
                             rdzv_port=free_port(), env={"HPCJOB_IFNAME": "lo"})  # fmt: skip
         summary = run.wait()
@@ -246,13 +393,29 @@ def history(runs: int, folder: Path) -> dict[str, float]:
     return timed
 
 
+COLUMNS = {  # the table's columns: a figure's key, its header
+    "nodes": "NODES", "share": "SHARE", "requests_per_poll": "REQ/POLL",
+    "share_reads_per_poll": "SHARE/POLL",
+    "smb_round_trips_per_poll": "SMB TRIPS/POLL", "client_cpu_s_per_min": "CLIENT CPU s/min",
+    "emulator_cpu_s_per_min": "EMULATOR CPU s/min", "peak_rss_mb": "PEAK RSS MB",
+    "node_pss_mb": "NODE PSS MB",
+    "summary_s": "SUMMARY s", "failing_node_named_s": "FAILURE NAMED s",
+    "lost_to_resubmitted_s": "LOST->RESUBMITTED s", "lost_to_running_s": "LOST->ALL RUNNING s",
+    "hang_named_s": "HANG NAMED s",
+}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="16,128,1000", help="the jobs' node counts, comma-separated")
-    parser.add_argument("--follow", type=float, default=120.0, help="seconds each node runs")
+    parser.add_argument("--follow", type=float, default=120.0, help="seconds a job is followed before a loss")
+    parser.add_argument("--smb-sizes", default="128", help="the sizes run again with the share over smbd")
     parser.add_argument("--runs", type=int, default=10_000, help="runs in the history")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
+    smb_sizes = {int(size) for size in args.smb_sizes.split(",") if size}
+    if min(sizes) < 2:
+        parser.error("--sizes: 2 nodes at least (one is lost, another hangs)")
     counts = instrument()
     rows, lines = [], []
     with tempfile.TemporaryDirectory(prefix="bench-many-") as tmp:
@@ -262,20 +425,21 @@ def main() -> None:
             flush=True,
         )
         for size in sizes:
-            figures = follow(size, args.follow, counts, Path(tmp) / f"follow-{size}")
-            figures["failing_node_named_s"] = failing(size, Path(tmp) / f"failing-{size}")
-            figures["runs_10k_s"] = runs["last20_s"]
-            figures["runs_10k"] = runs
-            lines.append(json.dumps(figures))
-            print(f"bench_many_nodes: {size} nodes done", flush=True)
-            rows.append((size, figures["requests_per_poll"], figures["share_reads_per_poll"],
-                         figures["client_cpu_s_per_min"], figures["emulator_cpu_s_per_min"],
-                         figures["peak_rss_mb"], figures["node_pss_mb"], figures["summary_s"],
-                         figures["failing_node_named_s"]))  # fmt: skip
+            for smb in (False, True) if size in smb_sizes else (False,):
+                if smb and not shutil.which("smbd"):
+                    print(f"bench_many_nodes: {size} nodes over SMB skipped: no smbd here", flush=True)
+                    continue
+                name = f"{size}-{'smb' if smb else 'folder'}"
+                figures = scenario(size, args.follow, counts, Path(tmp) / f"run-{name}", smb)
+                if not smb:
+                    figures["failing_node_named_s"] = failing(size, Path(tmp) / f"failing-{size}")
+                figures["runs_10k_s"] = runs["last20_s"]
+                figures["runs_10k"] = runs
+                lines.append(json.dumps(figures))
+                print(f"bench_many_nodes: {size} nodes ({figures['share']}) done", flush=True)
+                rows.append(tuple(figures.get(key, "-") for key in COLUMNS))
     print()
-    header = ("NODES", "REQ/POLL", "SHARE/POLL", "CLIENT CPU s/min", "EMULATOR CPU s/min", "PEAK RSS MB",
-              "NODE PSS MB", "SUMMARY s", "FAILURE NAMED s")  # fmt: skip
-    for line in table(header, rows):
+    for line in table(tuple(COLUMNS.values()), rows):
         print(line)
     for line in lines:
         print(line)

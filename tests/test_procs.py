@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
 
-from hpcjob.backends.local.procs import TaskProcess, exit_code
+from hpcjob.backends.local.procs import TaskProcess, exit_code, process_table
 
 
 @pytest.mark.parametrize("delay_ms", range(0, 80, 8))
@@ -114,3 +115,41 @@ def test_the_emulator_reads_the_process_table_once_a_tick_for_all_its_tasks(
     finally:
         for task in tasks:
             task.kill()
+
+
+def test_tasks_killed_together_share_their_reads_of_the_process_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tasks stopped at once (1,000 tasks ending together on the emulator) search /proc together: far
+    fewer reads than tasks, and each still kills its own processes, grandchildren included."""
+    from hpcjob.backends.local import procs
+
+    reads = []
+
+    def counted() -> procs.Snapshot:
+        reads.append(1)
+        time.sleep(0.05)  # a read of a big table takes a while: the others arrive meanwhile
+        return procs.read_snapshot()
+
+    monkeypatch.setattr(procs, "SHARED_READS", procs.SharedReads(counted))
+    tasks = [
+        TaskProcess(["/bin/bash", "-c", "sleep 30 & wait"], cwd="/", env=os.environ,
+                    marker=f"together-{i}-{os.getpid()}", stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL)
+        for i in range(12)
+    ]  # fmt: skip
+    time.sleep(0.3)
+    found = [task.live() for task in tasks]
+    assert all(len(live) == 2 for live in found)  # bash and its sleep, by the tree and the marker
+    reads.clear()
+    start = threading.Barrier(len(tasks))
+    killers = [threading.Thread(target=lambda t=task: (start.wait(), t.kill())) for task in tasks]
+    for killer in killers:
+        killer.start()
+    for killer in killers:
+        killer.join()
+    shared = len(reads)
+    assert all(not task.live() for task in tasks)
+    left = process_table([pid for live in found for pid, _ in live])
+    assert all(state == b"Z" for _, _, state in left.values())  # gone, or a zombie not reaped yet
+    assert shared <= len(tasks) / 2  # each kill reads at least twice: 24 without sharing

@@ -27,9 +27,11 @@ from hpcjob.backends.rest import (
     wait_for_job,
 )
 from hpcjob.backends.scheduler import (
+    TASKS_NAMED,
     PollPolicy,
     RetryPolicy,
     choose_nodes,
+    follow_job,
     job_summary,
     pin_certificate,
     refuse_taken_names,
@@ -464,6 +466,45 @@ def test_waiting_backs_off_while_nothing_changes_and_reports_changes() -> None:
         "GPU1: Finished (exit code 0)",
     ]
     assert waits == [1.0, 2.0, 3.0, 1.0, 2.0]
+
+
+def test_a_job_of_many_tasks_is_told_as_counts_naming_only_the_tasks_that_failed() -> None:
+    """1,000 nodes starting are a line a change of the counts, not a line a task (issue 42); a failed
+    task is still named with its exit code. A job of TASKS_NAMED tasks keeps a line a task."""
+    size = TASKS_NAMED + 1
+
+    def job(states: list[str], codes: dict[int, int] | None = None) -> JobInfo:
+        tasks = tuple(
+            TaskInfo(i + 1, f"t{i}", state,
+                     (codes or {}).get(i, 0) if state in ("Finished", "Failed") else None, f"GPU{i:02d}")
+            for i, state in enumerate(states)
+        )  # fmt: skip
+        ended = all(state in ("Finished", "Failed") for state in states)
+        return JobInfo("9", "r", "Failed" if ended else "Running", "", tasks=tasks)
+
+    polls = iter([
+        job(["Queued"] * size),
+        job(["Running"] * 5 + ["Queued"] * (size - 5)),
+        job(["Running"] * size),
+        job(["Running"] * (size - 1) + ["Failed"], {size - 1: 3}),
+        job(["Finished"] * (size - 1) + ["Failed"], {size - 1: 3}),
+    ])  # fmt: skip
+    lines: list[str] = []
+    follow_job(lambda: next(polls), lines.append, sleep=lambda s: None)
+    last = f"GPU{size - 1:02d}"
+    assert lines == [
+        "job 9: Running",
+        f"{size} tasks: {size} Queued",
+        f"{size} tasks: {size - 5} Queued, 5 Running",
+        f"{size} tasks: {size} Running",
+        f"{last}: Failed (exit code 3)",
+        f"{size} tasks: 1 Failed, {size - 1} Running",
+        "job 9: Failed",
+        f"{size} tasks: 1 Failed, {size - 1} Finished",
+    ]
+    few: list[str] = []
+    follow_job(lambda: job(["Finished"] * TASKS_NAMED), few.append, sleep=lambda s: None)
+    assert few == ["job 9: Failed"] + [f"GPU{i:02d}: Finished (exit code 0)" for i in range(TASKS_NAMED)]
 
 
 def test_a_profile_s_poll_interval_is_the_longest_wait_and_bounds_the_first() -> None:

@@ -94,6 +94,44 @@ def test_a_hostile_beat_is_skipped_and_the_watch_still_names_the_rank_behind(
     assert clock.now == TIMEOUT  # found at the bound, not later
 
 
+def test_the_watch_reads_one_beat_while_rank_0_moves_on_and_every_rank_s_once_it_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """64 ranks (8 nodes of 8): while the collectives move on, a look reads rank 0's beat alone (issue 42:
+    a 1,000-node job's 8,000 files each beat otherwise); once rank 0 waits, every rank's, and the rank that
+    stopped beating meanwhile is named, a beat later than if every beat had been read all along."""
+    from hpcjob.store.share import counting_share_calls
+
+    beats_dir = tmp_path / LOG / BEATS_FOLDER
+    spec = cluster_spec(8, gpus_per_node=8, hang_timeout_s=TIMEOUT)
+    plan = make_plan(spec, spec.node_names, RUN_ID)
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(watch, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    looking = hang_watch(plan, LocalFolder(tmp_path), LOG)
+    assert looking is not None
+    ranks = range(plan.world_size)
+    reads = []
+    with counting_share_calls() as calls, pytest.raises(HangFound) as found:
+        for now in range(0, 100, 2):  # a look a beat; at 40 rank 9 stops, the others wait in #40
+            clock.now = float(now)
+            stopped = now >= 40
+            written = beats(
+                now, {r: (40, True) if stopped else (now, False) for r in ranks if not (stopped and r == 9)}
+            )
+            write_beats(beats_dir, written)
+            calls.reset()
+            looking.look()
+            reads.append(sum(calls.calls.values()))
+    assert reads[:20] == [1 + 64] + [1] * 19  # every rank's at first, then rank 0's alone while it moved on
+    assert reads[21:] == [1 + 1 + 64] * len(reads[21:])  # then rank 0's, the listing, every rank's
+    hang = found.value.hang
+    assert (hang.rank, hang.node) == (9, "N9")
+    assert hang.reason.startswith("hung: stopped beating (its last beat: collective #38")
+    # The others' move into #40 is seen at the first look that reads them (42): found a bound after it,
+    # one beat later than reading every beat would have.
+    assert clock.now == 42 + TIMEOUT
+
+
 def test_json_from_the_share_is_plain_json_or_a_value_error() -> None:
     assert untrusted_json(b'{"t": 1.5, "a": [1, "x", null]}') == {"t": 1.5, "a": [1, "x", None]}
     for text in ("NaN", "[Infinity]", '{"t": -Infinity}', "1e999", "[" * 100_000, DEEP, b"\xff", "1" * 5000):

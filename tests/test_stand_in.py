@@ -1,7 +1,7 @@
 """The emulator's light nodes (`--stand-in`, issue 42): each task's real node helper runs, then a stand-in
 takes torchrun's place and does for the client what ranks do; a failing node is named by the client as a
-real one is, and a whole run of them ends with its metrics line. The job XML and command lines are the
-client's own."""
+real one is, a hung one is found by its beats, and a whole run of them ends with its metrics line. The
+job XML and command lines are the client's own."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcjob.backends.local import free_port
-from hpcjob.emulator.standin import FAIL_VAR, stand_in_env
+from hpcjob.emulator.standin import FAIL_VAR, HANG_VAR, stand_in_env
 
 from .test_rest_e2e import emulated_cluster
 
@@ -44,3 +44,10 @@ def test_stand_in_nodes_run_the_real_node_helper_then_fail_or_finish_as_ranks_wo
             cluster.share_dir / "hpcjob" / "alice" / "train" / "logs" / "light-2" / "LOCALHOST.out"
         ).read_text()
         assert "stand-in of 1 rank(s) on LOCALHOST" in out and 'HPCJOB_METRICS {"stand_in": true' in out
+
+        cluster.head.cluster.base_env[HANG_VAR] = "NODE003"
+        hung = cluster.hpcjob(*job[:-2], "--hang-timeout", "10s", "--run-id", "light-3", str(script))
+        said = hung.stdout + hung.stderr
+        assert hung.returncode == 124, said[-3000:]  # ended as hung, by its beats
+        assert "on NODE003 hung: stopped beating" in said
+        assert "waited in collective #3 nccl:all_reduce" in said  # the others, blocked by it

@@ -10,7 +10,9 @@
 # metrics over time (metrics/<NODE>-0.jsonl, as hpctorch does); after HPCJOB_STANDIN_SECONDS the node
 # ends, the first node's rank 0 printing the run's HPCJOB_METRICS line. HPCJOB_STANDIN_FAIL=NODE:CODE:
 # that node's rank fails halfway, recording its exit (the worker shim's record) and ending with CODE;
-# HPCJOB_STANDIN_HANG=NODE: that node stops beating and saying anything halfway, and waits to be killed.
+# HPCJOB_STANDIN_HANG=NODE: that node stops beating and saying anything halfway, and waits to be killed,
+# while the others wait, until killed, in the next all-reduce (their beats say so: in flight, the sequence still), as
+# ranks blocked on a hung peer do.
 # No training, no torch, no GPU, no rendezvous: it stands for none of that.
 nproc=1
 for arg in "$@"; do
@@ -42,7 +44,9 @@ mkdir -p "$HPCJOB_LOG_DIR/metrics" 2>/dev/null
 while :; do
     now=${EPOCHREALTIME/,/.}
     elapsed=$(( ${now%.*} - start ))
-    if [ "$elapsed" -ge "$seconds" ]; then break; fi
+    blocked=  # a node hung: the others wait in the all-reduce after it, beating, until killed
+    [ -n "$HPCJOB_STANDIN_HANG" ] && [ "$elapsed" -ge "$half" ] && blocked=1
+    if [ "$elapsed" -ge "$seconds" ] && [ -z "$blocked" ]; then break; fi
     if [ "$elapsed" -ge "$half" ]; then
         if [ -n "$fail" ]; then
             echo "RuntimeError: the stand-in of rank $first on $node fails (HPCJOB_STANDIN_FAIL)" >&2
@@ -53,19 +57,24 @@ while :; do
             while :; do read -r -t 3600 -u "$wait_fd"; done
         fi
     fi
-    step=$(( step + 1 ))
-    if [ "$elapsed" -ge "$next_line" ]; then
+    [ -n "$blocked" ] || step=$(( step + 1 ))
+    if [ -z "$blocked" ] && [ "$elapsed" -ge "$next_line" ]; then
         echo "epoch 1 step $step loss 1.000 (stand-in of $nproc rank(s) on $node)"
         next_line=$(( elapsed + line_every ))
     fi
     if [ "$beat_every" != 0 ] && [ -n "$HPCJOB_BEAT_DIR" ] && [ "$elapsed" -ge "$next_beat" ]; then
+        # A collective a second, as worker.py writes it (seq, name, began, state, in flight); once a node
+        # hangs, the all-reduce after it never ends.
+        seq=$elapsed flight=false state=completed
+        [ -z "$blocked" ] || { seq=$half flight=true state=scheduled; }
         for (( local = 0; local < nproc; local++ )); do
-            printf '{"t": %s, "rank": %d, "node": "%s", "pid": %d, "collectives": {}}' \
-                "$now" $(( first + local )) "$node" "$$" > "$HPCJOB_BEAT_DIR/rank-$(( first + local )).json" 2>/dev/null
+            printf '{"t": %s, "rank": %d, "node": "%s", "pid": %d, "collectives": {"0": [%d, "nccl:all_reduce", %d, "%s", %s]}}' \
+                "$now" $(( first + local )) "$node" "$$" "$seq" $(( start + seq )) "$state" "$flight" \
+                > "$HPCJOB_BEAT_DIR/rank-$(( first + local )).json" 2>/dev/null
         done
         next_beat=$(( elapsed + ${beat_every%.*} ))
     fi
-    if [ "$elapsed" -ge "$next_metrics" ]; then
+    if [ -z "$blocked" ] && [ "$elapsed" -ge "$next_metrics" ]; then
         printf '{"t": %s, "event": "step", "rank": %d, "node": "%s", "epoch": 1, "step": %d}\n' \
             "$now" "$first" "$node" "$step" >> "$HPCJOB_LOG_DIR/metrics/$node-0.jsonl" 2>/dev/null
         next_metrics=$(( elapsed + metrics_every ))

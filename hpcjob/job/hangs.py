@@ -144,9 +144,12 @@ class HangWatch:
         self._progress: tuple[object, ...] | None = None
         self._progress_at = 0.0
 
-    def look(self, beats: Iterable[Beat], now: float) -> Hang | None:
-        """The hang, if the job has hung by `now` (the follower's clock), with the beats read now merged
-        into those read before (a rank whose file could not be read this time keeps its last beat)."""
+    def moved(self, beats: Iterable[Beat], now: float) -> bool:
+        """Merge the beats read `now` (the follower's clock) into those read before (a rank whose file
+        was not read this time keeps its last beat): whether a collective moved on since the last look.
+        If it did, the job has not hung, whatever the ranks not read this time do: a follower reads one
+        rank's beat first, and every rank's only when that one did not move (issue 42: 8,000 ranks'
+        files each beat otherwise)."""
         for beat in beats:
             if not 0 <= beat.rank < self.world_size:
                 continue  # no rank of this job: a file someone put among the beats
@@ -161,8 +164,15 @@ class HangWatch:
                 for group, c in b.collectives.items()
             )
         )
-        if progress != self._progress:
-            self._progress, self._progress_at = progress, now
+        if progress == self._progress:
+            return False
+        self._progress, self._progress_at = progress, now
+        return True
+
+    def look(self, beats: Iterable[Beat], now: float) -> Hang | None:
+        """The hang, if the job has hung by `now`, with `beats` merged as `moved` does."""
+        self.moved(beats, now)
+        latest, progress = self._latest, self._progress
         waited = now - self._progress_at
         if not progress or waited < self.timeout_s:
             return None  # no collective yet (nothing to wait in), or one moved on within the bound

@@ -31,7 +31,8 @@ class HangFound(Exception):
 
 
 def hang_watch(plan: JobPlan, folder: ShareFolder, log_folder: str) -> Watch | None:
-    """What a wait looks at for the job's hang bound, reading its beats once a beat (None: no bound)."""
+    """What a wait looks at for the job's hang bound, reading its beats once a beat (None: no bound): rank
+    0's, and every rank's where rank 0's collectives did not move on."""
     from hpcjob.backends import Watch
     from hpcjob.store.logs import read_beats
 
@@ -40,15 +41,19 @@ def hang_watch(plan: JobPlan, folder: ShareFolder, log_folder: str) -> Watch | N
     every_s = beat_interval(plan.hang_timeout_s)
     hangs = HangWatch(plan.hang_timeout_s, plan.world_size)
     last = -every_s
+    every_rank_read = False  # the first look reads them all: the picture rank 0's beat then adds to
 
     def look() -> None:
-        nonlocal last
+        nonlocal last, every_rank_read
         now = time.monotonic()
         if now - last < every_s:
             return
         last = now
         try:
+            if every_rank_read and hangs.moved(read_beats(folder, log_folder, ranks=(0,)), now):
+                return  # rank 0 moved on: not hung, the other ranks' beats need not be read this time
             beats = read_beats(folder, log_folder)
+            every_rank_read = True
         except Exception:  # smbprotocol raises many kinds; the wait goes on whatever
             return  # the share did not answer this time: the beats are read again next time
         hang = hangs.look(beats, now)

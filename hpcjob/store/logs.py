@@ -333,15 +333,19 @@ def read_task_ends(folder: ShareFolder, log_folder: str, names: Iterable[str] | 
     return ends
 
 
-def read_beats(folder: ShareFolder, log_folder: str) -> list[Beat]:
-    """Each rank's latest beat (none yet: []). A beat that cannot be read or taken (being replaced, from
-    another hpcjob, or hostile: not a file, too long, NaN, nested too deep, another rank's) is skipped
-    alone: the watch keeps that rank's last beat, and goes on with the others'."""
+def read_beats(folder: ShareFolder, log_folder: str, ranks: Iterable[int] | None = None) -> list[Beat]:
+    """Each rank's latest beat (none yet: []), or only those of `ranks` (no listing: a read each). A beat
+    that cannot be read or taken (being replaced, from another hpcjob, or hostile: not a file, too long,
+    NaN, nested too deep, another rank's) is skipped alone: the watch keeps that rank's last beat, and
+    goes on with the others'."""
     beats_folder = _join(log_folder, BEATS_FOLDER)
-    try:
-        names = folder.listdir(beats_folder)
-    except FileNotFoundError:
-        return []
+    if ranks is not None:
+        names = [f"rank-{rank}.json" for rank in ranks]
+    else:
+        try:
+            names = folder.listdir(beats_folder)
+        except FileNotFoundError:
+            return []
     beats = []
     for name in names:
         if not (name.startswith("rank-") and name.endswith(".json")):

@@ -21,7 +21,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -120,6 +121,78 @@ def marked_processes(needle: bytes, table: Mapping[int, tuple[int, int, bytes]] 
     return found
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """The processes at one moment: the table, its parent-to-children map, and each marker's processes
+    (keyed by the whole ``NAME=value\0`` entry)."""
+
+    table: dict[int, tuple[int, int, bytes]]
+    children: dict[int, list[int]]
+    marked: dict[bytes, set[Proc]]
+
+
+def read_snapshot() -> Snapshot:
+    """One read of /proc: every process's stat and the marker in its environment."""
+    table = process_table()
+    marked: dict[bytes, set[Proc]] = {}
+    prefix = f"{MARKER_VAR}=".encode()
+    for pid, (_, start, state) in table.items():
+        if state in (b"Z", b"X") or pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        at = 0 if environ.startswith(prefix) else environ.find(b"\0" + prefix) + 1
+        if at == 0 and not environ.startswith(prefix):
+            continue
+        end = environ.find(b"\0", at)
+        entry = environ[at:] + b"\0" if end < 0 else environ[at : end + 1]
+        marked.setdefault(entry, set()).add((pid, start))
+    return Snapshot(table, children_of(table), marked)
+
+
+class SharedReads:
+    """Threads that ask for the processes at once share one read of /proc.
+
+    A caller needs a read that began after it asked (what it killed must be seen gone); whoever finds
+    none running starts one, the others wait for it or the next. 1,000 tasks of the emulator ending
+    together each searched every process's environment in its own thread, a million reads that starved
+    the REST API for over a minute (issue 42); shared, that is one search per round for all of them."""
+
+    def __init__(self, read: Callable[[], Snapshot] = read_snapshot) -> None:
+        self._read = read
+        self._changed = threading.Condition()
+        self._latest: tuple[float, Snapshot] | None = None
+        self._reading = False
+
+    def after(self, moment: float) -> Snapshot:
+        """A snapshot whose read began at `moment` or later (time.monotonic)."""
+        with self._changed:
+            while True:
+                if self._latest is not None and self._latest[0] >= moment:
+                    return self._latest[1]
+                if not self._reading:
+                    self._reading = True
+                    break
+                self._changed.wait()
+        began = time.monotonic()
+        snapshot: Snapshot | None = None
+        try:
+            snapshot = self._read()
+            return snapshot
+        finally:
+            with self._changed:
+                self._reading = False
+                if snapshot is not None:
+                    self._latest = (began, snapshot)
+                self._changed.notify_all()
+
+
+SHARED_READS = SharedReads()
+
+
 class TaskProcess:
     """The wrapper process of one task and everything it started."""
 
@@ -181,11 +254,12 @@ class TaskProcess:
     def live(self, deep: bool = True) -> set[Proc]:
         """Processes of the task that still exist and are not zombies. ``deep`` also searches every
         process's environment for the marker (slower; finds what left the tree between two polls)."""
-        table = process_table()
-        self.refresh(table)
+        snapshot = SHARED_READS.after(time.monotonic())
+        table = snapshot.table
+        self.refresh(table, snapshot.children)
         with self._lock:
             if deep:
-                self._seen |= marked_processes(self.marker, table)
+                self._seen |= snapshot.marked.get(self.marker, set())
             seen = set(self._seen)
         return {
             (pid, start)
