@@ -254,7 +254,7 @@ def scenario(size: int, follow_s: float, counts: Counts, folder: Path, smb: bool
     client and the emulator cost meanwhile), then LOST loses its node (noticed after DETECTION_S), the
     run's second attempt goes onto a spare node, where HUNG stops halfway: the hang found by its beats."""
     import hpcjob
-    from hpcjob.job.plan import attempt_log_folder
+    from hpcjob.job.layout import attempt_log_folder
     from hpcjob.store.logs import RunLogs, read_root_cause
     from hpcjob.store.share import LocalFolder
 

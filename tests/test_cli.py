@@ -273,7 +273,8 @@ def test_run_help_lists_each_option_once_under_its_heading_in_order(monkeypatch:
     headings = [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")]
     assert headings == [SHAPE, NODES, DATA, DATASETS, SHARE, SOFTWARE, OUTPUT, FAILURE, OTHER, "Examples"]
     listed = [line.split()[0].rstrip(",") for line in lines if line.startswith("  -")]
-    run = cli.commands["run"]
+    run = cli.get_command(click.Context(cli), "run")
+    assert run is not None
     options = [p for p in run.get_params(click.Context(run)) if isinstance(p, click.Option)]
     assert sorted(listed) == sorted(p.opts[0] for p in options)  # each once, none left out
 
@@ -356,3 +357,34 @@ def test_a_run_id_that_ran_is_not_reused(script: Path, tmp_path: Path) -> None:
         assert again.returncode == 2
         assert again.stderr.startswith("hpcjob: error: run id 'r-9' is taken: a manual run has it")
         assert len(again.stderr.splitlines()) == 1
+
+
+def test_each_command_is_imported_from_the_module_its_group_names_and_only_when_asked_for() -> None:
+    """The command line imports a command's module when the command runs (hpcjob.cli.app.COMMAND_MODULES):
+    every command of every module is in the table, at its module, and `hpcjob runs` imports no other."""
+    import importlib
+
+    from hpcjob.cli.app import COMMAND_MODULES
+
+    code = (
+        "import sys; from hpcjob.cli import cli; import click\n"
+        "cli.get_command(click.Context(cli), 'runs')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('hpcjob.cli.')))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == str(["hpcjob.cli.app", "hpcjob.cli.options", "hpcjob.cli.runs"])
+
+    from hpcjob.cli import cli
+
+    for module in {m for modules in COMMAND_MODULES.values() for m in modules.values()}:
+        importlib.import_module(f"hpcjob.cli.{module}")
+    for name in COMMAND_MODULES:
+        group = cli if name == "hpcjob" else cli.get_command(click.Context(cli), name)
+        assert isinstance(group, click.Group)
+        made = {
+            command: found.callback.__module__ for command, found in group.commands.items() if found.callback
+        }
+        expected = {command: f"hpcjob.cli.{module}" for command, module in COMMAND_MODULES[name].items()}
+        if name == "hpcjob":
+            expected["cluster"] = "hpcjob.cli.app"  # the group itself
+        assert made == expected

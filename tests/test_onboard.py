@@ -515,9 +515,11 @@ def test_delete_removes_the_resource_group_and_the_profile(
 def test_the_cli_names_the_secret_variables_that_the_tasks_never_see() -> None:
     from hpcjob.cli import cli
 
-    cluster = cli.commands["cluster"]
+    cluster = cli.get_command(click.Context(cli), "cluster")
     assert isinstance(cluster, click.Group)
-    defaults = {p.name: p.default for p in cluster.commands["onboard"].params}
+    onboard = cluster.get_command(click.Context(cluster), "onboard")
+    assert onboard is not None
+    defaults = {p.name: p.default for p in onboard.params}
     assert (defaults["password_env"], defaults["key_env"]) == (ADMIN_PASSWORD_ENV, AUTH_KEY_ENV)
 
 

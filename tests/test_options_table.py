@@ -99,7 +99,8 @@ def test_the_python_api_refuses_an_option_it_does_not_know_before_anything_start
 def test_each_job_command_has_each_option_of_the_table_under_its_name(command: str) -> None:
     """The click parameter of each option with a flag is named as the option: what the command passes on
     is read by the same names as the API's keywords."""
-    found = cli.commands[command]
+    found = cli.get_command(click.Context(cli), command)
+    assert found is not None
     params = {p.name: p for p in found.params if isinstance(p, click.Option)}
     for name, how in job_options():
         if how.flag is None:

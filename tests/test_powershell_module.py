@@ -175,7 +175,8 @@ def click_command(words: list[str]) -> tuple[click.Command, list[str]]:
     command: click.Command = cli
     rest = list(words)
     while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
-        found = command.commands[rest.pop(0)]
+        found = command.get_command(click.Context(command), rest.pop(0))
+        assert found is not None
         command = found
     return command, rest
 

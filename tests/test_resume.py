@@ -15,8 +15,9 @@ from click.testing import CliRunner
 
 from hpcjob.cli import cli
 from hpcjob.cli.tables import format_summary
+from hpcjob.job.layout import CHECKPOINT_VAR, RESUME_VAR
 from hpcjob.job.options import JobOptions
-from hpcjob.job.plan import CHECKPOINT_VAR, RESUME_VAR, JobPlan, make_plan
+from hpcjob.job.plan import JobPlan, make_plan
 from hpcjob.job.render import plan_json
 from hpcjob.job.results import JobSummary, NodeResult, State, trained_nothing
 from hpcjob.job.spec import JobSpec, SpecError

@@ -105,7 +105,8 @@ def test_the_client_commands_run_without_posix_only_modules(tmp_path: Path) -> N
 def test_configuration_and_records_live_in_the_windows_folders(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from hpcjob.store.config import config_path, user_folder
+    from hpcjob.store.config import config_path
+    from hpcjob.store.folders import user_folder
     from hpcjob.store.runs import history_file
 
     monkeypatch.setattr(sys, "platform", "win32")

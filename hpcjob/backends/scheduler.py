@@ -15,7 +15,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.job.plan import attempt_id, mount_job_name
+from hpcjob.job.layout import attempt_id
+from hpcjob.job.plan import mount_job_name
 from hpcjob.job.results import (
     ALREADY_MOUNTED,
     ENDED_JOB_STATES,

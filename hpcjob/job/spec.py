@@ -265,7 +265,7 @@ def check_job_folder(job_folder: str) -> str:
 def check_run_id(run_id: str) -> str:
     if not _RUN_ID.fullmatch(run_id):
         raise SpecError(f"run id {run_id!r} may use only letters, digits and . _ - (at most 74)")
-    if re.search(r"\.[0-9]+$", run_id):  # RUN.N names attempt N's job (hpcjob.job.plan.attempt_id)
+    if re.search(r"\.[0-9]+$", run_id):  # RUN.N names attempt N's job (hpcjob.job.layout.attempt_id)
         raise SpecError(f"run id {run_id!r} may not end in .NUMBER: that names a later attempt's job")
     return run_id
 

@@ -220,7 +220,7 @@ def _resumed(open_folder: Callable[[], ShareFolder | None], record: RunRecord) -
     """Where the record's attempt went on from and the work done again, from its timeline and the
     attempt before it's (hpcjob.job.attempts.resumed_of); None where none says (or the share is away)."""
     from hpcjob.job.attempts import resumed_of
-    from hpcjob.job.plan import attempt_log_folder
+    from hpcjob.job.layout import attempt_log_folder
     from hpcjob.store.logs import RunLogs
 
     try:
@@ -372,7 +372,7 @@ def submit_attempt(
 ) -> tuple[RunRecord, JobPlan]:
     """Plan and submit the run's next attempt (the code and wheels are on the share already), waiting at
     most `node_wait_s` for enough healthy nodes; the run's record follows each step."""
-    from hpcjob.job.plan import attempt_log_folder
+    from hpcjob.job.layout import attempt_log_folder
     from hpcjob.job.render import plan_json
     from hpcjob.store.runs import record_next_attempt, save_run
     from hpcjob.store.secrets import hand_over_secrets, remove_attempt_secrets

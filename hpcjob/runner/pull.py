@@ -68,7 +68,7 @@ class PullReport:
 def result_folders(entry: HistoryEntry) -> list[tuple[str, str | None, str]]:
     """The run's folders to pull, as (name here, folder on the share relative to its root, or None
     where it is not on the share, and then why)."""
-    from hpcjob.job.plan import CHECKPOINT_VAR, OUTPUT_VAR, output_folder
+    from hpcjob.job.layout import CHECKPOINT_VAR, OUTPUT_VAR, output_folder
     from hpcjob.runner.resume import recorded_folder, run_checkpoints
 
     record = entry.record

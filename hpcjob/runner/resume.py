@@ -33,7 +33,7 @@ def recorded_env(plan: Mapping[str, Any] | None) -> dict[str, str]:
 def run_checkpoints(entry: HistoryEntry) -> str:
     """Where the run's checkpoints are, relative to its share's root: its own folder, as its recorded
     plan named it (a folder its --env gave, within the share), else as hpcjob names them."""
-    from hpcjob.job.plan import CHECKPOINT_VAR, CHECKPOINTS_FOLDER, checkpoint_folder
+    from hpcjob.job.layout import CHECKPOINT_VAR, CHECKPOINTS_FOLDER, checkpoint_folder
 
     record = entry.record
     named = recorded_env(entry.plan).get(CHECKPOINT_VAR)
@@ -149,6 +149,6 @@ def checkpoints_shown(entry: HistoryEntry) -> str:
     try:
         return f"{base}/{run_checkpoints(entry)}"
     except SpecError:  # its --env put them outside the share
-        from hpcjob.job.plan import CHECKPOINT_VAR
+        from hpcjob.job.layout import CHECKPOINT_VAR
 
         return f"{recorded_env(entry.plan).get(CHECKPOINT_VAR)} (on the nodes)"

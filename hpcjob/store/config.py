@@ -30,7 +30,6 @@ import functools
 import getpass
 import os
 import re
-import ssl
 import sys
 import tempfile
 import tomllib
@@ -60,6 +59,7 @@ from hpcjob.job.spec import (
     parse_share,
 )
 from hpcjob.store.credentials import ADMIN_PASSWORD_ENV, AUTH_KEY_ENV, SMB_PASSWORD_ENV
+from hpcjob.store.folders import user_folder
 
 KEYRING_SERVICE = "hpcjob"
 CLUSTER_ENV = "HPCJOB_CLUSTER"
@@ -428,6 +428,8 @@ def _check_ca_bundle(where: str, path: str) -> None:
     if not os.path.isfile(path):
         message = f"{where}: ca_bundle {path!r}: no such file"
         raise GoneFile(message, "ca_bundle", path) if not os.path.lexists(path) else SpecError(message)
+    import ssl  # here: reading the history reads no profile, and starts without it
+
     # A bundle that holds no certificate would fail every request, after the read retries.
     try:
         ssl.create_default_context(cafile=path)
@@ -449,24 +451,6 @@ def _check_strings(
         check(values)
     except SpecError as exc:
         raise SpecError(f"{where}: {key}: {exc}") from None
-
-
-def user_folder(kind: str) -> Path:
-    """hpcjob's folder of `kind` ("config", "state" or "cache") for this user: %APPDATA%\\hpcjob (config),
-    %LOCALAPPDATA%\\hpcjob (state) and %LOCALAPPDATA%\\hpcjob\\cache on Windows, else the XDG base
-    directories (~/.config/hpcjob, ~/.local/state/hpcjob, ~/.cache/hpcjob)."""
-    if sys.platform == "win32":
-        variable = "APPDATA" if kind == "config" else "LOCALAPPDATA"
-        base = os.environ.get(variable) or str(
-            Path.home() / "AppData" / ("Roaming" if kind == "config" else "Local")
-        )
-        return Path(base) / "hpcjob" / ("cache" if kind == "cache" else "")
-    variable, default = {
-        "config": ("XDG_CONFIG_HOME", ".config"),
-        "state": ("XDG_STATE_HOME", ".local/state"),
-        "cache": ("XDG_CACHE_HOME", ".cache"),
-    }[kind]
-    return Path(os.environ.get(variable) or Path.home() / default) / "hpcjob"
 
 
 def config_path() -> Path:

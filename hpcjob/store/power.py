@@ -96,7 +96,7 @@ def now_utc() -> str:
 
 
 def power_file() -> Path:
-    from hpcjob.store.config import user_folder
+    from hpcjob.store.folders import user_folder
 
     return user_folder("state") / "clusters.json"
 

@@ -75,7 +75,7 @@ def prices_url() -> str:
 
 
 def cache_file() -> Path:
-    from hpcjob.store.config import user_folder
+    from hpcjob.store.folders import user_folder
 
     return user_folder("cache") / "prices.json"
 

@@ -91,7 +91,7 @@ class RunRecord:
     @property
     def log_folder(self) -> str:
         """The log folder of the record's attempt, relative to the share folder."""
-        from hpcjob.job.plan import attempt_log_folder
+        from hpcjob.job.layout import attempt_log_folder
 
         return f"{self.job_folder}/logs/{attempt_log_folder(self.run_id, self.attempt)}"
 
@@ -166,7 +166,7 @@ _RUN_ID_TIME = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 
 
 def history_file() -> Path:
-    from hpcjob.store.config import user_folder
+    from hpcjob.store.folders import user_folder
 
     return user_folder("state") / "runs.db"
 

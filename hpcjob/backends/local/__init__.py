@@ -39,10 +39,10 @@ from hpcjob.backends.local.procs import (
     process_table,
 )
 from hpcjob.job.datasets import LOCAL_DIR_VAR
+from hpcjob.job.layout import RESUME_VAR
 from hpcjob.job.plan import (
     ENV_ON_VAR,
     ENVS_VAR,
-    RESUME_VAR,
     JobPlan,
     MountStep,
     TaskPlan,
@@ -208,7 +208,7 @@ class _Node:
 def local_node_folder(node: str) -> Path:
     """A local node's own disk (HPCJOB_LOCAL_DIR): a folder of this machine's cache, kept between runs, as
     a cluster node keeps its local disk."""
-    from hpcjob.store.config import user_folder
+    from hpcjob.store.folders import user_folder
 
     return user_folder("cache") / "nodes" / node
 
