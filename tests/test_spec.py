@@ -159,3 +159,15 @@ def test_a_node_named_by_a_number_is_a_count_that_was_meant() -> None:
     with pytest.raises(SpecError, match=r"node '2' is a number, not a node's name: a count of nodes is -n 2"):
         parse_node_names(["2"])
     assert parse_node_names(["2GPU", "N2"]) == ("2GPU", "N2")
+
+
+def test_a_line_names_a_few_nodes_each_and_many_by_the_first_the_last_and_their_number() -> None:
+    """A progress line of a 1,000-node job named every node: 10 KB a line (issue 42)."""
+    from hpcjob.job.spec import NODES_NAMED, nodes_said
+
+    few = [f"GPU{i}" for i in range(1, NODES_NAMED + 1)]
+    assert nodes_said(few) == ", ".join(few)
+    many = [f"NODE{i:04d}" for i in range(1, 1001)]
+    said = nodes_said(many)
+    assert said == ", ".join(many[: NODES_NAMED - 1]) + ", ..., NODE1000 (1,000 nodes)"
+    assert len(said) < 120

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from hpcjob.job.hangs import HANG_EXIT_CODE
 from hpcjob.job.results import JobInfo, JobSummary, NodeInfo, RootCause, State
+from hpcjob.job.spec import nodes_said
 
 # What a rank's last words say when the fabric, not the program, failed (torch's and NCCL's own texts:
 # ncclSystemError/ncclRemoteError, DistNetworkError, the store's connection errors).
@@ -136,7 +137,7 @@ def attempt_line(
 ) -> str:
     """How an attempt ended, in the run's summary: its job, its nodes (data nodes too) and why."""
     data = f" and data node(s) {', '.join(data_node_names)}" if data_node_names else ""
-    return f"attempt {attempt} (job {job_id} on {', '.join(nodes)}{data}): {said}"
+    return f"attempt {attempt} (job {job_id} on {nodes_said(nodes)}{data}): {said}"
 
 
 def past_max_cost(spent: float, max_cost_usd: float) -> str | None:

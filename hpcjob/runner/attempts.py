@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from hpcjob.job.attempts import attempt_line, told_lost
-from hpcjob.job.spec import HpcjobError, SpecError
+from hpcjob.job.spec import HpcjobError, SpecError, nodes_said
 from hpcjob.runner.access import Progress, stopped_cluster_hint, submit_failure
 from hpcjob.runner.follow import follow_run
 
@@ -179,7 +179,7 @@ def follow_attempts(
             told.append(f"attempt {record.attempt + 1} did not start: {exc}")
             return record, _run_summary(record, summary, told)
         started = time.monotonic()  # the attempt's own wall time
-        progress(f"attempt {record.attempt} of {total}: job {record.job_id} on {', '.join(plan.nodes)}")
+        progress(f"attempt {record.attempt} of {total}: job {record.job_id} on {nodes_said(plan.nodes)}")
 
 
 def _cause(
@@ -607,5 +607,5 @@ def _submitted_again(
     record, plan = submit_attempt(
         backend, spec, record, folder, retries, mount_step=mount_step, progress=progress
     )
-    progress(f"attempt {record.attempt}: job {record.job_id} on {', '.join(plan.nodes)}")
+    progress(f"attempt {record.attempt}: job {record.job_id} on {nodes_said(plan.nodes)}")
     return record, plan

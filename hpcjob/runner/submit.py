@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcjob.job.spec import SpecError
+from hpcjob.job.spec import SpecError, nodes_said
 from hpcjob.runner.access import (
     ClusterAccess,
     Progress,
@@ -130,7 +130,7 @@ def _submit_and_follow(
         retries=retries,
     )
     job_id = latest.job_id
-    progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {', '.join(plan.nodes)}")
+    progress(f"submitted job {job_id} (run {plan.run_id}) to {profile.name} on {nodes_said(plan.nodes)}")
     if not wait:
         if plan.hang_timeout_s is not None:
             progress(
