@@ -175,6 +175,34 @@ def test_a_damaged_database_is_one_line_with_the_way_out(state_home: Path) -> No
     assert runs() == []
 
 
+def test_a_history_locked_by_another_process_is_one_line_and_loses_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another process holds the history (a write that does not end): a command waits LOCK_WAIT_S, then
+    says so in one line, exit 1; once let go of, every run is there and a new one is saved."""
+    from hpcjob.store import runs as history_module
+
+    save_run(record("a-1"))
+    monkeypatch.setattr(history_module, "LOCK_WAIT_S", 0.5)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys; db = sqlite3.connect(sys.argv[1], isolation_level=None);"
+         " db.execute('BEGIN EXCLUSIVE'); print('held', flush=True); sys.stdin.read()", str(history_file())],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        for args in (["runs"], ["runs", "--last", "20"]):
+            done = CliRunner().invoke(cli, args)
+            assert done.exit_code == 1
+            assert str(done.exception) == (
+                f"the run history {history_file()} stayed locked by another hpcjob for 0.5 s: try again"
+            )
+    finally:
+        holder.communicate("", timeout=30)
+    save_run(record("a-2"))
+    assert [e.record.run_id for e in history()] == ["a-2", "a-1"]
+
+
 def test_a_database_of_a_newer_hpcjob_is_refused_in_one_line() -> None:
     save_run(record("a-1"))
     with sqlite3.connect(history_file()) as db:

@@ -176,6 +176,10 @@ def legacy_runs_file() -> Path:
     return history_file().with_name("runs.jsonl")
 
 
+# How long a command waits for another hpcjob that holds the history (a write), before it says so.
+LOCK_WAIT_S = 30.0
+
+
 @contextlib.contextmanager
 def _history(write: bool = True) -> Iterator[sqlite3.Connection]:
     """The database, migrated, inside one transaction (committed when the block ends): IMMEDIATE to
@@ -188,7 +192,7 @@ def _history(write: bool = True) -> Iterator[sqlite3.Connection]:
             if not path.exists():
                 path.touch(mode=0o600)
         where = str(path) if write or path.exists() else ":memory:"
-        connection = sqlite3.connect(where, timeout=30, isolation_level=None)
+        connection = sqlite3.connect(where, timeout=LOCK_WAIT_S, isolation_level=None)
     except (OSError, sqlite3.Error) as exc:
         raise HpcjobError(f"cannot open the run history {path}: {exc}") from None
     try:
@@ -208,7 +212,7 @@ def _history(write: bool = True) -> Iterator[sqlite3.Connection]:
 def _history_problem(path: Path, exc: sqlite3.Error) -> str:
     text = str(exc)
     if "locked" in text:
-        return f"the run history {path} stayed locked by another hpcjob for 30 s"
+        return f"the run history {path} stayed locked by another hpcjob for {LOCK_WAIT_S:g} s: try again"
     if "not a database" in text or "malformed" in text:
         return (
             f"the run history {path} is damaged ({text}): move it aside (hpcjob starts a new one) and keep "
