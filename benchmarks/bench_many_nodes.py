@@ -11,9 +11,12 @@ scenarios in turn:
    the polls (RestClient.job_with_tasks), and with the share over smbd, SMB round trips (at
    smbprotocol's Connection); the client's CPU and the emulator's, a node's memory (PSS);
 2. a node lost (the emulator's `lose NODE`), noticed by the head node after 5 s: how long from then to the
-   client's second attempt submitted, and to all its nodes running (one of them the spare);
-3. a node that hangs halfway through the second attempt: how long until the client names it, from its
-   beats (--hang-timeout: half of --follow, 10 s at least).
+   client seeing the attempt's job failed (its poll), from that to the second attempt submitted (the
+   client's work: the summary, the cause, the nodes, the job), and to its first and last node running
+   (one of them the spare; the last is this machine starting N node helpers);
+3. a node that hangs halfway through the second attempt (the others then block, as real ranks would):
+   how long from its stop until the client names it, from the beats (--hang-timeout: half of --follow,
+   10 s at least).
 Then the summary and root cause read from the share; a job of N nodes of which one fails halfway (how
 long from that node's end to the client naming it); the sizes of --smb-sizes once more with the share
 served by a real smbd (the test bed's); the run history of --runs runs, and the time of `runs --last
@@ -316,17 +319,23 @@ def scenario(size: int, follow_s: float, counts: Counts, folder: Path, smb: bool
             figures["smb_round_trips_per_poll"] = round(sent / polls, 2)
         summary = figures.pop("summary")
         noticed = lost + DETECTION_S
+        seen = said.when(r"^job \d+: Failed")  # the first attempt's job, as the client's poll saw it
         resubmitted = said.when(r"^attempt 2( of \d+)?: job ")
         second = f"{run.record.job_folder}/logs/{attempt_log_folder(run.run_id, 2)}"
         starts = first_steps(share, second)
         named = said.when(rf"on {HUNG} hung")
         cause = summary.root_cause
-        if resubmitted is None or len(starts) != size or named is None or cause is None or cause.node != HUNG:
+        hung_file = share / second.lstrip("/") / ".standin-hung"
+        ok = seen and resubmitted and named and cause and cause.node == HUNG and len(starts) == size
+        if not ok or not hung_file.is_file():
             lines = "\n".join(line for _, line in said.lines[-20:])
             raise SystemExit(f"bench_many_nodes: the scenarios did not happen as planned:\n{lines}")
-        hung_at = min(starts) + seconds // 2  # the stand-ins of one attempt start within a few seconds
+        assert seen is not None and resubmitted is not None and named is not None
+        hung_at = float(hung_file.read_text().split()[0])  # when HUNG stopped (its stand-in says)
         figures.update(
-            lost_to_resubmitted_s=round(resubmitted - noticed, 1),
+            lost_to_seen_s=round(seen - noticed, 1),
+            seen_to_resubmitted_s=round(resubmitted - seen, 1),
+            lost_to_first_running_s=round(min(starts) - noticed, 1),
             lost_to_running_s=round(max(starts) - noticed, 1),
             hang_named_s=round(named - hung_at, 1),
             hang_timeout_s=hang_timeout_s,
@@ -400,7 +409,8 @@ COLUMNS = {  # the table's columns: a figure's key, its header
     "emulator_cpu_s_per_min": "EMULATOR CPU s/min", "peak_rss_mb": "PEAK RSS MB",
     "node_pss_mb": "NODE PSS MB",
     "summary_s": "SUMMARY s", "failing_node_named_s": "FAILURE NAMED s",
-    "lost_to_resubmitted_s": "LOST->RESUBMITTED s", "lost_to_running_s": "LOST->ALL RUNNING s",
+    "lost_to_seen_s": "LOST->SEEN s", "seen_to_resubmitted_s": "SEEN->RESUBMITTED s",
+    "lost_to_first_running_s": "LOST->FIRST RUNNING s", "lost_to_running_s": "LOST->ALL RUNNING s",
     "hang_named_s": "HANG NAMED s",
 }  # fmt: skip
 

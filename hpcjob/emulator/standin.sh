@@ -11,8 +11,9 @@
 # ends, the first node's rank 0 printing the run's HPCJOB_METRICS line. HPCJOB_STANDIN_FAIL=NODE:CODE:
 # that node's rank fails halfway, recording its exit (the worker shim's record) and ending with CODE;
 # HPCJOB_STANDIN_HANG=NODE: that node stops beating and saying anything halfway, and waits to be killed,
-# while the others wait, until killed, in the next all-reduce (their beats say so: in flight, the sequence still), as
-# ranks blocked on a hung peer do.
+# having written when it stopped ($HPCJOB_LOG_DIR/.standin-hung); the others, once they see that file, wait
+# until killed in the next all-reduce (their beats say so: in flight, the sequence still), as ranks blocked
+# by a hung peer do.
 # No training, no torch, no GPU, no rendezvous: it stands for none of that.
 nproc=1
 for arg in "$@"; do
@@ -36,6 +37,8 @@ hang=
 exec {wait_fd}<> <(:)  # `read -t` on a pipe nobody writes: a sleep without a process
 start=${EPOCHREALTIME%.*}
 step=0
+blocked=
+hung_file=$HPCJOB_LOG_DIR/.standin-hung
 next_line=0
 next_beat=0
 next_metrics=0
@@ -44,8 +47,10 @@ mkdir -p "$HPCJOB_LOG_DIR/metrics" 2>/dev/null
 while :; do
     now=${EPOCHREALTIME/,/.}
     elapsed=$(( ${now%.*} - start ))
-    blocked=  # a node hung: the others wait in the all-reduce after it, beating, until killed
-    [ -n "$HPCJOB_STANDIN_HANG" ] && [ "$elapsed" -ge "$half" ] && blocked=1
+    # A node hung: the others wait, beating, in the all-reduce after its last (the same for all), until killed.
+    if [ -z "$blocked" ] && [ -e "$hung_file" ] && read -r hung_at _ < "$hung_file"; then
+        blocked=$(( ${hung_at%.*} + 1 ))
+    fi
     if [ "$elapsed" -ge "$seconds" ] && [ -z "$blocked" ]; then break; fi
     if [ "$elapsed" -ge "$half" ]; then
         if [ -n "$fail" ]; then
@@ -54,6 +59,7 @@ while :; do
             exit "$code"
         fi
         if [ -n "$hang" ]; then
+            echo "$now $node" > "$hung_file"
             while :; do read -r -t 3600 -u "$wait_fd"; done
         fi
     fi
@@ -63,13 +69,13 @@ while :; do
         next_line=$(( elapsed + line_every ))
     fi
     if [ "$beat_every" != 0 ] && [ -n "$HPCJOB_BEAT_DIR" ] && [ "$elapsed" -ge "$next_beat" ]; then
-        # A collective a second, as worker.py writes it (seq, name, began, state, in flight); once a node
-        # hangs, the all-reduce after it never ends.
-        seq=$elapsed flight=false state=completed
-        [ -z "$blocked" ] || { seq=$half flight=true state=scheduled; }
+        # A collective a second (its number: the clock's second, the same on every node), as worker.py
+        # writes it (seq, name, began, state, in flight); once a node hangs, the next never ends.
+        seq=${now%.*} flight=false state=completed
+        [ -z "$blocked" ] || { seq=$blocked flight=true state=scheduled; }
         for (( local = 0; local < nproc; local++ )); do
             printf '{"t": %s, "rank": %d, "node": "%s", "pid": %d, "collectives": {"0": [%d, "nccl:all_reduce", %d, "%s", %s]}}' \
-                "$now" $(( first + local )) "$node" "$$" "$seq" $(( start + seq )) "$state" "$flight" \
+                "$now" $(( first + local )) "$node" "$$" "$seq" "$seq" "$state" "$flight" \
                 > "$HPCJOB_BEAT_DIR/rank-$(( first + local )).json" 2>/dev/null
         done
         next_beat=$(( elapsed + ${beat_every%.*} ))

@@ -169,6 +169,10 @@ class HangWatch:
         self._progress, self._progress_at = progress, now
         return True
 
+    def silent_s(self, rank: int, now: float) -> float:
+        """How long the rank's beat has not changed, as of `now` (infinite where it never beat)."""
+        return now - self._changed.get(rank, -math.inf)
+
     def look(self, beats: Iterable[Beat], now: float) -> Hang | None:
         """The hang, if the job has hung by `now`, with `beats` merged as `moved` does."""
         self.moved(beats, now)

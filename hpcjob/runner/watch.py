@@ -32,7 +32,7 @@ class HangFound(Exception):
 
 def hang_watch(plan: JobPlan, folder: ShareFolder, log_folder: str) -> Watch | None:
     """What a wait looks at for the job's hang bound, reading its beats once a beat (None: no bound): rank
-    0's, and every rank's where rank 0's collectives did not move on."""
+    0's, and every rank's where rank 0 beat without its collectives moving on, or stopped beating."""
     from hpcjob.backends import Watch
     from hpcjob.store.logs import read_beats
 
@@ -50,8 +50,11 @@ def hang_watch(plan: JobPlan, folder: ShareFolder, log_folder: str) -> Watch | N
             return
         last = now
         try:
-            if every_rank_read and hangs.moved(read_beats(folder, log_folder, ranks=(0,)), now):
-                return  # rank 0 moved on: not hung, the other ranks' beats need not be read this time
+            if every_rank_read:
+                if hangs.moved(read_beats(folder, log_folder, ranks=(0,)), now):
+                    return  # rank 0 moved on: not hung, the other ranks' beats need not be read this time
+                if 0 < hangs.silent_s(0, now) < 2 * every_s:
+                    return  # rank 0 has not beaten since the last look (a look between two beats): wait
             beats = read_beats(folder, log_folder)
             every_rank_read = True
         except Exception:  # smbprotocol raises many kinds; the wait goes on whatever
