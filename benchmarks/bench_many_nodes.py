@@ -153,7 +153,7 @@ class Head:
 @contextlib.contextmanager
 def emulator(nodes: int, share: Path, seconds: float, folder: Path, *stand_in: str) -> Iterator[Head]:
     """The head node in a process of its own, with `nodes` + 2 stand-in nodes (`stand_in`: more options,
-    --stand-in-fail NODE:CODE, --stand-in-hang NODE), lost nodes noticed after DETECTION_S."""
+    --stand-in-fail NODE:CODE, --stand-in-hang NODE[:ATTEMPT]), lost nodes noticed after DETECTION_S."""
     spec = [{"Name": f"NODE{i:04d}", "Cores": 4, "Groups": GPU} for i in range(1, nodes + 3)]
     nodes_file = folder / "nodes.json"
     nodes_file.write_text(json.dumps(spec))
@@ -264,12 +264,12 @@ def scenario(size: int, follow_s: float, counts: Counts, folder: Path, smb: bool
     script = folder / "train.py"
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text("raise SystemExit('the stand-in runs instead')\n")
-    seconds = 2 * (follow_s + 10)  # HUNG stops at half: after LOST was lost in attempt 1
+    seconds = follow_s + 60  # the first attempt outlives its start and the following; HUNG stops at half
     hang_timeout_s = max(10.0, follow_s / 2)
     trips = smb_round_trips() if smb else [0]
     with (
         share_folder(folder, smb) as (share, reach, env),
-        emulator(size, share, seconds, folder, "--stand-in-hang", HUNG) as head,
+        emulator(size, share, seconds, folder, "--stand-in-hang", f"{HUNG}:2") as head,
     ):
         profile(folder, share, head, reach, env)
         said = Said()

@@ -46,7 +46,7 @@ def test_stand_in_nodes_run_the_real_node_helper_then_fail_or_finish_as_ranks_wo
         ).read_text()
         assert "stand-in of 1 rank(s) on LOCALHOST" in out and 'HPCJOB_METRICS {"stand_in": true' in out
 
-        cluster.head.cluster.base_env[HANG_VAR] = "NODE003"
+        cluster.head.cluster.base_env[HANG_VAR] = "NODE003:1"  # in the run's first attempt
         hung = cluster.hpcjob(*job[:-2], "--hang-timeout", "10s", "--run-id", "light-3", str(script))
         said = hung.stdout + hung.stderr
         assert hung.returncode == 124, said[-3000:]  # ended as hung, by its beats

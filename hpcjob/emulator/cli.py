@@ -112,7 +112,12 @@ def _parser() -> argparse.ArgumentParser:
         "that run the nodes' python3): lines, beats, metrics, an exit; no training",
     )
     light.add_argument("--stand-in-fail", metavar="NODE:CODE", help="that node fails halfway with CODE")
-    light.add_argument("--stand-in-hang", metavar="NODE", help="that node stops halfway, until killed")
+    light.add_argument(
+        "--stand-in-hang",
+        metavar="NODE[:ATTEMPT]",
+        help="that node stops halfway (in that attempt of the run only, where given), until killed; the "
+        "others then block",
+    )
     lost = parser.add_argument_group("lost nodes (see --stdin-commands)")
     lost.add_argument(
         "--detection-delay",

@@ -10,7 +10,8 @@
 # metrics over time (metrics/<NODE>-0.jsonl, as hpctorch does); after HPCJOB_STANDIN_SECONDS the node
 # ends, the first node's rank 0 printing the run's HPCJOB_METRICS line. HPCJOB_STANDIN_FAIL=NODE:CODE:
 # that node's rank fails halfway, recording its exit (the worker shim's record) and ending with CODE;
-# HPCJOB_STANDIN_HANG=NODE: that node stops beating and saying anything halfway, and waits to be killed,
+# HPCJOB_STANDIN_HANG=NODE[:ATTEMPT]: that node (in that attempt of the run only, HPCJOB_ATTEMPT, where
+# given) stops beating and saying anything halfway, and waits to be killed,
 # having written when it stopped ($HPCJOB_LOG_DIR/.standin-hung); the others, once they see that file, wait
 # until killed in the next all-reduce (their beats say so: in flight, the sequence still), as ranks blocked
 # by a hung peer do.
@@ -33,7 +34,9 @@ fail=
 code=0
 if [ "${HPCJOB_STANDIN_FAIL%%:*}" = "$node" ]; then fail=1; code=${HPCJOB_STANDIN_FAIL#*:}; fi
 hang=
-[ "${HPCJOB_STANDIN_HANG:-}" = "$node" ] && hang=1
+case ${HPCJOB_STANDIN_HANG:-} in
+    "$node"|"$node:${HPCJOB_ATTEMPT:-1}") hang=1 ;;
+esac
 exec {wait_fd}<> <(:)  # `read -t` on a pipe nobody writes: a sleep without a process
 start=${EPOCHREALTIME%.*}
 step=0
