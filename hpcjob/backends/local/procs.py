@@ -144,9 +144,12 @@ def read_snapshot() -> Snapshot:
                 environ = f.read()
         except OSError:
             continue
-        at = 0 if environ.startswith(prefix) else environ.find(b"\0" + prefix) + 1
-        if at == 0 and not environ.startswith(prefix):
-            continue
+        if environ.startswith(prefix):
+            at = 0
+        else:
+            at = environ.find(b"\0" + prefix) + 1
+            if not at:
+                continue  # no marker: not a task's
         end = environ.find(b"\0", at)
         entry = environ[at:] + b"\0" if end < 0 else environ[at : end + 1]
         marked.setdefault(entry, set()).add((pid, start))
