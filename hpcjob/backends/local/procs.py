@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
@@ -107,18 +107,23 @@ def children_of(table: Mapping[int, tuple[int, int, bytes]]) -> dict[int, list[i
 def marked_processes(needle: bytes, table: Mapping[int, tuple[int, int, bytes]] | None = None) -> set[Proc]:
     """Live processes whose environment holds a variable starting with ``needle`` (``NAME=value...``)."""
     table = process_table() if table is None else table
-    found: set[Proc] = set()
+    return {
+        (pid, start)
+        for pid, start, environ in _environments(table)
+        if environ.startswith(needle) or b"\0" + needle in environ
+    }
+
+
+def _environments(table: Mapping[int, tuple[int, int, bytes]]) -> Iterator[tuple[int, int, bytes]]:
+    """(pid, start time, environment) of each live process of `table` but this one that can be read."""
     for pid, (_, start, state) in table.items():
         if state in (b"Z", b"X") or pid == os.getpid():
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read()
+                yield pid, start, f.read()
         except OSError:
             continue
-        if environ.startswith(needle) or b"\0" + needle in environ:
-            found.add((pid, start))
-    return found
 
 
 @dataclass(frozen=True)
@@ -136,14 +141,7 @@ def read_snapshot() -> Snapshot:
     table = process_table()
     marked: dict[bytes, set[Proc]] = {}
     prefix = f"{MARKER_VAR}=".encode()
-    for pid, (_, start, state) in table.items():
-        if state in (b"Z", b"X") or pid == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
+    for pid, start, environ in _environments(table):
         if environ.startswith(prefix):
             at = 0
         else:
